@@ -1,0 +1,1 @@
+"""Kernel templates: tile shape and schedule are explicit parameters, never autotuned implicitly."""

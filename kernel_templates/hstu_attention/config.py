@@ -1,0 +1,97 @@
+"""Tile configurations of the Triton HSTU attention templates.
+
+A config is a frozen, hashable dataclass so it can key compile caches and be written to artifacts as
+plain JSON. ``default_*`` is the heuristic used when nothing was tuned; the full search space and its
+feasibility rules live in ``search_spaces/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+DQ_MODES = ("atomic", "separate")
+
+
+@dataclass(frozen=True)
+class _ConfigBase:
+    kind: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}; expected {sorted(names)}")
+        missing = names - set(d)
+        if missing:
+            raise ValueError(f"{cls.__name__}: missing fields {sorted(missing)}")
+        return cls(**d)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            val = getattr(self, f.name)
+            if f.name.startswith("block_") and (not isinstance(val, int) or val < 16 or val & (val - 1)):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be a power of two >= 16, got {val!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{type(self).__name__}.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"{type(self).__name__}.num_stages must be an int in [1, 8], got {self.num_stages!r}")
+
+
+@dataclass(frozen=True)
+class HSTUFwdConfig(_ConfigBase):
+    """Forward tiles: BLOCK_M query rows per program, BLOCK_N keys per inner step."""
+
+    kind: ClassVar[str] = "hstu_attention_fwd"
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class HSTUBwdConfig(_ConfigBase):
+    """Backward tiles: one program owns BLOCK_N keys and walks query blocks of BLOCK_M rows.
+
+    ``dq_mode`` says how dQ is produced: ``atomic`` adds each tile's fp32 contribution into a dQ
+    accumulator from the key-block programs; ``separate`` runs a second kernel parallel over query
+    blocks that recomputes S and dP (more FLOPs, no atomics).
+    """
+
+    kind: ClassVar[str] = "hstu_attention_bwd"
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+    dq_mode: str = "atomic"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dq_mode not in DQ_MODES:
+            raise ValueError(f"HSTUBwdConfig.dq_mode must be one of {DQ_MODES}, got {self.dq_mode!r}")
+
+
+def default_fwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUFwdConfig:
+    """Heuristic forward tiles, chosen from GPU sweeps on H100/H200 (see artifacts for tuned ones)."""
+    if interpret:
+        return HSTUFwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
+    d = max(dqk, dv)
+    if d >= 256:
+        return HSTUFwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    return HSTUFwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def default_bwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUBwdConfig:
+    """Heuristic backward tiles."""
+    if interpret:
+        return HSTUBwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
+    d = max(dqk, dv)
+    if d >= 256:
+        return HSTUBwdConfig(block_m=64, block_n=64, num_warps=8, num_stages=2)
+    return HSTUBwdConfig(block_m=64, block_n=128, num_warps=8, num_stages=2)

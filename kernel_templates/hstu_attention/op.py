@@ -1,0 +1,171 @@
+"""Autograd function and public entry point of the Triton jagged HSTU attention."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .config import SUPPORTED_HEAD_DIMS, HSTUBwdConfig, HSTUFwdConfig, default_bwd_config, default_fwd_config
+from .triton_bwd import hstu_attention_bwd
+from .triton_fwd import hstu_attention_fwd
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def validate_hstu_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    num_targets: torch.Tensor | None,
+    contextual_seq_len: int,
+    max_attn_len: int,
+    scaling_seqlen: int | None,
+    check_offsets: bool = True,
+) -> None:
+    """Raise ``ValueError`` naming the argument when inputs break the HSTU.md contract.
+
+    ``check_offsets`` reads the offsets on the host (one sync); hot paths that already trust their
+    offsets may skip it.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have rank 3 (L, H, D), got shape {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"v must have shape (L, H, Dv) = ({q.shape[0]}, {q.shape[1]}, Dv), got {tuple(v.shape)}")
+    for name, d in (("q/k head dim (Dqk)", q.shape[2]), ("v head dim (Dv)", v.shape[2])):
+        if d not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
+    devices = {str(t.device) for t in (q, k, v, seq_offsets)} | (
+        set() if num_targets is None else {str(num_targets.device)}
+    )
+    if len(devices) != 1:
+        raise ValueError(f"q, k, v, seq_offsets and num_targets must be on one device, got {sorted(devices)}")
+    if not isinstance(seq_offsets, torch.Tensor) or seq_offsets.dim() != 1 or seq_offsets.numel() < 1:
+        raise ValueError("seq_offsets must be a 1-D tensor of B+1 offsets")
+    if seq_offsets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"seq_offsets must be int32 or int64, got {seq_offsets.dtype}")
+    if not isinstance(max_seq_len, int) or max_seq_len < 0:
+        raise ValueError(f"max_seq_len must be a non-negative int, got {max_seq_len!r}")
+    batch = seq_offsets.numel() - 1
+    if num_targets is not None:
+        if num_targets.dim() != 1 or num_targets.numel() != batch:
+            raise ValueError(f"num_targets must have shape ({batch},), got {tuple(num_targets.shape)}")
+        if num_targets.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"num_targets must be int32 or int64, got {num_targets.dtype}")
+    if not isinstance(contextual_seq_len, int) or contextual_seq_len < 0:
+        raise ValueError(f"contextual_seq_len must be a non-negative int, got {contextual_seq_len!r}")
+    if not isinstance(max_attn_len, int) or max_attn_len < 0:
+        raise ValueError(f"max_attn_len must be a non-negative int (0 = no window), got {max_attn_len!r}")
+    if scaling_seqlen is not None and (not isinstance(scaling_seqlen, int) or scaling_seqlen <= 0):
+        raise ValueError(f"scaling_seqlen must be a positive int or None, got {scaling_seqlen!r}")
+    if scaling_seqlen is None and max_seq_len == 0 and q.shape[0] > 0:
+        raise ValueError("max_seq_len must be positive when it is the divisor (scaling_seqlen is None)")
+    if check_offsets:
+        off = seq_offsets.detach().cpu()
+        if int(off[0]) != 0:
+            raise ValueError(f"seq_offsets must start at 0, got {int(off[0])}")
+        if int(off[-1]) != q.shape[0]:
+            raise ValueError(f"seq_offsets must end at L = {q.shape[0]}, got {int(off[-1])}")
+        lengths = off[1:] - off[:-1]
+        if batch and bool((lengths < 0).any()):
+            raise ValueError("seq_offsets must be non-decreasing")
+        if batch and int(lengths.max()) > max_seq_len:
+            raise ValueError(f"max_seq_len={max_seq_len} is below the longest sequence ({int(lengths.max())})")
+        if num_targets is not None and batch:
+            nt = num_targets.detach().cpu()
+            if bool((nt < 0).any()) or bool((nt > lengths).any()):
+                raise ValueError("num_targets must be within [0, sequence length] for every sequence")
+
+
+class HSTUAttentionFunction(torch.autograd.Function):
+    """Triton forward and backward; the backward recomputes S from q, k (no saved P)."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        max_seq_len: int,
+        alpha: float,
+        num_targets: torch.Tensor | None,
+        contextual_seq_len: int,
+        max_attn_len: int,
+        scaling_seqlen: int | None,
+        fwd_config: HSTUFwdConfig,
+        bwd_config: HSTUBwdConfig,
+    ) -> torch.Tensor:
+        out = hstu_attention_fwd(
+            q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+            scaling_seqlen, fwd_config,
+        )
+        ctx.save_for_backward(q, k, v, seq_offsets, num_targets)
+        ctx.args = (max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen, bwd_config)
+        return out
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor):
+        q, k, v, seq_offsets, num_targets = ctx.saved_tensors
+        max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen, bwd_config = ctx.args
+        dq, dk, dv = hstu_attention_bwd(
+            do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+            scaling_seqlen, bwd_config,
+        )
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def hstu_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    alpha: float | None = None,
+    num_targets: torch.Tensor | None = None,
+    contextual_seq_len: int = 0,
+    max_attn_len: int = 0,
+    scaling_seqlen: int | None = None,
+    fwd_config: HSTUFwdConfig | None = None,
+    bwd_config: HSTUBwdConfig | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Jagged HSTU attention with the Triton templates (contract: ``shared/docs/HSTU.md``).
+
+    ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims.
+    """
+    if validate:
+        validate_hstu_inputs(
+            q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
+        )
+    if alpha is None:
+        alpha = 1.0 / math.sqrt(q.shape[2])
+    interp = _interpreting()
+    fwd_config = fwd_config or default_fwd_config(q.shape[2], v.shape[2], interp)
+    bwd_config = bwd_config or default_bwd_config(q.shape[2], v.shape[2], interp)
+    if not isinstance(fwd_config, HSTUFwdConfig):
+        raise ValueError(f"fwd_config must be an HSTUFwdConfig, got {type(fwd_config).__name__}")
+    if not isinstance(bwd_config, HSTUBwdConfig):
+        raise ValueError(f"bwd_config must be an HSTUBwdConfig, got {type(bwd_config).__name__}")
+    return HSTUAttentionFunction.apply(
+        q, k, v, seq_offsets, max_seq_len, float(alpha), num_targets, contextual_seq_len, max_attn_len,
+        scaling_seqlen, fwd_config, bwd_config,
+    )

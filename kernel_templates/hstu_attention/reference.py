@@ -1,0 +1,120 @@
+"""PyTorch reference for jagged HSTU attention: the oracle every kernel is checked against.
+
+Written for clarity, not speed: each sequence is handled on its own with an explicit (n, n) mask,
+so it is O(sum n^2) memory. The forward computes in fp32 (or in ``compute_dtype`` when asked, which
+the tolerance rule uses to measure "PyTorch's own error in the kernel's dtype"); the backward is
+autograd through the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def hstu_position_ids(
+    n: int,
+    contextual_seq_len: int = 0,
+    num_targets: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Position ids of one sequence and the target id ``m`` (see HSTU.md).
+
+    The c context tokens share id 0, history tokens count up from 1, and all T targets share id m.
+    """
+    p = torch.arange(n, device=device)
+    ids = torch.clamp(p - contextual_seq_len + 1, min=0)
+    t = 0 if num_targets is None else int(num_targets)
+    m = n - contextual_seq_len + 1 - t
+    if num_targets is not None:
+        ids = torch.minimum(ids, torch.full_like(ids, m))
+    return ids, m
+
+
+def hstu_mask(
+    n: int,
+    contextual_seq_len: int = 0,
+    num_targets: int | None = None,
+    max_attn_len: int = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Boolean (n, n) mask M[i, j]: may query i attend to key j."""
+    ids, m = hstu_position_ids(n, contextual_seq_len, num_targets, device)
+    id_i = ids.view(n, 1)
+    id_j = ids.view(1, n)
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    valid = eye | (id_i > id_j)
+    if max_attn_len > 0:
+        valid = valid & (id_i - id_j <= max_attn_len)
+    if contextual_seq_len > 0:
+        valid = valid | ((id_i == 0) & (id_j < m))
+    return valid
+
+
+def hstu_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    alpha: float,
+    num_targets: torch.Tensor | None = None,
+    contextual_seq_len: int = 0,
+    max_attn_len: int = 0,
+    scaling_seqlen: int | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Jagged HSTU attention, O_i = (1/S) sum_j M_ij silu(alpha <q_i, k_j>) v_j.
+
+    Returns a tensor of q's dtype with shape (L, H, Dv). Differentiable through autograd.
+    """
+    scale = float(scaling_seqlen if scaling_seqlen is not None else max_seq_len)
+    offsets = seq_offsets.tolist()
+    outs = []
+    for b in range(len(offsets) - 1):
+        start, end = int(offsets[b]), int(offsets[b + 1])
+        n = end - start
+        if n == 0:
+            continue
+        qb = q[start:end].to(compute_dtype).transpose(0, 1)  # (H, n, Dqk)
+        kb = k[start:end].to(compute_dtype).transpose(0, 1)
+        vb = v[start:end].to(compute_dtype).transpose(0, 1)
+        t = None if num_targets is None else int(num_targets[b])
+        mask = hstu_mask(n, contextual_seq_len, t, max_attn_len, device=q.device)
+        s = alpha * torch.matmul(qb, kb.transpose(1, 2))
+        p = F.silu(s) * mask.to(compute_dtype) / scale
+        outs.append(torch.matmul(p.to(compute_dtype), vb).transpose(0, 1))
+    if not outs:
+        return q.new_zeros((q.shape[0], q.shape[1], v.shape[2]))
+    return torch.cat(outs, dim=0).to(q.dtype)
+
+
+def hstu_attention_flops(
+    seq_offsets: torch.Tensor,
+    num_heads: int,
+    dqk: int,
+    dv: int,
+    contextual_seq_len: int = 0,
+    num_targets: torch.Tensor | None = None,
+    max_attn_len: int = 0,
+) -> tuple[float, float]:
+    """(forward, backward) FLOPs by the field's convention: 2*H*(Dqk+Dv)*P and 2*H*(3Dqk+2Dv)*P.
+
+    P counts valid (i, j) pairs exactly from the mask for masked variants; for plain causal
+    attention that is n(n+1)/2, the convention's n^2/2 up to the diagonal.
+    """
+    lengths = (seq_offsets[1:] - seq_offsets[:-1]).tolist()
+    plain = contextual_seq_len == 0 and num_targets is None and max_attn_len == 0
+    pairs = 0
+    for b, n in enumerate(lengths):
+        n = int(n)
+        if n == 0:
+            continue
+        if plain:
+            pairs += n * n // 2
+        else:
+            t = None if num_targets is None else int(num_targets[b])
+            pairs += int(hstu_mask(n, contextual_seq_len, t, max_attn_len).sum())
+    fwd = 2.0 * num_heads * (dqk + dv) * pairs
+    bwd = 2.0 * num_heads * (3 * dqk + 2 * dv) * pairs
+    return fwd, bwd

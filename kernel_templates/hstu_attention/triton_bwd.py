@@ -1,0 +1,248 @@
+"""Triton template: jagged HSTU attention backward.
+
+Parallel over key blocks of every sequence (grid: sequence*head x key block), so a long sequence
+among short ones spreads over many programs instead of serialising on one. Each program keeps its
+K/V tile, walks the query blocks that can see it, accumulates dK and dV in registers, and produces
+dQ one of two ways (``HSTUBwdConfig.dq_mode``): fp32 atomics into a dQ accumulator, or a second
+kernel over query blocks that recomputes S and dP. No log-sum-exp is needed: HSTU has no softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import HSTUBwdConfig
+from .triton_common import key_range_for_rows, row_range_for_keys, seq_info, valid_mask
+from .triton_fwd import dot_precision
+
+
+@triton.jit
+def _bwd_kv_tile(
+    dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, start_m, offs_m, offs_n, n, alpha, dq_scale,
+    contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm,
+    MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+):
+    rows = start_m + offs_m
+    row_ok = rows < n
+    q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)
+    do = tl.load(do_ptrs + start_m * stride_dom, mask=row_ok[:, None], other=0.0)
+    # Transposed scores: (BLOCK_N, BLOCK_M), keys along rows.
+    st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * alpha
+    sig = tl.sigmoid(st)
+    pt = st * sig
+    dsilu = sig * (1.0 + st * (1.0 - sig))
+    if MASKED:
+        valid = tl.trans(
+            valid_mask(rows, offs_n, n, contextual_seq_len, max_attn_len, m_id, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW)
+        )
+        pt = tl.where(valid, pt, 0.0)
+        dsilu = tl.where(valid, dsilu, 0.0)
+    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+    dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+    dst = (dpt * dsilu).to(q.dtype)
+    dk = tl.dot(dst, q, dk, input_precision=PRECISION)
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * dq_scale
+        tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _hstu_bwd_kv_kernel(
+    Q, K, V, DO, DQ, DK, DV, seq_offsets, num_targets,
+    stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
+    stride_dqm, stride_dqh, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
+    alpha, inv_scale, H, contextual_seq_len, max_attn_len,
+    ATOMIC_DQ: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
+    start_n = pid_n * BLOCK_N
+    lo, full_start, hi = row_range_for_keys(
+        start_n, n, hist_end, m_id, contextual_seq_len, max_attn_len,
+        BLOCK_M, BLOCK_N, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW,
+    )
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_dqk = tl.arange(0, D_QK)
+    offs_dv = tl.arange(0, D_V)
+    col_ok = offs_n < n
+    k = tl.load(
+        K + seq_start * stride_km + h * stride_kh + offs_n[:, None] * stride_km + offs_dqk[None, :],
+        mask=col_ok[:, None], other=0.0,
+    )
+    v = tl.load(
+        V + seq_start * stride_vm + h * stride_vh + offs_n[:, None] * stride_vm + offs_dv[None, :],
+        mask=col_ok[:, None], other=0.0,
+    )
+    q_ptrs = Q + seq_start * stride_qm + h * stride_qh + offs_m[:, None] * stride_qm + offs_dqk[None, :]
+    do_ptrs = DO + seq_start * stride_dom + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :]
+    dq_ptrs = DQ + seq_start * stride_dqm + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_dqk[None, :]
+    dk = tl.zeros((BLOCK_N, D_QK), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, D_V), dtype=tl.float32)
+    dq_scale = alpha * inv_scale
+    for start_m in range(lo, full_start, BLOCK_M):
+        dk, dv = _bwd_kv_tile(
+            dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, start_m, offs_m, offs_n, n, alpha, dq_scale,
+            contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm,
+            True, ATOMIC_DQ, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+        )
+    for start_m in range(full_start, hi, BLOCK_M):
+        dk, dv = _bwd_kv_tile(
+            dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, start_m, offs_m, offs_n, n, alpha, dq_scale,
+            contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm,
+            False, ATOMIC_DQ, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+        )
+    dk = dk * dq_scale
+    dv = dv * inv_scale
+    tl.store(
+        DK + seq_start * stride_dkm + h * stride_dkh + offs_n[:, None] * stride_dkm + offs_dqk[None, :],
+        dk.to(DK.dtype.element_ty), mask=col_ok[:, None],
+    )
+    tl.store(
+        DV + seq_start * stride_dvm + h * stride_dvh + offs_n[:, None] * stride_dvm + offs_dv[None, :],
+        dv.to(DV.dtype.element_ty), mask=col_ok[:, None],
+    )
+
+
+@triton.jit
+def _bwd_q_tile(
+    dq, q, do, k_ptrs, v_ptrs, start_n, offs_m, offs_n, n, alpha, contextual_seq_len, max_attn_len, m_id,
+    stride_kn, stride_vn,
+    MASKED: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    cols = start_n + offs_n
+    if MASKED:
+        k = tl.load(k_ptrs + start_n * stride_kn, mask=(cols < n)[:, None], other=0.0)
+        vt = tl.load(v_ptrs + start_n * stride_vn, mask=(cols < n)[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs + start_n * stride_kn)
+        vt = tl.load(v_ptrs + start_n * stride_vn)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
+    sig = tl.sigmoid(s)
+    dsilu = sig * (1.0 + s * (1.0 - sig))
+    if MASKED:
+        valid = valid_mask(
+            offs_m, cols, n, contextual_seq_len, max_attn_len, m_id, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW
+        )
+        dsilu = tl.where(valid, dsilu, 0.0)
+    dp = tl.dot(do, vt, input_precision=PRECISION)
+    ds = (dp * dsilu).to(k.dtype)
+    dq = tl.dot(ds, k, dq, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _hstu_bwd_q_kernel(
+    Q, K, V, DO, DQ, seq_offsets, num_targets,
+    stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
+    stride_dqm, stride_dqh,
+    alpha, inv_scale, H, contextual_seq_len, max_attn_len, num_m_blocks,
+    HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = num_m_blocks - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
+    start_m = pid_m * BLOCK_M
+    lo, full_end, hi = key_range_for_rows(
+        start_m, n, hist_end, m_id, contextual_seq_len, max_attn_len,
+        BLOCK_M, BLOCK_N, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW,
+    )
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dqk = tl.arange(0, D_QK)
+    offs_dv = tl.arange(0, D_V)
+    row_ok = offs_m < n
+    q = tl.load(
+        Q + seq_start * stride_qm + h * stride_qh + offs_m[:, None] * stride_qm + offs_dqk[None, :],
+        mask=row_ok[:, None], other=0.0,
+    )
+    do = tl.load(
+        DO + seq_start * stride_dom + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
+        mask=row_ok[:, None], other=0.0,
+    )
+    k_ptrs = K + seq_start * stride_km + h * stride_kh + offs_n[:, None] * stride_km + offs_dqk[None, :]
+    # V read transposed: (D_V, BLOCK_N) tiles.
+    v_ptrs = V + seq_start * stride_vm + h * stride_vh + offs_n[None, :] * stride_vm + offs_dv[:, None]
+    dq = tl.zeros((BLOCK_M, D_QK), dtype=tl.float32)
+    for start_n in range(lo, full_end, BLOCK_N):
+        dq = _bwd_q_tile(
+            dq, q, do, k_ptrs, v_ptrs, start_n, offs_m, offs_n, n, alpha, contextual_seq_len, max_attn_len, m_id,
+            stride_km, stride_vm, False, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+        )
+    for start_n in range(full_end, hi, BLOCK_N):
+        dq = _bwd_q_tile(
+            dq, q, do, k_ptrs, v_ptrs, start_n, offs_m, offs_n, n, alpha, contextual_seq_len, max_attn_len, m_id,
+            stride_km, stride_vm, True, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+        )
+    dq = dq * (alpha * inv_scale)
+    tl.store(
+        DQ + seq_start * stride_dqm + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_dqk[None, :],
+        dq.to(DQ.dtype.element_ty), mask=row_ok[:, None],
+    )
+
+
+def hstu_attention_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    alpha: float,
+    num_targets: torch.Tensor | None,
+    contextual_seq_len: int,
+    max_attn_len: int,
+    scaling_seqlen: int | None,
+    config: HSTUBwdConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward template; returns (dq, dk, dv) in the inputs' dtype. dQ sums in fp32."""
+    L, H, dqk = q.shape
+    dv_dim = v.shape[2]
+    do = do.contiguous() if do.stride(-1) != 1 else do
+    batch = seq_offsets.numel() - 1
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    atomic = config.dq_mode == "atomic"
+    if L == 0 or batch == 0 or max_seq_len == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device) if atomic else torch.empty_like(q)
+    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
+    common = dict(
+        HAS_CONTEXT=contextual_seq_len > 0, HAS_TARGETS=num_targets is not None, HAS_WINDOW=max_attn_len > 0,
+        D_QK=dqk, D_V=dv_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, PRECISION=dot_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    nt = num_targets if num_targets is not None else seq_offsets
+    grid = (batch * H, triton.cdiv(max_seq_len, config.block_n))
+    _hstu_bwd_kv_kernel[grid](
+        q, k, v, do, dq_acc, dk, dv, seq_offsets, nt,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        dq_acc.stride(0), dq_acc.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        float(alpha), 1.0 / float(scale), H, int(contextual_seq_len), int(max_attn_len),
+        ATOMIC_DQ=atomic, **common,
+    )
+    if atomic:
+        return dq_acc.to(q.dtype), dk, dv
+    num_m_blocks = triton.cdiv(max_seq_len, config.block_m)
+    _hstu_bwd_q_kernel[(batch * H, num_m_blocks)](
+        q, k, v, do, dq_acc, seq_offsets, nt,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        dq_acc.stride(0), dq_acc.stride(1),
+        float(alpha), 1.0 / float(scale), H, int(contextual_seq_len), int(max_attn_len), num_m_blocks,
+        **common,
+    )
+    return dq_acc, dk, dv

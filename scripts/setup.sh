@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a virtual environment in .venv with the project and its
+# development extras. CPU torch comes from the pinned build (an unpinned torch pulls GB of CUDA).
+# Source it (". scripts/setup.sh") to stay in the environment afterwards.
+set -euo pipefail
+_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+_py=${PYTHON:-python3}
+if [ ! -x "$_root/.venv/bin/python" ]; then
+  "$_py" -m venv "$_root/.venv"
+fi
+# shellcheck disable=SC1091
+. "$_root/.venv/bin/activate"
+if ! python -c "import kernel_templates, optuna, rich, pytest, cutlass" >/dev/null 2>&1; then
+  python -m pip install -q --upgrade pip
+  if ! python -c "import torch" >/dev/null 2>&1; then
+    if python -c "import sys; sys.exit(0 if sys.platform == 'linux' else 1)"; then
+      python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+    else
+      python -m pip install -q torch
+    fi
+  fi
+  python -m pip install -q -e "$_root[dev,cutlass]"
+fi
+set +euo pipefail

@@ -115,8 +115,17 @@ class HSTUAttentionFunction(torch.autograd.Function):
         bwd_config: HSTUBwdConfig,
     ) -> torch.Tensor:
         out = hstu_attention_fwd(
-            q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
-            scaling_seqlen, fwd_config,
+            q,
+            k,
+            v,
+            seq_offsets,
+            max_seq_len,
+            alpha,
+            num_targets,
+            contextual_seq_len,
+            max_attn_len,
+            scaling_seqlen,
+            fwd_config,
         )
         ctx.save_for_backward(q, k, v, seq_offsets, num_targets)
         ctx.args = (max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen, bwd_config)
@@ -127,8 +136,18 @@ class HSTUAttentionFunction(torch.autograd.Function):
         q, k, v, seq_offsets, num_targets = ctx.saved_tensors
         max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen, bwd_config = ctx.args
         dq, dk, dv = hstu_attention_bwd(
-            do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
-            scaling_seqlen, bwd_config,
+            do,
+            q,
+            k,
+            v,
+            seq_offsets,
+            max_seq_len,
+            alpha,
+            num_targets,
+            contextual_seq_len,
+            max_attn_len,
+            scaling_seqlen,
+            bwd_config,
         )
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
@@ -166,6 +185,16 @@ def hstu_attention(
     if not isinstance(bwd_config, HSTUBwdConfig):
         raise ValueError(f"bwd_config must be an HSTUBwdConfig, got {type(bwd_config).__name__}")
     return HSTUAttentionFunction.apply(
-        q, k, v, seq_offsets, max_seq_len, float(alpha), num_targets, contextual_seq_len, max_attn_len,
-        scaling_seqlen, fwd_config, bwd_config,
+        q,
+        k,
+        v,
+        seq_offsets,
+        max_seq_len,
+        float(alpha),
+        num_targets,
+        contextual_seq_len,
+        max_attn_len,
+        scaling_seqlen,
+        fwd_config,
+        bwd_config,
     )

@@ -20,10 +20,31 @@ from .triton_fwd import dot_precision
 
 @triton.jit
 def _bwd_kv_tile(
-    dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, start_m, offs_m, offs_n, n, alpha, dq_scale,
-    contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm,
-    MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+    dk,
+    dv,
+    k,
+    v,
+    q_ptrs,
+    do_ptrs,
+    dq_ptrs,
+    start_m,
+    offs_m,
+    offs_n,
+    n,
+    alpha,
+    dq_scale,
+    contextual_seq_len,
+    max_attn_len,
+    m_id,
+    stride_qm,
+    stride_dom,
+    stride_dqm,
+    MASKED: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     rows = start_m + offs_m
     row_ok = rows < n
@@ -52,12 +73,42 @@ def _bwd_kv_tile(
 
 @triton.jit
 def _hstu_bwd_kv_kernel(
-    Q, K, V, DO, DQ, DK, DV, seq_offsets, num_targets,
-    stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
-    stride_dqm, stride_dqh, stride_dkm, stride_dkh, stride_dvm, stride_dvh,
-    alpha, inv_scale, H, contextual_seq_len, max_attn_len,
-    ATOMIC_DQ: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    DK,
+    DV,
+    seq_offsets,
+    num_targets,
+    stride_qm,
+    stride_qh,
+    stride_km,
+    stride_kh,
+    stride_vm,
+    stride_vh,
+    stride_dom,
+    stride_doh,
+    stride_dqm,
+    stride_dqh,
+    stride_dkm,
+    stride_dkh,
+    stride_dvm,
+    stride_dvh,
+    alpha,
+    inv_scale,
+    H,
+    contextual_seq_len,
+    max_attn_len,
+    ATOMIC_DQ: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -67,8 +118,17 @@ def _hstu_bwd_kv_kernel(
     seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
     start_n = pid_n * BLOCK_N
     lo, full_start, hi = row_range_for_keys(
-        start_n, n, hist_end, m_id, contextual_seq_len, max_attn_len,
-        BLOCK_M, BLOCK_N, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW,
+        start_n,
+        n,
+        hist_end,
+        m_id,
+        contextual_seq_len,
+        max_attn_len,
+        BLOCK_M,
+        BLOCK_N,
+        HAS_CONTEXT,
+        HAS_TARGETS,
+        HAS_WINDOW,
     )
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -77,11 +137,13 @@ def _hstu_bwd_kv_kernel(
     col_ok = offs_n < n
     k = tl.load(
         K + seq_start * stride_km + h * stride_kh + offs_n[:, None] * stride_km + offs_dqk[None, :],
-        mask=col_ok[:, None], other=0.0,
+        mask=col_ok[:, None],
+        other=0.0,
     )
     v = tl.load(
         V + seq_start * stride_vm + h * stride_vh + offs_n[:, None] * stride_vm + offs_dv[None, :],
-        mask=col_ok[:, None], other=0.0,
+        mask=col_ok[:, None],
+        other=0.0,
     )
     q_ptrs = Q + seq_start * stride_qm + h * stride_qh + offs_m[:, None] * stride_qm + offs_dqk[None, :]
     do_ptrs = DO + seq_start * stride_dom + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :]
@@ -91,33 +153,95 @@ def _hstu_bwd_kv_kernel(
     dq_scale = alpha * inv_scale
     for start_m in range(lo, full_start, BLOCK_M):
         dk, dv = _bwd_kv_tile(
-            dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, start_m, offs_m, offs_n, n, alpha, dq_scale,
-            contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm,
-            True, ATOMIC_DQ, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+            dk,
+            dv,
+            k,
+            v,
+            q_ptrs,
+            do_ptrs,
+            dq_ptrs,
+            start_m,
+            offs_m,
+            offs_n,
+            n,
+            alpha,
+            dq_scale,
+            contextual_seq_len,
+            max_attn_len,
+            m_id,
+            stride_qm,
+            stride_dom,
+            stride_dqm,
+            True,
+            ATOMIC_DQ,
+            HAS_CONTEXT,
+            HAS_TARGETS,
+            HAS_WINDOW,
+            PRECISION,
         )
     for start_m in range(full_start, hi, BLOCK_M):
         dk, dv = _bwd_kv_tile(
-            dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, start_m, offs_m, offs_n, n, alpha, dq_scale,
-            contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm,
-            False, ATOMIC_DQ, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+            dk,
+            dv,
+            k,
+            v,
+            q_ptrs,
+            do_ptrs,
+            dq_ptrs,
+            start_m,
+            offs_m,
+            offs_n,
+            n,
+            alpha,
+            dq_scale,
+            contextual_seq_len,
+            max_attn_len,
+            m_id,
+            stride_qm,
+            stride_dom,
+            stride_dqm,
+            False,
+            ATOMIC_DQ,
+            HAS_CONTEXT,
+            HAS_TARGETS,
+            HAS_WINDOW,
+            PRECISION,
         )
     dk = dk * dq_scale
     dv = dv * inv_scale
     tl.store(
         DK + seq_start * stride_dkm + h * stride_dkh + offs_n[:, None] * stride_dkm + offs_dqk[None, :],
-        dk.to(DK.dtype.element_ty), mask=col_ok[:, None],
+        dk.to(DK.dtype.element_ty),
+        mask=col_ok[:, None],
     )
     tl.store(
         DV + seq_start * stride_dvm + h * stride_dvh + offs_n[:, None] * stride_dvm + offs_dv[None, :],
-        dv.to(DV.dtype.element_ty), mask=col_ok[:, None],
+        dv.to(DV.dtype.element_ty),
+        mask=col_ok[:, None],
     )
 
 
 @triton.jit
 def _bwd_q_tile(
-    dq, q, do, k_ptrs, v_ptrs, start_n, offs_m, offs_n, n, alpha, contextual_seq_len, max_attn_len, m_id,
-    stride_kn, stride_vn,
-    MASKED: tl.constexpr, HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    dq,
+    q,
+    do,
+    k_ptrs,
+    v_ptrs,
+    start_n,
+    offs_m,
+    offs_n,
+    n,
+    alpha,
+    contextual_seq_len,
+    max_attn_len,
+    m_id,
+    stride_kn,
+    stride_vn,
+    MASKED: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     cols = start_n + offs_n
@@ -143,12 +267,36 @@ def _bwd_q_tile(
 
 @triton.jit
 def _hstu_bwd_q_kernel(
-    Q, K, V, DO, DQ, seq_offsets, num_targets,
-    stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
-    stride_dqm, stride_dqh,
-    alpha, inv_scale, H, contextual_seq_len, max_attn_len, num_m_blocks,
-    HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    seq_offsets,
+    num_targets,
+    stride_qm,
+    stride_qh,
+    stride_km,
+    stride_kh,
+    stride_vm,
+    stride_vh,
+    stride_dom,
+    stride_doh,
+    stride_dqm,
+    stride_dqh,
+    alpha,
+    inv_scale,
+    H,
+    contextual_seq_len,
+    max_attn_len,
+    num_m_blocks,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -158,8 +306,17 @@ def _hstu_bwd_q_kernel(
     seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
     start_m = pid_m * BLOCK_M
     lo, full_end, hi = key_range_for_rows(
-        start_m, n, hist_end, m_id, contextual_seq_len, max_attn_len,
-        BLOCK_M, BLOCK_N, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW,
+        start_m,
+        n,
+        hist_end,
+        m_id,
+        contextual_seq_len,
+        max_attn_len,
+        BLOCK_M,
+        BLOCK_N,
+        HAS_CONTEXT,
+        HAS_TARGETS,
+        HAS_WINDOW,
     )
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -168,11 +325,13 @@ def _hstu_bwd_q_kernel(
     row_ok = offs_m < n
     q = tl.load(
         Q + seq_start * stride_qm + h * stride_qh + offs_m[:, None] * stride_qm + offs_dqk[None, :],
-        mask=row_ok[:, None], other=0.0,
+        mask=row_ok[:, None],
+        other=0.0,
     )
     do = tl.load(
         DO + seq_start * stride_dom + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
-        mask=row_ok[:, None], other=0.0,
+        mask=row_ok[:, None],
+        other=0.0,
     )
     k_ptrs = K + seq_start * stride_km + h * stride_kh + offs_n[:, None] * stride_km + offs_dqk[None, :]
     # V read transposed: (D_V, BLOCK_N) tiles.
@@ -180,18 +339,55 @@ def _hstu_bwd_q_kernel(
     dq = tl.zeros((BLOCK_M, D_QK), dtype=tl.float32)
     for start_n in range(lo, full_end, BLOCK_N):
         dq = _bwd_q_tile(
-            dq, q, do, k_ptrs, v_ptrs, start_n, offs_m, offs_n, n, alpha, contextual_seq_len, max_attn_len, m_id,
-            stride_km, stride_vm, False, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+            dq,
+            q,
+            do,
+            k_ptrs,
+            v_ptrs,
+            start_n,
+            offs_m,
+            offs_n,
+            n,
+            alpha,
+            contextual_seq_len,
+            max_attn_len,
+            m_id,
+            stride_km,
+            stride_vm,
+            False,
+            HAS_CONTEXT,
+            HAS_TARGETS,
+            HAS_WINDOW,
+            PRECISION,
         )
     for start_n in range(full_end, hi, BLOCK_N):
         dq = _bwd_q_tile(
-            dq, q, do, k_ptrs, v_ptrs, start_n, offs_m, offs_n, n, alpha, contextual_seq_len, max_attn_len, m_id,
-            stride_km, stride_vm, True, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+            dq,
+            q,
+            do,
+            k_ptrs,
+            v_ptrs,
+            start_n,
+            offs_m,
+            offs_n,
+            n,
+            alpha,
+            contextual_seq_len,
+            max_attn_len,
+            m_id,
+            stride_km,
+            stride_vm,
+            True,
+            HAS_CONTEXT,
+            HAS_TARGETS,
+            HAS_WINDOW,
+            PRECISION,
         )
     dq = dq * (alpha * inv_scale)
     tl.store(
         DQ + seq_start * stride_dqm + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_dqk[None, :],
-        dq.to(DQ.dtype.element_ty), mask=row_ok[:, None],
+        dq.to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
     )
 
 
@@ -222,27 +418,78 @@ def hstu_attention_bwd(
     dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device) if atomic else torch.empty_like(q)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     common = dict(
-        HAS_CONTEXT=contextual_seq_len > 0, HAS_TARGETS=num_targets is not None, HAS_WINDOW=max_attn_len > 0,
-        D_QK=dqk, D_V=dv_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, PRECISION=dot_precision(q.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_CONTEXT=contextual_seq_len > 0,
+        HAS_TARGETS=num_targets is not None,
+        HAS_WINDOW=max_attn_len > 0,
+        D_QK=dqk,
+        D_V=dv_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        PRECISION=dot_precision(q.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     nt = num_targets if num_targets is not None else seq_offsets
     grid = (batch * H, triton.cdiv(max_seq_len, config.block_n))
     _hstu_bwd_kv_kernel[grid](
-        q, k, v, do, dq_acc, dk, dv, seq_offsets, nt,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        dq_acc.stride(0), dq_acc.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        float(alpha), 1.0 / float(scale), H, int(contextual_seq_len), int(max_attn_len),
-        ATOMIC_DQ=atomic, **common,
+        q,
+        k,
+        v,
+        do,
+        dq_acc,
+        dk,
+        dv,
+        seq_offsets,
+        nt,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+        dq_acc.stride(0),
+        dq_acc.stride(1),
+        dk.stride(0),
+        dk.stride(1),
+        dv.stride(0),
+        dv.stride(1),
+        float(alpha),
+        1.0 / float(scale),
+        H,
+        int(contextual_seq_len),
+        int(max_attn_len),
+        ATOMIC_DQ=atomic,
+        **common,
     )
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
     num_m_blocks = triton.cdiv(max_seq_len, config.block_m)
     _hstu_bwd_q_kernel[(batch * H, num_m_blocks)](
-        q, k, v, do, dq_acc, seq_offsets, nt,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
-        dq_acc.stride(0), dq_acc.stride(1),
-        float(alpha), 1.0 / float(scale), H, int(contextual_seq_len), int(max_attn_len), num_m_blocks,
+        q,
+        k,
+        v,
+        do,
+        dq_acc,
+        seq_offsets,
+        nt,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+        dq_acc.stride(0),
+        dq_acc.stride(1),
+        float(alpha),
+        1.0 / float(scale),
+        H,
+        int(contextual_seq_len),
+        int(max_attn_len),
+        num_m_blocks,
         **common,
     )
     return dq_acc, dk, dv

@@ -53,8 +53,15 @@ def scalar_id(p, contextual_seq_len, m_id, HAS_CONTEXT: tl.constexpr, HAS_TARGET
 
 @triton.jit
 def valid_mask(
-    offs_m, offs_n, n, contextual_seq_len, max_attn_len, m_id,
-    HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    offs_m,
+    offs_n,
+    n,
+    contextual_seq_len,
+    max_attn_len,
+    m_id,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     """Boolean (BLOCK_M, BLOCK_N) tile of the mask for rows offs_m and keys offs_n (keys < n)."""
     id_i = position_ids(offs_m, contextual_seq_len, m_id, HAS_CONTEXT, HAS_TARGETS)[:, None]
@@ -70,9 +77,17 @@ def valid_mask(
 
 @triton.jit
 def key_range_for_rows(
-    start_m, n, hist_end, m_id, contextual_seq_len, max_attn_len,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    start_m,
+    n,
+    hist_end,
+    m_id,
+    contextual_seq_len,
+    max_attn_len,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     """Keys that rows [start_m, start_m + BLOCK_M) may see: (lo, full_end, hi).
 
@@ -102,9 +117,17 @@ def key_range_for_rows(
 
 @triton.jit
 def row_range_for_keys(
-    start_n, n, hist_end, m_id, contextual_seq_len, max_attn_len,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_CONTEXT: tl.constexpr, HAS_TARGETS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    start_n,
+    n,
+    hist_end,
+    m_id,
+    contextual_seq_len,
+    max_attn_len,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     """Rows that may see keys [start_n, start_n + BLOCK_N): (lo, full_start, hi).
 

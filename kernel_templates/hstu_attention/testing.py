@@ -1,0 +1,107 @@
+"""Helpers to build jagged inputs and apply the project's tolerance rule (shared by tests, tuner, benches).
+
+Tolerance rule: a kernel's error against the fp32 reference may be at most twice the error of PyTorch
+computing the same thing in the kernel's dtype, plus a small absolute slack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def jagged_lengths(
+    batch: int, max_len: int, distribution: str = "uniform", seed: int = 0, min_len: int = 1
+) -> list[int]:
+    """Sequence lengths for a benchmark batch.
+
+    ``uniform``: every sequence has ``max_len``. ``jagged``: heavy-tailed (Pareto-like) lengths with
+    the longest forced to ``max_len``, as in recommendation logs where a few users have very long
+    histories.
+    """
+    if distribution == "uniform":
+        return [max_len] * batch
+    if distribution != "jagged":
+        raise ValueError(f"distribution must be 'uniform' or 'jagged', got {distribution!r}")
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(batch, generator=g)
+    # Pareto tail (shape 1.2) scaled so the median is ~max_len/8, clipped to [min_len, max_len].
+    x = (max_len / 8.0) * (1.0 - u).pow(-1.0 / 1.2) / 2 ** (1 / 1.2)
+    lengths = x.clamp(min_len, max_len).round().to(torch.int64).tolist()
+    lengths[0] = max_len
+    return [int(n) for n in lengths]
+
+
+def offsets_from_lengths(lengths: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """(B+1,) int64 offsets from lengths."""
+    off = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    if lengths:
+        off[1:] = torch.tensor(list(lengths), dtype=torch.int64).cumsum(0)
+    return off.to(device)
+
+
+@dataclass
+class JaggedInputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    seq_offsets: torch.Tensor
+    max_seq_len: int
+    num_targets: torch.Tensor | None
+
+
+def make_jagged_inputs(
+    lengths: Sequence[int],
+    num_heads: int,
+    dqk: int,
+    dv: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+    max_seq_len: int | None = None,
+    targets: bool = False,
+    requires_grad: bool = False,
+) -> JaggedInputs:
+    """Random q, k, v on jagged offsets (never zeros), optionally random num_targets per sequence."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    total = int(sum(lengths))
+
+    def rnd(d: int) -> torch.Tensor:
+        t = torch.randn(total, num_heads, d, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+        return t.requires_grad_(requires_grad)
+
+    q, k, v = rnd(dqk), rnd(dqk), rnd(dv)
+    nt = None
+    if targets:
+        nt = torch.tensor(
+            [int(torch.randint(0, max(n, 0) + 1, (1,), generator=g)) if n > 0 else 0 for n in lengths],
+            dtype=torch.int64,
+        ).to(device)
+    n_max = max_seq_len if max_seq_len is not None else max(list(lengths) + [1])
+    return JaggedInputs(q, k, v, offsets_from_lengths(lengths, device), n_max, nt)
+
+
+def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    return (a.float() - b.float()).abs().max().item()
+
+
+def check_tolerance(
+    name: str, kernel: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor, atol: float = 1e-5
+) -> tuple[float, float]:
+    """Raise AssertionError unless |kernel - ref32| <= 2 |ref_lowp - ref32| + atol (max norm).
+
+    Returns (kernel error, bound). NaN never passes.
+    """
+    if kernel.shape != ref32.shape:
+        raise AssertionError(f"{name}: shape {tuple(kernel.shape)} != reference {tuple(ref32.shape)}")
+    if kernel.numel() and not torch.isfinite(kernel.float()).all():
+        raise AssertionError(f"{name}: non-finite values in kernel output")
+    err = max_abs_err(kernel, ref32)
+    bound = 2.0 * max_abs_err(ref_lowp, ref32) + atol
+    if not err <= bound:
+        raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (2x PyTorch-in-dtype + atol)")
+    return err, bound

@@ -1,0 +1,109 @@
+"""Triton HSTU attention vs the PyTorch reference: forward and dq/dk/dv, every mask feature.
+
+On CPU this runs under the Triton interpreter in fp32 and fp16; on a GPU (``gpu`` marker) in bf16
+and fp16 at larger shapes. Tolerance: 2x PyTorch's own error in the kernel's dtype + a small atol.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_templates.hstu_attention import (
+    HSTUBwdConfig,
+    HSTUFwdConfig,
+    hstu_attention,
+    hstu_attention_reference,
+)
+from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _run_case(lengths, heads, dqk, dv, dtype, device, ctx=0, targets=False, window=0, fc=None, bc=None, seed=0):
+    inp = make_jagged_inputs(lengths, heads, dqk, dv, dtype, device, seed=seed, targets=targets, requires_grad=True)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / dqk**0.5, inp.num_targets, ctx, window)
+    out = hstu_attention(inp.q, inp.k, inp.v, *args, fwd_config=fc, bwd_config=bc)
+    g = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(out.shape, generator=g).to(device=device, dtype=dtype)
+    grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), do)
+    ref = hstu_attention_reference(inp.q, inp.k, inp.v, *args).float()
+    ref_grads = torch.autograd.grad(ref, (inp.q, inp.k, inp.v), do.float())
+    low = hstu_attention_reference(inp.q, inp.k, inp.v, *args, compute_dtype=dtype)
+    low_grads = torch.autograd.grad(low, (inp.q, inp.k, inp.v), do)
+    for name, a, r, lo in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (low, *low_grads)):
+        scale = r.float().abs().max().item() if r.numel() else 1.0
+        check_tolerance(name, a, r, lo, atol=1e-5 * (1.0 + scale) if dtype == torch.float32 else 2e-3 * scale + 1e-5)
+
+
+SMALL_FWD = HSTUFwdConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+SMALL_BWD = HSTUBwdConfig(block_m=16, block_n=32, num_warps=4, num_stages=1, dq_mode="atomic")
+SMALL_BWD_SEP = HSTUBwdConfig(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="separate")
+MASKS = [
+    dict(),
+    dict(ctx=3),
+    dict(targets=True),
+    dict(window=5),
+    dict(ctx=2, targets=True, window=7),
+]
+MASK_IDS = ["causal", "context", "targets", "window", "all"]
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_cpu_jagged_every_mask(mask, dtype):
+    # empty sequences, length 1, lengths that are not tile multiples (tiles 16/32)
+    _run_case([5, 0, 37, 1, 50, 0], 2, 32, 32, dtype, "cpu", fc=SMALL_FWD, bc=SMALL_BWD, seed=3, **mask)
+
+
+@pytest.mark.parametrize(
+    "fc,bc",
+    [(SMALL_FWD, SMALL_BWD_SEP), (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")), (None, None)],
+    ids=["sep", "tiles32x16", "default"],
+)
+def test_cpu_configs_and_mixed_head_dims(fc, bc):
+    _run_case([33, 1, 0, 17], 2, 64, 32, torch.float32, "cpu", ctx=1, targets=True, fc=fc, bc=bc, seed=5)
+
+
+def test_cpu_scaling_seqlen_and_max_len_above_lengths():
+    inp = make_jagged_inputs([9, 4], 1, 32, 32, torch.float32, "cpu", seed=7, max_seq_len=40)
+    args = (inp.seq_offsets, inp.max_seq_len, 0.3, None, 0, 0, 11)
+    out = hstu_attention(inp.q, inp.k, inp.v, *args, fwd_config=SMALL_FWD)
+    ref = hstu_attention_reference(inp.q, inp.k, inp.v, *args)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_cpu_all_sequences_empty():
+    inp = make_jagged_inputs([0, 0], 1, 32, 32, torch.float32, "cpu", requires_grad=True)
+    out = hstu_attention(inp.q, inp.k, inp.v, inp.seq_offsets, 4)
+    assert out.shape == (0, 1, 32)
+
+
+GPU_CASES = [
+    ([300, 0, 1, 257, 129, 64], 2, 128, 128, {}),
+    ([300, 0, 1, 257, 129, 64], 2, 256, 256, dict(ctx=5, targets=True)),
+    ([200, 77, 1], 2, 64, 32, dict(window=33)),
+    ([513, 2, 190], 4, 32, 128, dict(ctx=3, targets=True, window=40)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=["d128", "d256-ctx-tgt", "d64x32-window", "d32x128-all"])
+def test_gpu_default_configs(case, dtype):
+    lengths, heads, dqk, dv, mask = case
+    _run_case(lengths, heads, dqk, dv, dtype, "cuda", seed=11, **mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fc,bc",
+    [
+        (HSTUFwdConfig(64, 32, 4, 2), HSTUBwdConfig(32, 64, 4, 2, "separate")),
+        (HSTUFwdConfig(128, 128, 8, 3), HSTUBwdConfig(64, 128, 8, 1, "atomic")),
+        (HSTUFwdConfig(64, 64, 4, 4), HSTUBwdConfig(128, 64, 8, 2, "atomic")),
+    ],
+    ids=["small", "large", "mixed"],
+)
+def test_gpu_other_configs(fc, bc):
+    _run_case([400, 3, 0, 131], 2, 128, 128, torch.bfloat16, "cuda", ctx=2, targets=True, fc=fc, bc=bc, seed=13)

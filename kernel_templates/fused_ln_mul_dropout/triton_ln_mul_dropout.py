@@ -1,0 +1,190 @@
+"""Triton kernels: ``out = dropout(LN(x) * u)`` forward and backward.
+
+The dropout mask is never stored: both kernels draw it with ``tl.rand(seed, row * D + col)``, so the
+backward regenerates exactly the forward's mask from the seed. The forward keeps only the per-row
+mean and 1/std (8 bytes a row). The backward walks a contiguous range of rows per program and
+accumulates dLN-weight / dLN-bias partials in registers (one row of partials per program).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _ln_mul_dropout_fwd_kernel(
+    X,
+    U,
+    W,
+    B,
+    O,
+    Mean,
+    Rstd,
+    L,
+    D,
+    stride_x,
+    stride_u,
+    stride_o,
+    eps,
+    p,
+    seed,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < L
+    col_ok = cols < D
+    m2 = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    u = tl.load(U + rows[:, None].to(tl.int64) * stride_u + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / D
+    xc = tl.where(m2, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, axis=1) / D
+    rstd = 1.0 / tl.sqrt(var + eps)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    out = y * u
+    if HAS_DROPOUT:
+        r = tl.rand(seed, rows[:, None] * D + cols[None, :])
+        out = tl.where(r > p, out / (1.0 - p), 0.0)
+    tl.store(O + rows[:, None].to(tl.int64) * stride_o + cols[None, :], out.to(O.dtype.element_ty), mask=m2)
+    tl.store(Mean + rows, mean, mask=row_ok)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _ln_mul_dropout_bwd_kernel(
+    DO,
+    X,
+    U,
+    W,
+    B,
+    Mean,
+    Rstd,
+    DX,
+    DU,
+    DW_part,
+    DB_part,
+    L,
+    D,
+    rows_per_prog,
+    stride_do,
+    stride_x,
+    stride_u,
+    stride_dx,
+    stride_du,
+    p,
+    seed,
+    HAS_DROPOUT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    row_start = pid * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, L)
+    for start in range(row_start, row_end, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        row_ok = rows < row_end
+        m2 = row_ok[:, None] & col_ok[None, :]
+        r64 = rows[:, None].to(tl.int64)
+        x = tl.load(X + r64 * stride_x + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        u = tl.load(U + r64 * stride_u + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        g = tl.load(DO + r64 * stride_do + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        if HAS_DROPOUT:
+            r = tl.rand(seed, rows[:, None] * D + cols[None, :])
+            g = tl.where(r > p, g / (1.0 - p), 0.0)
+        xhat = tl.where(m2, (x - mean[:, None]) * rstd[:, None], 0.0)
+        y = xhat * w[None, :] + b[None, :]
+        du = g * y
+        dy = g * u
+        dxhat = dy * w[None, :]
+        c1 = tl.sum(dxhat * xhat, axis=1) / D
+        c2 = tl.sum(dxhat, axis=1) / D
+        dx = (dxhat - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        dw += tl.sum(dy * xhat, axis=0)
+        db += tl.sum(dy, axis=0)
+        tl.store(DX + r64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m2)
+        tl.store(DU + r64 * stride_du + cols[None, :], du.to(DU.dtype.element_ty), mask=m2)
+    tl.store(DW_part + pid * D + cols, dw, mask=col_ok)
+    tl.store(DB_part + pid * D + cols, db, mask=col_ok)
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _block_r(block_d: int) -> int:
+    """Rows per tile: keep a tile near 4K elements (registers), at least one row."""
+    return max(1, min(16, 4096 // block_d))
+
+
+def ln_mul_dropout_fwd(
+    x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
+    L, D = x.shape
+    out = torch.empty((L, D), dtype=x.dtype, device=x.device)
+    mean = torch.empty((L,), dtype=torch.float32, device=x.device)
+    rstd = torch.empty((L,), dtype=torch.float32, device=x.device)
+    if L == 0:
+        return out, mean, rstd
+    block_d = _block_d(D)
+    block_r = _block_r(block_d)
+    _ln_mul_dropout_fwd_kernel[(triton.cdiv(L, block_r),)](
+        x, u, weight, bias, out, mean, rstd, L, D, x.stride(0), u.stride(0), out.stride(0),
+        float(eps), float(p), int(seed),
+        HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d <= 1024 else 8,
+    )  # fmt: skip
+    return out, mean, rstd
+
+
+def _num_programs(L: int, device: torch.device) -> int:
+    if device.type == "cuda":
+        return max(1, min(L, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(L, 4))
+
+
+def ln_mul_dropout_bwd(
+    do: torch.Tensor,
+    x: torch.Tensor,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    p: float,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``."""
+    L, D = x.shape
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    dx = torch.empty((L, D), dtype=x.dtype, device=x.device)
+    du = torch.empty((L, D), dtype=u.dtype, device=u.device)
+    if L == 0:
+        return dx, du, torch.zeros_like(weight), torch.zeros_like(bias)
+    block_d = _block_d(D)
+    block_r = _block_r(block_d)
+    progs = _num_programs(L, x.device)
+    rows_per_prog = triton.cdiv(triton.cdiv(L, progs), block_r) * block_r
+    progs = triton.cdiv(L, rows_per_prog)
+    dw_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
+    _ln_mul_dropout_bwd_kernel[(progs,)](
+        do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, L, D, rows_per_prog,
+        do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), int(seed),
+        HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d <= 1024 else 8,
+    )  # fmt: skip
+    return dx, du, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)

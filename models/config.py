@@ -1,0 +1,163 @@
+"""Model and data configuration of the HSTU ranking model, with named presets.
+
+One frozen dataclass holds model, data and training knobs so a run is reproducible from (preset,
+overrides, seed). ``validate`` raises ``ValueError`` naming the bad field before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+KERNEL_SOURCES = ("reference", "default", "tuned")
+LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed")
+TRITON_HEAD_DIMS = (32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything one training run needs besides the device and step count."""
+
+    # model
+    num_layers: int = 2
+    num_heads: int = 2
+    head_dim: int = 32
+    hidden_dim: int = 64
+    num_items: int = 512
+    num_actions: int = 5
+    embedding_dim: int = 64
+    num_tasks: int = 2
+    head_hidden: int = 64
+    dropout: float = 0.1
+    eps: float = 1e-5
+    # data
+    batch_size: int = 4
+    max_seq_len: int = 32
+    min_seq_len: int = 4
+    length_dist: str = "uniform"
+    zipf_alpha: float = 1.1
+    num_categories: int = 16
+    taste_size: int = 4
+    taste_prob: float = 0.7
+    label_noise: float = 0.05
+    # training
+    lr: float = 1e-3
+    kernels: str = "default"
+    seed: int = 0
+
+    def replace(self, **overrides: Any) -> ModelConfig:
+        """A copy with ``overrides`` applied, validated; unknown names raise ValueError."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}; known: {sorted(names)}")
+        cfg = dataclasses.replace(self, **overrides)
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def distribution(self) -> str:
+        """Artifact length-distribution key: full lengths were tuned as "uniform", the rest "jagged"."""
+        return "uniform" if self.length_dist == "full" else "jagged"
+
+    def validate(self) -> None:
+        """Raise ValueError with the field name when the config cannot build a working model."""
+        positive = (
+            "num_layers",
+            "num_heads",
+            "head_dim",
+            "hidden_dim",
+            "num_items",
+            "embedding_dim",
+            "num_tasks",
+            "head_hidden",
+            "batch_size",
+            "max_seq_len",
+            "min_seq_len",
+            "num_categories",
+            "taste_size",
+        )
+        for name in positive:
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        if self.hidden_dim != self.num_heads * self.head_dim:
+            raise ValueError(
+                f"hidden_dim ({self.hidden_dim}) must equal num_heads * head_dim "
+                f"({self.num_heads} * {self.head_dim} = {self.num_heads * self.head_dim})"
+            )
+        if self.kernels not in KERNEL_SOURCES:
+            raise ValueError(f"kernels must be one of {KERNEL_SOURCES}, got {self.kernels!r}")
+        if self.kernels != "reference" and self.head_dim not in TRITON_HEAD_DIMS:
+            raise ValueError(
+                f"head_dim {self.head_dim} has no Triton kernel (supported: {TRITON_HEAD_DIMS}); "
+                "use kernels='reference' or a supported head dim"
+            )
+        if self.length_dist not in LENGTH_DISTRIBUTIONS:
+            raise ValueError(f"length_dist must be one of {LENGTH_DISTRIBUTIONS}, got {self.length_dist!r}")
+        if self.min_seq_len > self.max_seq_len:
+            raise ValueError(f"min_seq_len ({self.min_seq_len}) must be <= max_seq_len ({self.max_seq_len})")
+        if self.num_actions < 5:
+            raise ValueError(f"num_actions must be >= 5 (none + click x like), got {self.num_actions}")
+        if self.num_items < self.num_categories:
+            raise ValueError(f"num_items ({self.num_items}) must be >= num_categories ({self.num_categories})")
+        if self.taste_size > self.num_categories:
+            raise ValueError(f"taste_size ({self.taste_size}) must be <= num_categories ({self.num_categories})")
+        for name in ("dropout", "taste_prob", "label_noise"):
+            val = getattr(self, name)
+            if not 0.0 <= val < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {val!r}")
+        if self.zipf_alpha <= 0 or self.lr <= 0 or self.eps <= 0:
+            raise ValueError("zipf_alpha, lr and eps must be positive")
+
+
+_SEED = dict(
+    num_layers=8,
+    num_heads=4,
+    head_dim=256,
+    hidden_dim=1024,
+    num_items=100_000,
+    embedding_dim=1024,
+    num_tasks=3,
+    head_hidden=256,
+    num_categories=64,
+    taste_size=8,
+    batch_size=32,
+    min_seq_len=256,
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CI: seconds on CPU, also under the Triton interpreter.
+    "tiny": dict(),
+    # GPU smoke test.
+    "small": dict(
+        num_layers=4,
+        num_heads=2,
+        head_dim=64,
+        hidden_dim=128,
+        num_items=10_000,
+        embedding_dim=128,
+        num_categories=32,
+        batch_size=16,
+        max_seq_len=512,
+        min_seq_len=64,
+        head_hidden=64,
+    ),
+    # Seed benchmark: 8 layers, 4 heads x 256, hidden 1024, batch 32, every sequence 4K long.
+    "seed": dict(_SEED, max_seq_len=4096, length_dist="full"),
+    # Seed benchmark, jagged: heavy-tailed lengths up to 8K (mean ~2K).
+    "seed-jagged": dict(_SEED, max_seq_len=8192, length_dist="heavy_tailed"),
+    # Seed benchmark at 8K full lengths; batch 16 keeps activations within 80 GB.
+    "seed-8k": dict(_SEED, max_seq_len=8192, length_dist="full", batch_size=16),
+}
+
+
+def get_config(preset: str, **overrides: Any) -> ModelConfig:
+    """The named preset with overrides applied; ValueError for an unknown preset or a bad field."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+    return ModelConfig().replace(**{**PRESETS[preset], **overrides})

@@ -1,0 +1,251 @@
+"""Train the HSTU ranking model on synthetic jagged data and report throughput.
+
+    python -m models.train --preset tiny --kernels reference --steps 20
+    python -m models.train --preset seed --kernels tuned --steps 30 --json out.json
+
+Reports tokens/s, model TFLOP/s (attention by HSTU.md, fwd + bwd; GEMMs as 6 x params x tokens),
+MFU against the GPU registry's peak, and peak GPU memory; the same numbers go to ``--json``.
+Warm-up steps (Triton compilation, allocator growth) are excluded from the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .config import PRESETS, ModelConfig, get_config
+from .data import JaggedBatch, make_loader
+from .hstu import HSTURankingModel
+from .metrics import detect_gpu_name, peak_tflops, step_flops
+
+
+def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast (or none for fp32)."""
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    if dtype != "bf16":
+        raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def train_step(
+    model: HSTURankingModel, opt: torch.optim.Optimizer, batch: JaggedBatch, amp: contextlib.AbstractContextManager
+) -> torch.Tensor:
+    """One forward/backward/Adam step; returns the loss (a device tensor, no host sync)."""
+    with amp:
+        loss = model.loss(batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def build(cfg: ModelConfig, device: torch.device) -> tuple[HSTURankingModel, torch.optim.Optimizer]:
+    """Model and Adam, seeded by ``cfg.seed`` (same init for every kernel source)."""
+    torch.manual_seed(cfg.seed)
+    model = HSTURankingModel(cfg).to(device)
+    fused = device.type == "cuda"
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
+    return model, opt
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(
+    cfg: ModelConfig,
+    steps: int,
+    device: str | torch.device = "cpu",
+    warmup: int = 2,
+    dtype: str | None = None,
+    artifacts: str = "artifacts",
+    gpu: str | None = None,
+    log_every: int = 10,
+    workers: int = 0,
+    progress: bool = True,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Train ``warmup + steps`` steps and return the metrics dict (losses, tokens/s, TFLOP/s, MFU)."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    device = torch.device(device)
+    dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
+    console = console or Console(stderr=True)
+    gpu_name = gpu or detect_gpu_name(device)
+    dispatch_summary = None
+    if cfg.kernels == "tuned":
+        from autotune import dispatch
+
+        dispatch_summary = dispatch.load(artifacts, gpu=gpu_name)
+    model, opt = build(cfg, device)
+    dense = model.dense_params()
+    amp = autocast_context(device, dtype)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    loader = iter(make_loader(cfg, warmup + steps, workers=workers, pin=device.type == "cuda"))
+    losses: list[tuple[int, float]] = []
+    pending: list[tuple[int, torch.Tensor]] = []
+    tokens = 0
+    flops = {"attention": 0.0, "gemm": 0.0, "total": 0.0}
+    t0 = time.perf_counter()
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=console,
+                  disable=not progress, transient=False) as bar:  # fmt: skip
+        task = bar.add_task(f"{cfg.kernels} train", total=warmup + steps, loss="")
+        for step in range(warmup + steps):
+            if step == warmup:
+                _sync(device)
+                t0 = time.perf_counter()
+            batch = next(loader)
+            if step >= warmup:
+                tokens += batch.num_tokens
+                for key, val in step_flops(cfg, batch.lengths, dense).items():
+                    flops[key] += val
+            pending.append((step, train_step(model, opt, batch.to(device), amp)))
+            if (step + 1) % log_every == 0 or step + 1 == warmup + steps:
+                losses.extend((s, float(v)) for s, v in pending)
+                pending.clear()
+                bar.update(task, loss=f"loss {losses[-1][1]:.4f}")
+                if not progress:
+                    console.print(f"step {step + 1}: loss {losses[-1][1]:.4f}")
+            bar.advance(task)
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    tflops = flops["total"] / elapsed / 1e12
+    peak = peak_tflops(gpu_name)
+    result: dict[str, Any] = {
+        "kernels": cfg.kernels,
+        "device": str(device),
+        "gpu": gpu_name,
+        "dtype": dtype,
+        "steps": steps,
+        "warmup": warmup,
+        "timed_s": elapsed,
+        "step_ms": 1e3 * elapsed / steps,
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed,
+        "tflops": tflops,
+        "attention_tflop_per_step": flops["attention"] / steps / 1e12,
+        "gemm_tflop_per_step": flops["gemm"] / steps / 1e12,
+        "peak_tflops": peak,
+        "mfu": tflops / peak if peak else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "dense_params": dense,
+        "total_params": sum(p.numel() for p in model.parameters()),
+        "first_loss": losses[0][1],
+        "final_loss": losses[-1][1],
+        "losses": losses,
+        "config": cfg.to_dict(),
+        "dispatch": _dispatch_report(dispatch_summary),
+        "versions": {"torch": torch.__version__, "python": platform.python_version(), "triton": _triton_version()},
+    }
+    return result
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None
+
+
+def _dispatch_report(loaded: dict[str, Any] | None) -> dict[str, Any]:
+    """Which configs ran (from dispatch's cache) and every fallback warning issued."""
+    from autotune import dispatch
+
+    choices = [
+        {"kind": k[0], "dtype": str(k[1]), "dqk": k[2], "dv": k[3], "heads": k[4], "max_seq_len": k[5],
+         "distribution": k[6], "source": k[7], "backend": c.backend, "config": json.loads(c.config),
+         "chosen_from": c.source, "bucket": c.bucket}
+        for k, c in dispatch._CACHE.items()
+    ]  # fmt: skip
+    return {"loaded": loaded, "choices": choices, "warnings": list(dispatch.WARNINGS)}
+
+
+def print_summary(result: dict[str, Any], console: Console) -> None:
+    """One line per metric."""
+    fmt = lambda v, f: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f)  # noqa: E731
+    console.print(
+        f"[bold]{result['kernels']}[/bold]: loss {result['first_loss']:.4f} -> {result['final_loss']:.4f} | "
+        f"{fmt(result['tokens_per_s'], ',.0f')} tokens/s | {fmt(result['step_ms'], '.1f')} ms/step | "
+        f"{fmt(result['tflops'], '.1f')} TFLOP/s | MFU {fmt(result['mfu'], '.1%')} | "
+        f"peak mem {fmt(result['peak_memory_gib'], '.2f')} GiB"
+    )
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs; values parsed as int, float, else kept as strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} must look like key=value")
+        val: Any = raw
+        for cast in (int, float):
+            try:
+                val = cast(raw)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = val
+    return out
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
+    p.add_argument("--kernels", default="default", help="reference | default | tuned")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="bf16 (autocast; default on GPU) or fp32 (default on CPU)")
+    p.add_argument("--artifacts", default="artifacts", help="tuned artifact directory (kernels=tuned)")
+    p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers for data generation")
+    p.add_argument("--json", default=None, help="write the metrics here")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = make_parser().parse_args(argv)
+    console = Console(stderr=True)
+    overrides = parse_overrides(args.set)
+    overrides["kernels"] = args.kernels
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    cfg = get_config(args.preset, **overrides)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
+                 args.workers, progress=not args.no_progress, console=console)  # fmt: skip
+    result["preset"] = args.preset
+    print_summary(result, console)
+    for w in result["dispatch"]["warnings"]:
+        console.print(f"[yellow]dispatch fallback:[/yellow] {w}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

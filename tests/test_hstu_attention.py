@@ -58,8 +58,8 @@ def test_cpu_jagged_every_mask(mask, dtype):
 
 @pytest.mark.parametrize(
     "fc,bc",
-    [(SMALL_FWD, SMALL_BWD_SEP), (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")), (None, None)],
-    ids=["sep", "tiles32x16", "default"],
+    [(SMALL_FWD, SMALL_BWD_SEP), (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", 32)), (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")), (None, None)],
+    ids=["sep", "sep-dq32", "tiles32x16", "default"],
 )
 def test_cpu_configs_and_mixed_head_dims(fc, bc):
     _run_case([33, 1, 0, 17], 2, 64, 32, torch.float32, "cpu", ctx=1, targets=True, fc=fc, bc=bc, seed=5)
@@ -99,7 +99,7 @@ def test_gpu_default_configs(case, dtype):
 @pytest.mark.parametrize(
     "fc,bc",
     [
-        (HSTUFwdConfig(64, 32, 4, 2), HSTUBwdConfig(32, 64, 4, 2, "separate")),
+        (HSTUFwdConfig(64, 32, 4, 2), HSTUBwdConfig(32, 64, 4, 2, "separate", 64)),
         (HSTUFwdConfig(128, 128, 8, 3), HSTUBwdConfig(64, 128, 8, 1, "atomic")),
         (HSTUFwdConfig(64, 64, 4, 4), HSTUBwdConfig(128, 64, 8, 2, "atomic")),
     ],

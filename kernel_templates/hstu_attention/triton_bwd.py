@@ -465,7 +465,8 @@ def hstu_attention_bwd(
     )
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
-    num_m_blocks = triton.cdiv(max_seq_len, config.block_m)
+    num_m_blocks = triton.cdiv(max_seq_len, config.dq_rows)
+    common["BLOCK_M"] = config.dq_rows
     _hstu_bwd_q_kernel[(batch * H, num_m_blocks)](
         q,
         k,

@@ -1,0 +1,148 @@
+"""GPU benchmark of the Triton HSTU attention templates (forward and backward TFLOP/s).
+
+Times with ``triton.testing.do_bench`` (warm-up, L2 flush between runs, median of the reps), on
+random jagged inputs, after checking each timed config against the reference on a small batch.
+FLOPs follow HSTU.md: fwd = 2H(Dqk+Dv)P, bwd = 2H(3Dqk+2Dv)P.
+
+    python benchmarks/bench_hstu_triton.py --lengths 1024 2048 4096 8192 --dims 256 \
+        --dist uniform jagged [--sweep] [--json $OUT/triton.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import triton
+
+from kernel_templates.hstu_attention import (
+    HSTUBwdConfig,
+    HSTUFwdConfig,
+    default_bwd_config,
+    default_fwd_config,
+    hstu_attention_flops,
+    hstu_attention_reference,
+)
+from kernel_templates.hstu_attention.testing import check_tolerance, jagged_lengths, make_jagged_inputs
+from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
+from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
+
+FWD_SWEEP = [
+    HSTUFwdConfig(bm, bn, w, s)
+    for bm, bn, w, s in [
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (64, 64, 4, 2),
+        (64, 128, 4, 2),
+        (128, 32, 8, 2),
+        (128, 64, 4, 2),
+        (64, 64, 4, 3),
+        (128, 128, 8, 1),
+    ]
+]
+BWD_SWEEP = [
+    HSTUBwdConfig(bm, bn, w, s, mode)
+    for bm, bn, w, s, mode in [
+        (64, 64, 8, 2, "atomic"),
+        (64, 64, 4, 2, "atomic"),
+        (32, 64, 4, 2, "atomic"),
+        (64, 128, 8, 2, "atomic"),
+        (32, 128, 8, 2, "atomic"),
+        (64, 64, 8, 1, "atomic"),
+        (128, 64, 8, 2, "atomic"),
+        (64, 64, 8, 2, "separate"),
+        (64, 128, 8, 1, "atomic"),
+    ]
+]
+
+
+def small_check(dim: int, fc: HSTUFwdConfig, bc: HSTUBwdConfig) -> None:
+    """Correctness of a config on a small jagged bf16 batch (raises AssertionError when wrong)."""
+    inp = make_jagged_inputs([300, 1, 0, 257, 64], 2, dim, dim, torch.bfloat16, "cuda", seed=1)
+    args = (inp.seq_offsets, inp.max_seq_len, dim**-0.5, None, 0, 0, None)
+    out = hstu_attention_fwd(inp.q, inp.k, inp.v, *args, fc)
+    do = torch.randn_like(out)
+    dq, dk, dv = hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc)
+    leaves = [t.detach().requires_grad_(True) for t in (inp.q, inp.k, inp.v)]
+    ref = hstu_attention_reference(*leaves, *args).float()
+    rg = torch.autograd.grad(ref, leaves, do.float())
+    low = hstu_attention_reference(*leaves, *args, compute_dtype=torch.bfloat16)
+    lg = torch.autograd.grad(low, leaves, do)
+    for name, a, r, lo in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref, *rg), (low, *lg)):
+        check_tolerance(name, a, r, lo, atol=2e-3 * r.abs().max().item() + 1e-5)
+
+
+def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> dict:
+    lengths = jagged_lengths(batch, n, dist, seed=0)
+    inp = make_jagged_inputs(lengths, heads, dim, dim, torch.bfloat16, "cuda", seed=2, max_seq_len=n)
+    args = (inp.seq_offsets, n, dim**-0.5, None, 0, 0, None)
+    fwd_flops, bwd_flops = hstu_attention_flops(inp.seq_offsets, heads, dim, dim)
+    row = dict(n=n, dim=dim, dist=dist, batch=batch, heads=heads, tokens=sum(lengths))
+    if fc is not None:
+        out = torch.empty_like(inp.v)
+        ms = triton.testing.do_bench(lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, fc, out=out),
+                                     warmup=50, rep=300, return_mode="median")
+        row.update(fwd_cfg=fc.to_dict(), fwd_ms=ms, fwd_tflops=fwd_flops / ms * 1e-9)
+    if bc is not None:
+        do = torch.randn_like(inp.v)
+        ms = triton.testing.do_bench(lambda: hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc),
+                                     warmup=50, rep=300, return_mode="median")
+        row.update(bwd_cfg=bc.to_dict(), bwd_ms=ms, bwd_tflops=bwd_flops / ms * 1e-9)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--dims", type=int, nargs="+", default=[256])
+    p.add_argument("--dist", nargs="+", default=["uniform", "jagged"])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--sweep", action="store_true", help="time the sweep configs at --sweep-len first")
+    p.add_argument("--sweep-len", type=int, default=4096)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    rows: list[dict] = []
+    t0 = time.time()
+    print(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    if a.sweep:
+        for dim in a.dims:
+            for fc in FWD_SWEEP:
+                try:
+                    r = bench_one(a.sweep_len, dim, "uniform", fc, None, a.batch, a.heads)
+                    print(f"sweep fwd d{dim} {fc}: {r['fwd_tflops']:.1f} TFLOP/s", flush=True)
+                    rows.append(dict(r, kind="sweep"))
+                except Exception as e:  # a config that does not compile (smem) is reported, not fatal
+                    print(f"sweep fwd d{dim} {fc}: FAILED {type(e).__name__}: {str(e)[:120]}", flush=True)
+            for bc in BWD_SWEEP:
+                try:
+                    r = bench_one(a.sweep_len, dim, "uniform", None, bc, a.batch, a.heads)
+                    print(f"sweep bwd d{dim} {bc}: {r['bwd_tflops']:.1f} TFLOP/s", flush=True)
+                    rows.append(dict(r, kind="sweep"))
+                except Exception as e:
+                    print(f"sweep bwd d{dim} {bc}: FAILED {type(e).__name__}: {str(e)[:120]}", flush=True)
+    for dim in a.dims:
+        fc, bc = default_fwd_config(dim, dim), default_bwd_config(dim, dim)
+        small_check(dim, fc, bc)
+        for dist in a.dist:
+            for n in a.lengths:
+                r = bench_one(n, dim, dist, fc, bc, a.batch, a.heads)
+                rows.append(dict(r, kind="default"))
+                print(
+                    f"default d{dim} {dist:8s} n={n:5d}: fwd {r['fwd_tflops']:6.1f} TFLOP/s ({r['fwd_ms']:.3f} ms)"
+                    f"  bwd {r['bwd_tflops']:6.1f} TFLOP/s ({r['bwd_ms']:.3f} ms)",
+                    flush=True,
+                )
+    print(f"total {time.time() - t0:.0f} s")
+    path = a.json or (os.path.join(os.environ["OUT"], "bench_triton.json") if os.environ.get("OUT") else None)
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

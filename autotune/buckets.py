@@ -1,0 +1,63 @@
+"""Sequence-length buckets and the representative length distributions each bucket is tuned on.
+
+Contract (docs/CONTRACTS.md): buckets are the powers of two 256 .. 16384 and ``bucket_for`` maps a
+batch's max_seq_len to the smallest bucket >= it, clamped. A bucket is tuned on a declared length
+distribution, because the best tiles of a skewed jagged batch differ from those of uniform lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384)
+DISTRIBUTIONS: tuple[str, ...] = ("uniform", "jagged")
+JAGGED_EXPONENT = 3.0  # lengths = bucket * u**3: median ~bucket/8, mean ~bucket/4, tail up to bucket
+
+
+def bucket_for(max_seq_len: int) -> int:
+    """The smallest bucket >= max_seq_len, clamped to [256, 16384]."""
+    for b in BUCKETS:
+        if max_seq_len <= b:
+            return b
+    return BUCKETS[-1]
+
+
+def parse_bucket(text: str) -> int:
+    """'4K', '4k', '4096' -> 4096; ValueError unless it is one of BUCKETS."""
+    t = text.strip().lower()
+    try:
+        value = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
+    except ValueError:
+        raise ValueError(f"bad bucket {text!r}: use e.g. 1K, 4096") from None
+    if value not in BUCKETS:
+        raise ValueError(f"bucket {text!r} is not one of {', '.join(format_bucket(b) for b in BUCKETS)}")
+    return value
+
+
+def format_bucket(bucket: int) -> str:
+    return f"{bucket // 1024}K" if bucket >= 1024 and bucket % 1024 == 0 else str(bucket)
+
+
+def neighbours(bucket: int) -> tuple[int, ...]:
+    """Buckets next to ``bucket`` (their winners warm-start its study)."""
+    i = BUCKETS.index(bucket)
+    return tuple(BUCKETS[j] for j in (i - 1, i + 1) if 0 <= j < len(BUCKETS))
+
+
+def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> list[int]:
+    """Deterministic lengths of a representative batch whose longest sequence is exactly ``max_len``.
+
+    ``uniform``: every length = max_len. ``jagged``: heavy-tailed, ``ceil(max_len * u**3)`` with
+    u ~ U(0, 1) from ``seed``, and one sequence (at a seeded position) of length max_len.
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"unknown length distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
+    if batch < 1 or max_len < 1:
+        raise ValueError(f"batch and max_len must be >= 1, got batch={batch}, max_len={max_len}")
+    if distribution == "uniform":
+        return [max_len] * batch
+    rng = random.Random(f"{seed}:{max_len}:{batch}")
+    lengths = [max(1, min(max_len, math.ceil(max_len * rng.random() ** JAGGED_EXPONENT))) for _ in range(batch)]
+    lengths[rng.randrange(batch)] = max_len
+    return lengths

@@ -1,0 +1,112 @@
+"""GPU registry: the hardware facts that feasibility rules and TFLOP/s reports need.
+
+Owned by the tuner (docs/CONTRACTS.md, "GPU registry"). Numbers are per device, dense (no sparsity).
+Adding a GPU: add one ``GPUSpec`` to ``GPUS`` and, if its marketing name differs, a pattern to
+``_NAME_PATTERNS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Facts a feasibility rule may use; ``smem_per_block`` is the opt-in maximum per block (bytes)."""
+
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    smem_per_block: int
+    regs_per_sm: int
+    peak_bf16_tflops: float
+    max_regs_per_thread: int = 255
+
+    @property
+    def cc(self) -> str:
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+
+
+GPUS: dict[str, GPUSpec] = {
+    "a100": GPUSpec("a100", (8, 0), 108, 166912, 65536, 312.0),
+    "h100": GPUSpec("h100", (9, 0), 132, 232448, 65536, 989.0),
+    "h200": GPUSpec("h200", (9, 0), 132, 232448, 65536, 989.0),
+    "b200": GPUSpec("b200", (10, 0), 148, 232448, 65536, 2250.0),
+}
+
+_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"\bH200\b", "h200"),
+    (r"\bH100\b|\bGH200\b", "h100"),
+    (r"\bA100\b", "a100"),
+    (r"\bB200\b|\bGB200\b", "b200"),
+)
+
+
+def gpu_from_name(device_name: str) -> str | None:
+    """Registry key for a CUDA device name such as 'NVIDIA H100 80GB HBM3', or None."""
+    for pattern, key in _NAME_PATTERNS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return key
+    return None
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The spec of a registry key; ValueError listing the known ones otherwise."""
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))} (or 'auto')") from None
+
+
+def detect_gpu() -> str:
+    """Registry key of the current CUDA device; RuntimeError without CUDA or for an unknown GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA GPU is present (torch.cuda.is_available() is False)")
+    name = torch.cuda.get_device_name()
+    key = gpu_from_name(name)
+    if key is None:
+        known = ", ".join(sorted(GPUS))
+        raise RuntimeError(f"GPU {name!r} is not in the registry ({known}); add it to autotune/gpus.py")
+    return key
+
+
+def environment() -> dict[str, object]:
+    """The artifact's ``environment`` block (docs/CONTRACTS.md) for the current process."""
+    import importlib.metadata
+    import subprocess
+
+    import torch
+    import triton
+
+    env: dict[str, object] = {
+        "gpu_name": "triton-interpreter (cpu)",
+        "compute_capability": None,
+        "sm_count": None,
+        "driver": None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cutlass_dsl": None,
+    }
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        env["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env["gpu_name"] = props.name
+        env["compute_capability"] = f"{props.major}.{props.minor}"
+        env["sm_count"] = props.multi_processor_count
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            env["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    return env

@@ -1,0 +1,174 @@
+"""Registration of the jagged HSTU attention ops (forward, backward) and their Triton backends."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from autotune.registry import Backend, Op, register_backend, register_op
+from autotune.tasks import MASKS
+from kernel_templates.hstu_attention import hstu_attention_flops, hstu_attention_reference
+from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON
+
+_TEMPLATE_DIR = "kernel_templates/hstu_attention"
+TRITON_FWD_FILES = tuple(f"{_TEMPLATE_DIR}/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py"))
+TRITON_BWD_FILES = (*TRITON_FWD_FILES, f"{_TEMPLATE_DIR}/triton_bwd.py")
+
+
+def make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:
+    """Random (never zero) q, k, v (and dO) on the task's jagged offsets and mask features."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    total, heads = sum(lengths), task.num_heads
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    def rnd(d: int) -> torch.Tensor:
+        return torch.randn((total, heads, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    context, target_frac, window_frac = MASKS[task.mask]
+    num_targets = None
+    if target_frac > 0:
+        nt = [min(n, max(1, int(n * target_frac))) if n else 0 for n in lengths]
+        num_targets = torch.tensor(nt, dtype=torch.int32, device=device)
+    inputs = {
+        "q": rnd(task.dqk),
+        "k": rnd(task.dqk),
+        "v": rnd(task.dv),
+        "seq_offsets": offsets,
+        "max_seq_len": max(lengths) if lengths else 0,
+        "alpha": 1.0 / math.sqrt(task.dqk),
+        "num_targets": num_targets,
+        "contextual_seq_len": context,
+        "max_attn_len": int(window_frac * task.max_len),
+        "scaling_seqlen": None,
+    }
+    if backward:
+        inputs["do"] = rnd(task.dv)
+    return inputs
+
+
+def _args(inputs: dict) -> tuple:
+    i = inputs
+    return (
+        i["seq_offsets"],
+        i["max_seq_len"],
+        i["alpha"],
+        i["num_targets"],
+        i["contextual_seq_len"],
+        i["max_attn_len"],
+        i["scaling_seqlen"],
+    )
+
+
+def reference_fwd(inputs: dict, compute_dtype: torch.dtype) -> tuple:
+    """fp32 oracle (compute_dtype=float32, fp32 inputs) or PyTorch in the kernel's dtype."""
+    cast = (lambda t: t.float()) if compute_dtype == torch.float32 else (lambda t: t)
+    q, k, v = (cast(inputs[n]) for n in ("q", "k", "v"))
+    with torch.no_grad():
+        return (hstu_attention_reference(q, k, v, *_args(inputs), compute_dtype=compute_dtype),)
+
+
+def reference_bwd(inputs: dict, compute_dtype: torch.dtype) -> tuple:
+    cast = (lambda t: t.float()) if compute_dtype == torch.float32 else (lambda t: t)
+    q, k, v = (cast(inputs[n]).detach().requires_grad_(True) for n in ("q", "k", "v"))
+    out = hstu_attention_reference(q, k, v, *_args(inputs), compute_dtype=compute_dtype)
+    out.backward(inputs["do"].to(out.dtype))
+    return (q.grad, k.grad, v.grad)
+
+
+def _flops(inputs: dict, index: int) -> float:
+    q, v = inputs["q"], inputs["v"]
+    return hstu_attention_flops(
+        inputs["seq_offsets"].cpu(),
+        q.shape[1],
+        q.shape[2],
+        v.shape[2],
+        inputs["contextual_seq_len"],
+        None if inputs["num_targets"] is None else inputs["num_targets"].cpu(),
+        inputs["max_attn_len"],
+    )[index]
+
+
+def alloc_out_fwd(inputs: dict) -> tuple:
+    q, v = inputs["q"], inputs["v"]
+    return (torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device=q.device),)
+
+
+def launch_triton_fwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
+    from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
+
+    i = inputs
+    o = hstu_attention_fwd(i["q"], i["k"], i["v"], *_args(i), config, out=out[0] if out else None)
+    return (o,)
+
+
+def launch_triton_bwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
+    from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
+
+    i = inputs
+    return tuple(hstu_attention_bwd(i["do"], i["q"], i["k"], i["v"], *_args(i), config))
+
+
+def _jit_fwd() -> list:
+    from kernel_templates.hstu_attention import triton_fwd
+
+    return [triton_fwd._hstu_fwd_kernel]
+
+
+def _jit_bwd() -> list:
+    from kernel_templates.hstu_attention import triton_bwd
+
+    return [triton_bwd._hstu_bwd_kv_kernel, triton_bwd._hstu_bwd_q_kernel]
+
+
+def triton_available() -> str | None:
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return None
+    return "needs a CUDA GPU (or TRITON_INTERPRET=1)"
+
+
+register_op(
+    Op(
+        "hstu_attention_fwd",
+        make_inputs=lambda task, lengths, seed, device, dtype: make_inputs(task, lengths, seed, device, dtype, False),
+        reference=reference_fwd,
+        flops=lambda inputs: _flops(inputs, 0),
+        alloc_out=alloc_out_fwd,
+        output_names=("out",),
+        direction="fwd",
+    )
+)
+register_op(
+    Op(
+        "hstu_attention_bwd",
+        make_inputs=lambda task, lengths, seed, device, dtype: make_inputs(task, lengths, seed, device, dtype, True),
+        reference=reference_bwd,
+        flops=lambda inputs: _flops(inputs, 1),
+        output_names=("dq", "dk", "dv"),
+        direction="bwd",
+    )
+)
+register_backend(
+    Backend(
+        "hstu_attention_fwd",
+        "triton",
+        HSTU_FWD_TRITON,
+        launch_triton_fwd,
+        TRITON_FWD_FILES,
+        _jit_fwd,
+        available=triton_available,
+    )
+)
+register_backend(
+    Backend(
+        "hstu_attention_bwd",
+        "triton",
+        HSTU_BWD_TRITON,
+        launch_triton_bwd,
+        TRITON_BWD_FILES,
+        _jit_bwd,
+        available=triton_available,
+    )
+)

@@ -1,0 +1,129 @@
+"""Tuning tasks: (kernel, GPU, dtype, head dims, heads, bucket, length distribution, mask features).
+
+A task is what one Optuna study tunes and what one artifact entry records. Its representative batch
+is deterministic (``sequence_lengths`` from the seed), so a resumed study measures the same inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sequence_lengths
+
+DTYPES = ("bfloat16", "float16", "float32")
+# Mask features: name -> (contextual_seq_len, targets per sequence as a fraction of its length, window as a
+# fraction of the longest sequence). Each feature is a separate template specialisation (constexpr).
+MASKS: dict[str, tuple[int, float, float]] = {
+    "causal": (0, 0.0, 0.0),
+    "targets": (0, 0.05, 0.0),
+    "context": (8, 0.0, 0.0),
+    "context+targets": (8, 0.05, 0.0),
+    "window": (0, 0.0, 0.25),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One tuning task. ``seq_cap`` (tests/CI only) caps the real lengths below the bucket."""
+
+    kernel: str
+    gpu: str
+    dtype: str
+    dqk: int
+    dv: int
+    num_heads: int
+    bucket: int
+    distribution: str
+    mask: str = "causal"
+    batch: int = 32
+    seq_cap: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.bucket not in BUCKETS:
+            raise ValueError(f"bucket {self.bucket} is not one of {BUCKETS}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution {self.distribution!r} is not one of {DISTRIBUTIONS}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.mask not in MASKS:
+            raise ValueError(f"mask {self.mask!r} is not one of {tuple(MASKS)}")
+        if self.batch < 1 or self.num_heads < 1:
+            raise ValueError("batch and num_heads must be >= 1")
+
+    @property
+    def max_len(self) -> int:
+        """The longest sequence of the representative batch (= bucket unless capped)."""
+        return min(self.bucket, self.seq_cap) if self.seq_cap else self.bucket
+
+    def lengths(self) -> list[int]:
+        return sequence_lengths(self.max_len, self.batch, self.distribution, self.seed)
+
+    @property
+    def family(self) -> tuple:
+        """Everything but the bucket: tasks of one family warm-start each other."""
+        return (self.kernel, self.gpu, self.dtype, self.dqk, self.dv, self.num_heads, self.distribution, self.mask)
+
+    @property
+    def study_name(self) -> str:
+        cap = f"-cap{self.seq_cap}" if self.seq_cap else ""
+        return (
+            f"{self.kernel}|{self.dtype}|dqk{self.dqk}|dv{self.dv}|h{self.num_heads}|b{self.batch}"
+            f"|{format_bucket(self.bucket)}{cap}|{self.distribution}|{self.mask}|seed{self.seed}"
+        )
+
+    def label(self) -> str:
+        return (
+            f"{self.kernel} {self.dtype} d{self.dqk}/{self.dv} h{self.num_heads} "
+            f"{format_bucket(self.bucket)} {self.distribution} {self.mask}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Task:
+        return cls(**d)
+
+
+def parse_dims(text: str) -> list[tuple[int, int]]:
+    """'256,128' -> [(256, 256), (128, 128)]; '128x64' -> (dqk=128, dv=64)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        try:
+            dqk, _, dv = part.partition("x")
+            out.append((int(dqk), int(dv or dqk)))
+        except ValueError:
+            raise ValueError(f"bad head dims {part!r}: use e.g. 256 or 128x64") from None
+    if not out:
+        raise ValueError("no head dims given")
+    return out
+
+
+def build_tasks(
+    kernels: list[str],
+    gpu: str,
+    dtype: str,
+    dims: list[tuple[int, int]],
+    heads: int,
+    buckets: list[int],
+    distributions: list[str],
+    masks: list[str],
+    batch: int,
+    seq_cap: int | None = None,
+    seed: int = 0,
+) -> list[Task]:
+    """All tasks, ordered so that buckets of one family run in ascending order (neighbour warm starts)."""
+    return [
+        Task(kernel, gpu, dtype, dqk, dv, heads, bucket, dist, mask, batch, seq_cap, seed)
+        for kernel in kernels
+        for dqk, dv in dims
+        for mask in masks
+        for dist in distributions
+        for bucket in sorted(buckets)
+    ]

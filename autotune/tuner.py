@@ -1,0 +1,460 @@
+"""The search: one Optuna study per task, evaluated by a worker subprocess.
+
+Per trial: feasibility rules (no GPU time) -> compile + compiler report + spill limit -> correctness
+against the reference on poisoned outputs -> quick timing, ``trial.report`` / ``should_prune`` ->
+full timing for promising configs. Every trial keeps ``status`` (ok, infeasible, spill, compile,
+incorrect, timeout, crash, pruned) and the compiler report as user attrs. Studies live in Optuna
+storage (a journal file under artifacts/<gpu>/studies/ by default), so an interrupted run resumes.
+The tuned config is re-timed against the default at the end and must beat it, else the default stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import artifacts as art
+from autotune.buckets import neighbours
+from autotune.gpus import environment, get_gpu
+from autotune.registry import Backend, backends_for, get_op
+from autotune.tasks import Task
+from autotune.worker import Worker, WorkerError
+from search_spaces.base import SpaceContext
+
+SAMPLERS = ("tpe", "random", "bruteforce", "gp")
+FAIL_STATES = {"compile": TrialState.FAIL, "incorrect": TrialState.FAIL, "timeout": TrialState.FAIL}
+FAIL_STATES.update({"crash": TrialState.FAIL, "spill": TrialState.PRUNED, "infeasible": TrialState.PRUNED})
+
+
+@dataclass
+class TuneOptions:
+    """Knobs of a tuning run (the CLI fills them)."""
+
+    n_trials: int = 14
+    sampler: str = "tpe"
+    seed: int = 0
+    storage: str | None = None
+    artifacts_root: Path = art.DEFAULT_ROOT
+    eval_timeout_s: float = 180.0
+    setup_timeout_s: float = 900.0
+    spill_limit: int = 512
+    prune: bool = True
+    prune_percentile: float = 50.0
+    backends: list[str] | None = None
+    plugins: list[str] = field(default_factory=list)
+    interpret: bool = False
+    write_artifacts: bool = True
+
+
+@dataclass
+class TaskResult:
+    task: Task
+    backend: str | None = None
+    config: dict[str, Any] | None = None
+    median_ms: float | None = None
+    spread_ms: float | None = None
+    tflops: float | None = None
+    default_config: dict[str, Any] | None = None
+    default_ms: float | None = None
+    default_tflops: float | None = None
+    speedup: float | None = None
+    trials: int = 0
+    tuning_s: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+    kept_default: bool = False
+    error: str | None = None
+
+    def entry(self) -> dict[str, Any]:
+        t = self.task
+        return {
+            "dtype": t.dtype,
+            "dqk": t.dqk,
+            "dv": t.dv,
+            "num_heads": t.num_heads,
+            "bucket": t.bucket,
+            "distribution": t.distribution,
+            "mask": t.mask,
+            "backend": self.backend,
+            "config": self.config,
+            "median_ms": self.median_ms,
+            "spread_ms": self.spread_ms,
+            "tflops": self.tflops,
+            "default_ms": self.default_ms,
+            "default_tflops": self.default_tflops,
+            "speedup": self.speedup,
+            "trials": self.trials,
+            "tuning_s": round(self.tuning_s, 2),
+        }
+
+
+class Reporter:
+    """Progress callbacks (the CLI draws rich progress bars); the base class is silent."""
+
+    def task_start(self, task: Task, index: int, total: int, n_trials: int) -> None: ...
+    def trial_done(self, task: Task, measured: int, status: str, best_ms: float | None) -> None: ...
+    def task_end(self, result: TaskResult) -> None: ...
+
+
+class _BruteForce(optuna.samplers.BruteForceSampler):
+    """Exhaustive search; exhaustion ends the tuner's loop (Study.stop only works inside optimize)."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
+def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSampler:
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if name == "tpe":
+        startup = max(3, n_trials // 3)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "bruteforce":
+        return _BruteForce(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
+
+
+def make_storage(url: str | None, gpu: str, root: Path) -> Any:
+    """Optuna storage: an RDB URL as is; otherwise a journal file (default artifacts/<gpu>/studies/)."""
+    if url and "://" in url:
+        return url
+    path = Path(url) if url else Path(root) / gpu / "studies" / "tuning.journal"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def space_context(task: Task, interpret: bool) -> SpaceContext:
+    return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret)
+
+
+def search_space_hash(kernel: str) -> str:
+    """One hash over every registered backend's space of ``kernel``."""
+    parts = [f"{b.name}:{b.space.hash()}" for b in backends_for(kernel, available_only=False)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _choices(backend: Backend, default_values: dict[str, Any]) -> dict[str, tuple]:
+    """The space's choices, plus the default's value where the declaration lacks it (so it can be enqueued)."""
+    out = {}
+    for p, choices in backend.space.params.items():
+        extra = default_values.get(p)
+        out[p] = tuple(choices) if extra is None or extra in choices else (*choices, extra)
+    return out
+
+
+def _params(backend: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"backend": backend, **{f"{backend}.{k}": v for k, v in values.items()}}
+
+
+def _key(backend: str, values: dict[str, Any]) -> str:
+    return backend + ":" + ",".join(f"{k}={values[k]}" for k in sorted(values))
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
+
+
+class _Study:
+    """One task's study: sampling, bookkeeping of evaluated configs, the worker calls."""
+
+    def __init__(self, task: Task, opts: TuneOptions, worker: Worker, storage: Any, reporter: Reporter) -> None:
+        self.task, self.opts, self.worker, self.reporter = task, opts, worker, reporter
+        self.backends = {b.name: b for b in backends_for(task.kernel, opts.backends)}
+        if not self.backends:
+            raise RuntimeError(f"no available backend for {task.kernel} (asked: {opts.backends or 'any'})")
+        self.ctx = space_context(task, opts.interpret)
+        first = next(iter(self.backends.values()))
+        self.default_backend = first
+        self.default_values = first.space.values(first.space.default(self.ctx))
+        self.default_key = _key(first.name, self.default_values)
+        self.choices = {n: _choices(b, self.default_values if b is first else {}) for n, b in self.backends.items()}
+        self.study = optuna.create_study(
+            study_name=task.study_name,
+            storage=storage,
+            sampler=make_sampler(opts.sampler, opts.seed, opts.n_trials),
+            pruner=optuna.pruners.PercentilePruner(opts.prune_percentile, n_startup_trials=3, n_warmup_steps=0),
+            direction="minimize",
+            load_if_exists=True,
+        )
+        self.study.set_user_attr("task", task.to_dict())
+        self.seen: dict[str, optuna.trial.FrozenTrial] = {}
+        done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        for t in self.study.get_trials(deepcopy=False, states=done):
+            k = t.user_attrs.get("config_key")
+            if k and not t.user_attrs.get("duplicate"):
+                self.seen[k] = t
+        self.flops: float | None = None
+
+    @property
+    def measured(self) -> int:
+        return sum(1 for t in self.seen.values() if t.user_attrs.get("measured"))
+
+    def space_size(self) -> int:
+        """Number of distinct configs Optuna can propose (the loop ends once all were seen)."""
+        return sum(math.prod(len(c) for c in choices.values()) for choices in self.choices.values())
+
+    def enqueue(self, backend: str, values: dict[str, Any], source: str) -> None:
+        choices = self.choices.get(backend)
+        if choices is None or any(values.get(p) not in c for p, c in choices.items()):
+            return
+        if _key(backend, values) in self.seen:
+            return
+        self.study.enqueue_trial(_params(backend, values), user_attrs={"source": source}, skip_if_exists=True)
+
+    def _call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self.worker.task_key != self.task.study_name:
+            reply = self.worker.call({"cmd": "setup", "task": self.task.to_dict()}, self.opts.setup_timeout_s)
+            if reply.get("status") != "ok":
+                raise RuntimeError(f"worker could not set up {self.task.label()}: {reply.get('error')}")
+            self.worker.task_key = self.task.study_name
+            self.flops = reply["flops"]
+        return self.worker.call(msg, timeout)
+
+    def ensure_setup(self) -> None:
+        if self.worker.task_key != self.task.study_name or self.flops is None:
+            self.worker.task_key = None
+            self._call({"cmd": "noop"}, self.opts.eval_timeout_s)
+
+    def evaluate(self, backend: str, values: dict[str, Any], quick: bool) -> dict[str, Any]:
+        msg = {"cmd": "evaluate", "backend": backend, "config": values, "quick": quick}
+        msg["spill_limit"] = self.opts.spill_limit
+        try:
+            return self._call(msg, self.opts.eval_timeout_s)
+        except WorkerError as e:
+            return {"status": e.kind, "error": str(e)}
+
+    def time(self, backend: str, values: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._call({"cmd": "time", "backend": backend, "config": values}, self.opts.eval_timeout_s)
+        except WorkerError as e:
+            return {"status": e.kind, "error": str(e)}
+
+    def step(self) -> str:
+        """Ask, evaluate and tell one trial; returns its status."""
+        trial = self.study.ask()
+        names = list(self.backends)
+        bname = trial.suggest_categorical("backend", names)
+        backend = self.backends[bname]
+        values = {p: trial.suggest_categorical(f"{bname}.{p}", c) for p, c in self.choices[bname].items()}
+        key = _key(bname, values)
+        trial.set_user_attr("config_key", key)
+        trial.set_user_attr("backend", bname)
+        if key in self.seen:
+            prev = self.seen[key]
+            trial.set_user_attr("duplicate", True)
+            trial.set_user_attr("status", prev.user_attrs.get("status", "?"))
+            self.study.tell(trial, prev.value if prev.state == TrialState.COMPLETE else None, state=prev.state)
+            return "duplicate"
+        is_default = key == self.default_key
+        attrs: dict[str, Any] = {"is_default": is_default}
+        try:
+            config = backend.space.make(values)
+            reason = None if is_default else backend.space.why_infeasible(config, self.ctx)
+        except ValueError as e:
+            config, reason = None, f"invalid config: {e}"
+        if reason:
+            return self._finish(trial, key, {**attrs, "status": "infeasible", "reason": reason}, None)
+        attrs["config"] = _config_dict(config)
+        res = self.evaluate(bname, values, quick=not is_default)
+        attrs.update(measured=True, status=res["status"])
+        for k in ("compile_s", "error", "check"):
+            if k in res:
+                attrs[k] = res[k] if k != "error" else str(res[k])[-800:]
+        report = res.get("report") or {}
+        for k in ("n_regs", "n_spills", "shared"):
+            attrs[k] = report.get(k)
+        if res["status"] != "ok":
+            return self._finish(trial, key, attrs, None)
+        attrs["quick_ms"] = res["median_ms"]
+        if is_default:
+            attrs.update(median_ms=res["median_ms"], spread_ms=res["spread_ms"])
+            return self._finish(trial, key, attrs, res["median_ms"])
+        trial.report(res["median_ms"], step=0)
+        if self.opts.prune and trial.should_prune():
+            return self._finish(trial, key, {**attrs, "status": "pruned"}, None, TrialState.PRUNED)
+        full = self.time(bname, values)
+        if full["status"] != "ok":
+            return self._finish(trial, key, {**attrs, **full}, None)
+        attrs.update(median_ms=full["median_ms"], spread_ms=full["spread_ms"])
+        return self._finish(trial, key, attrs, full["median_ms"])
+
+    def _finish(
+        self, trial, key: str, attrs: dict[str, Any], value: float | None, state: TrialState | None = None
+    ) -> str:
+        status = attrs["status"]
+        if value is not None and self.flops:
+            attrs["tflops"] = self.flops / (value * 1e-3) / 1e12
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if value is not None:
+            frozen = self.study.tell(trial, value)
+        else:
+            frozen = self.study.tell(trial, state=state or FAIL_STATES.get(status, TrialState.FAIL))
+        self.seen[key] = frozen
+        return status
+
+    def best(self) -> optuna.trial.FrozenTrial | None:
+        ok = [t for t in self.seen.values() if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"]
+        return min(ok, key=lambda t: t.value) if ok else None
+
+
+def _retime(s: _Study, trial: optuna.trial.FrozenTrial, rounds: int) -> tuple[float, float]:
+    """Median of the trial's time and ``rounds`` fresh full measurements (a fair final comparison)."""
+    backend = trial.user_attrs["backend"]
+    values = {p: trial.params[f"{backend}.{p}"] for p in s.choices[backend]}
+    times, spread = [trial.value], trial.user_attrs.get("spread_ms", 0.0)
+    for _ in range(rounds):
+        r = s.time(backend, values)
+        if r.get("status") == "ok":
+            times.append(r["median_ms"])
+            spread = r["spread_ms"]
+    times.sort()
+    return times[len(times) // 2], spread
+
+
+def tune_task(
+    task: Task,
+    opts: TuneOptions,
+    worker: Worker,
+    storage: Any,
+    deadline: float,
+    warm_starts: list[tuple[str, dict[str, Any]]] = (),
+    reporter: Reporter | None = None,
+) -> TaskResult:
+    """Tune one task until ``opts.n_trials`` measured trials, the deadline, or an exhausted space."""
+    reporter = reporter or Reporter()
+    t0 = time.time()
+    s = _Study(task, opts, worker, storage, reporter)
+    s.enqueue(s.default_backend.name, s.default_values, "default")
+    for bname, values in warm_starts:
+        s.enqueue(bname, values, "neighbour")
+    s.ensure_setup()
+    result = TaskResult(task)
+    asks, dup_streak, limit, size = 0, 0, 20 * opts.n_trials + 50, s.space_size()
+    while s.measured < opts.n_trials and asks < limit and len(s.seen) < size and dup_streak < 40:
+        if time.time() > deadline and s.default_key in s.seen:
+            break
+        status = s.step()
+        asks += 1
+        dup_streak = dup_streak + 1 if status == "duplicate" else 0
+        best = s.best()
+        reporter.trial_done(task, s.measured, status, best.value if best else None)
+    for t in s.seen.values():
+        st = t.user_attrs.get("status", "?")
+        result.statuses[st] = result.statuses.get(st, 0) + 1
+    result.trials = s.measured
+    best, default = s.best(), s.seen.get(s.default_key)
+    result.default_config = s.default_values
+    default_ok = default is not None and default.state == TrialState.COMPLETE
+    if best is None:
+        result.error = "no config was correct (see trial statuses)"
+    else:
+        rounds = 2 if default_ok and best.number != default.number else 0
+        best_ms, best_spread = _retime(s, best, rounds)
+        if default_ok:
+            result.default_ms, _ = _retime(s, default, rounds)
+        if default_ok and (best.number == default.number or best_ms >= result.default_ms):
+            best, best_ms, best_spread = default, result.default_ms, default.user_attrs.get("spread_ms", 0.0)
+            result.kept_default = True
+        bname = best.user_attrs["backend"]
+        values = {p: best.params[f"{bname}.{p}"] for p in s.choices[bname]}
+        result.backend = bname
+        result.config = _config_dict(s.backends[bname].space.make(values))
+        result.median_ms, result.spread_ms = best_ms, best_spread
+        flops = s.flops or 0.0
+        result.tflops = flops / (best_ms * 1e-3) / 1e12
+        if result.default_ms:
+            result.default_tflops = flops / (result.default_ms * 1e-3) / 1e12
+            result.speedup = result.default_ms / best_ms
+    result.tuning_s = time.time() - t0
+    s.study.set_user_attr("result", {k: v for k, v in result.entry().items()})
+    reporter.task_end(result)
+    return result
+
+
+def update_artifact(result: TaskResult, opts: TuneOptions, env: dict[str, Any]) -> Path | None:
+    """Upsert the task's entry into artifacts/<gpu>/<kernel>.json (atomic write)."""
+    if result.config is None or not opts.write_artifacts:
+        return None
+    t = result.task
+    path = art.artifact_path(t.gpu, t.kernel, opts.artifacts_root)
+    existing = None
+    if path.exists():
+        try:
+            existing = art.load_artifact(path)
+        except art.ArtifactError as e:
+            warnings.warn(f"replacing unusable artifact: {e}", RuntimeWarning, stacklevel=2)
+    hashes = {b.name: art.current_template_hash(t.kernel, b.name) for b in backends_for(t.kernel, available_only=False)}
+    artifact = art.Artifact(t.kernel, t.gpu, env, hashes, search_space_hash(t.kernel))
+    if existing is not None:
+        artifact.entries = list(existing.entries)
+    artifact.upsert(result.entry())
+    return art.save_artifact(artifact, path)
+
+
+def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:
+    fam = winners.get(task.family, {})
+    return [fam[b] for b in neighbours(task.bucket) if b in fam]
+
+
+def artifact_winners(tasks: list[Task], root: Path) -> dict[tuple, dict[int, tuple[str, dict]]]:
+    """Winners recorded in existing artifacts, keyed by task family then bucket (warm starts)."""
+    out: dict[tuple, dict[int, tuple[str, dict]]] = {}
+    for kernel, gpu in sorted({(t.kernel, t.gpu) for t in tasks}):
+        a = art.load_artifact_or_none(art.artifact_path(gpu, kernel, root))
+        for e in a.entries if a else []:
+            fam = (kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["distribution"], e["mask"])
+            out.setdefault(fam, {})[e["bucket"]] = (e["backend"], dict(e["config"]))
+    return out
+
+
+def run_tasks(
+    tasks: list[Task], opts: TuneOptions, time_budget_s: float | None = None, reporter: Reporter | None = None
+) -> list[TaskResult]:
+    """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget."""
+    from autotune.registry import plugin_modules
+
+    reporter = reporter or Reporter()
+    for t in tasks:
+        get_op(t.kernel)
+    worker = Worker(plugin_modules(opts.plugins))
+    storages: dict[str, Any] = {}
+    env = environment()
+    winners = artifact_winners(tasks, opts.artifacts_root)
+    start = time.time()
+    results = []
+    try:
+        for i, task in enumerate(tasks):
+            if task.gpu not in storages:
+                storages[task.gpu] = make_storage(opts.storage, task.gpu, opts.artifacts_root)
+            if time_budget_s is None:
+                deadline = float("inf")
+            else:
+                deadline = time.time() + max(0.0, start + time_budget_s - time.time()) / (len(tasks) - i)
+            reporter.task_start(task, i, len(tasks), opts.n_trials)
+            try:
+                warm = warm_starts_for(task, winners)
+                r = tune_task(task, opts, worker, storages[task.gpu], deadline, warm, reporter)
+            except (RuntimeError, WorkerError) as e:
+                r = TaskResult(task, error=str(e))
+                reporter.task_end(r)
+            results.append(r)
+            if r.config is not None:
+                winners.setdefault(task.family, {})[task.bucket] = (r.backend, r.config)
+                update_artifact(r, opts, env)
+    finally:
+        worker.close()
+    return results

@@ -1,0 +1,143 @@
+"""Search spaces of the Triton HSTU attention templates (forward and backward).
+
+To extend: add a choice to ``FWD_PARAMS`` / ``BWD_PARAMS`` or a rule function to ``FWD_RULES`` /
+``BWD_RULES``. A rule is ``(config, ctx) -> reason or None``; reasons are shown in dry runs and stored
+on infeasible trials. The resource estimates are deliberately simple upper-bound models of what the
+Triton compiler allocates; the compiler's own report (registers, spills, shared memory) is recorded
+on every compiled trial, so a wrong estimate shows up there.
+"""
+
+from __future__ import annotations
+
+from kernel_templates.hstu_attention.config import (
+    SUPPORTED_HEAD_DIMS,
+    HSTUBwdConfig,
+    HSTUFwdConfig,
+    default_bwd_config,
+    default_fwd_config,
+)
+from search_spaces.base import SearchSpace, SpaceContext
+
+FWD_PARAMS: dict[str, tuple] = {
+    "block_m": (16, 32, 64, 128, 256),
+    "block_n": (16, 32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3, 4),
+}
+BWD_PARAMS: dict[str, tuple] = {
+    "block_m": (16, 32, 64, 128),
+    "block_n": (16, 32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3),
+    "dq_mode": ("atomic", "separate"),
+}
+# Largest S tile the interpreter is allowed (it runs numpy per program: big tiles only cost CI time).
+INTERPRET_MAX_TILE = 64 * 64
+
+
+def _threads(c) -> int:
+    return c.num_warps * 32
+
+
+def _reg_limit(c, ctx: SpaceContext) -> int:
+    return min(ctx.gpu.max_regs_per_thread, ctx.gpu.regs_per_sm // _threads(c))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def head_dims_supported(c, ctx: SpaceContext) -> str | None:
+    """The templates load whole head dims as one power-of-two tile."""
+    if ctx.dqk not in SUPPORTED_HEAD_DIMS or ctx.dv not in SUPPORTED_HEAD_DIMS:
+        return f"head dims ({ctx.dqk}, {ctx.dv}) not in {SUPPORTED_HEAD_DIMS}"
+    return None
+
+
+def tile_fits_length(c, ctx: SpaceContext) -> str | None:
+    """A tile longer than the longest sequence only computes padding."""
+    cap = max(16, _next_pow2(ctx.max_len))
+    if c.block_m > cap or c.block_n > cap:
+        return f"tile {c.block_m}x{c.block_n} exceeds the longest sequence ({ctx.max_len})"
+    return None
+
+
+def enough_work_per_thread(c, ctx: SpaceContext) -> str | None:
+    """Fewer than 4 score elements per thread leaves warps idle (and breaks some MMA layouts)."""
+    if c.block_m * c.block_n < 4 * _threads(c):
+        return f"tile {c.block_m}x{c.block_n} too small for {c.num_warps} warps"
+    return None
+
+
+def interpreter_limits(c, ctx: SpaceContext) -> str | None:
+    """The interpreter ignores warps and stages; vary only tiles, small ones, to keep CI fast."""
+    if ctx.interpret and (c.num_warps != 4 or c.num_stages != 1 or c.block_m * c.block_n > INTERPRET_MAX_TILE):
+        return "interpreter: num_warps=4, num_stages=1, tile <= 64x64 only"
+    return None
+
+
+def fwd_smem_bytes(c, ctx: SpaceContext) -> int:
+    """Q tile + num_stages buffers of K and V tiles + the P tile fed to the second MMA."""
+    e = ctx.elem_bytes
+    stages = max(1, c.num_stages)
+    return e * (c.block_m * ctx.dqk + stages * c.block_n * (ctx.dqk + ctx.dv) + c.block_m * c.block_n)
+
+
+def fwd_fits_smem(c, ctx: SpaceContext) -> str | None:
+    need = fwd_smem_bytes(c, ctx)
+    if need > ctx.gpu.smem_per_block:
+        return f"shared memory ~{need // 1024} KB > {ctx.gpu.smem_per_block // 1024} KB"
+    return None
+
+
+def fwd_fits_registers(c, ctx: SpaceContext) -> str | None:
+    """fp32 accumulator (BLOCK_M x Dv) plus the fp32 score tile, per thread."""
+    regs = (c.block_m * ctx.dv + c.block_m * c.block_n) // _threads(c)
+    if regs > _reg_limit(c, ctx):
+        return f"~{regs} fp32 registers/thread for accumulators > {_reg_limit(c, ctx)}"
+    return None
+
+
+def bwd_smem_bytes(c, ctx: SpaceContext) -> int:
+    """Resident K,V (or Q,dO) tiles + num_stages buffers of the streamed pair + one transposed tile."""
+    e = ctx.elem_bytes
+    stages = max(1, c.num_stages)
+    d = ctx.dqk + ctx.dv
+    kv = e * (c.block_n * d + stages * c.block_m * d + c.block_m * c.block_n)
+    if c.dq_mode == "separate":
+        q = e * (c.block_m * d + stages * c.block_n * d + c.block_m * c.block_n)
+        return max(kv, q)
+    return kv
+
+
+def bwd_fits_smem(c, ctx: SpaceContext) -> str | None:
+    need = bwd_smem_bytes(c, ctx)
+    if need > ctx.gpu.smem_per_block:
+        return f"shared memory ~{need // 1024} KB > {ctx.gpu.smem_per_block // 1024} KB"
+    return None
+
+
+def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
+    """dK, dV fp32 accumulators plus two fp32 (BLOCK_N x BLOCK_M) tiles (S^T, dP^T), per thread."""
+    kv = (c.block_n * (ctx.dqk + ctx.dv) + 2 * c.block_m * c.block_n) // _threads(c)
+    q = (c.block_m * ctx.dqk + 2 * c.block_m * c.block_n) // _threads(c) if c.dq_mode == "separate" else 0
+    regs = max(kv, q)
+    if regs > _reg_limit(c, ctx):
+        return f"~{regs} fp32 registers/thread for accumulators > {_reg_limit(c, ctx)}"
+    return None
+
+
+def _fwd_default(ctx: SpaceContext) -> HSTUFwdConfig:
+    return default_fwd_config(ctx.dqk, ctx.dv, interpret=ctx.interpret)
+
+
+def _bwd_default(ctx: SpaceContext) -> HSTUBwdConfig:
+    return default_bwd_config(ctx.dqk, ctx.dv, interpret=ctx.interpret)
+
+
+COMMON_RULES = (head_dims_supported, interpreter_limits, tile_fits_length, enough_work_per_thread)
+FWD_RULES = (*COMMON_RULES, fwd_fits_smem, fwd_fits_registers)
+BWD_RULES = (*COMMON_RULES, bwd_fits_smem, bwd_fits_registers)
+
+HSTU_FWD_TRITON = SearchSpace("hstu_attention_fwd/triton", HSTUFwdConfig, FWD_PARAMS, FWD_RULES, _fwd_default)
+HSTU_BWD_TRITON = SearchSpace("hstu_attention_bwd/triton", HSTUBwdConfig, BWD_PARAMS, BWD_RULES, _bwd_default)

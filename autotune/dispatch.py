@@ -255,13 +255,15 @@ def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
 
 
 def _nearest(entries: list[Any], bucket: int, distribution: str | None, num_heads: int) -> Any:
-    """Deterministic nearest entry: closest log2 bucket, then same distribution, heads, larger bucket."""
+    """Deterministic nearest entry: closest log2 bucket, then same distribution, causal mask, same
+    heads, the larger bucket, and finally the config's text (a total order: no ties left)."""
 
     def rank(e: Any) -> tuple:
         b = int(_get(e, "bucket"))
         return (
             abs(math.log2(b) - math.log2(bucket)),
             0 if distribution is None or _get(e, "distribution") == distribution else 1,
+            0 if _get(e, "mask", "causal") == "causal" else 1,
             0 if _get(e, "num_heads") == num_heads else 1,
             -b,
             json.dumps(_get(e, "config"), sort_keys=True),

@@ -141,6 +141,17 @@ def _backward(ctx, do):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.compiler.assume_constant_result
+def _choose(
+    dtype: torch.dtype, dqk: int, dv: int, heads: int, max_seq_len: int, distribution: str | None, source: str
+) -> tuple[str, str, str, str]:
+    """(fwd backend, fwd config, bwd backend, bwd config). Under torch.compile the result is a
+    trace-time constant (dispatch is deterministic), so the graph holds the op with plain strings."""
+    fwd = dispatch.select(FWD, dtype, dqk, dv, heads, max_seq_len, distribution, source)
+    bwd = dispatch.select(BWD, dtype, dqk, dv, heads, max_seq_len, distribution, source)
+    return fwd.backend, fwd.config, bwd.backend, bwd.config
+
+
 def distribution_of(length_distribution: str | None) -> str | None:
     """Artifact distribution key of a length distribution: "full" lengths tune as "uniform"."""
     if length_distribution is None:
@@ -171,8 +182,9 @@ def hstu_attention(
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     dqk, dv, heads = q.shape[2], v.shape[2], q.shape[1]
-    fwd = dispatch.select(FWD, q.dtype, dqk, dv, heads, max_seq_len, distribution, source)
-    bwd = dispatch.select(BWD, q.dtype, dqk, dv, heads, max_seq_len, distribution, source)
+    fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
+        q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source
+    )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)
     return attention_fwd(
@@ -186,10 +198,10 @@ def hstu_attention(
         int(contextual_seq_len),
         int(max_attn_len),
         scaling_seqlen,
-        fwd.backend,
-        fwd.config,
-        bwd.backend,
-        bwd.config,
+        fwd_backend,
+        fwd_config,
+        bwd_backend,
+        bwd_config,
     )
 
 

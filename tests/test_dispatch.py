@@ -1,0 +1,170 @@
+"""Runtime dispatch: bucket choice, fallbacks and their one-time warnings, same choice in every process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from autotune import dispatch
+from autotune.artifacts import Artifact, current_template_hash, save_artifact
+from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
+
+FWD, BWD = "hstu_attention_fwd", "hstu_attention_bwd"
+REPO = Path(__file__).resolve().parents[1]
+ENV = {k: None for k in ("gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton")}
+
+
+def _entry(bucket: int, block_m: int, kind: str = FWD, dqk: int = 64, distribution: str = "uniform", **kw) -> dict:
+    base = default_fwd_config(dqk, dqk) if kind == FWD else default_bwd_config(dqk, dqk)
+    config = dict(base.to_dict(), block_m=block_m, block_n=32, num_warps=4)
+    e = {
+        "dtype": "bfloat16", "dqk": dqk, "dv": dqk, "num_heads": 4, "bucket": bucket, "distribution": distribution,
+        "mask": "causal", "backend": "triton", "config": config, "median_ms": 1.0, "spread_ms": 0.01,
+        "tflops": 100.0, "default_ms": 1.2, "default_tflops": 80.0, "speedup": 1.2, "trials": 10, "tuning_s": 1.0,
+    }  # fmt: skip
+    e.update(kw)
+    return e
+
+
+def write_artifacts(root: Path, gpu: str = "h100", stale: bool = False, extra: list[dict] | None = None) -> Path:
+    """Fwd and bwd artifacts with entries at buckets 1024 (block_m 32) and 4096 (block_m 128)."""
+    for kind in (FWD, BWD):
+        entries = [_entry(1024, 32, kind), _entry(4096, 128, kind), _entry(4096, 64, kind, distribution="jagged")]
+        entries += [e for e in (extra or []) if (kind == BWD) == ("dq_mode" in e["config"])]
+        hashes = {"triton": "0" * 64 if stale else current_template_hash(kind, "triton")}
+        for e in entries:
+            hashes.setdefault(e["backend"], current_template_hash(kind, e["backend"]))
+        art = Artifact(kind, gpu, dict(ENV, cutlass_dsl=None), hashes, "s" * 64, entries)
+        save_artifact(art, root / gpu / f"{kind}.json")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch():
+    dispatch.reset()
+    yield
+    dispatch.reset()
+
+
+def _block_m(choice: dispatch.Choice) -> int:
+    return json.loads(choice.config)["block_m"]
+
+
+def test_exact_bucket_choice_without_warnings(tmp_path):
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small = dispatch.select(FWD, "bfloat16", 64, 64, 4, 1000, "uniform")
+        mid = dispatch.select(FWD, "bfloat16", 64, 64, 4, 3000, "uniform")
+        jag = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "jagged")
+        bwd = dispatch.select(BWD, "bfloat16", 64, 64, 4, 1024, None)
+    assert (_block_m(small), small.source, small.bucket) == (32, "tuned", 1024)
+    assert (_block_m(mid), mid.bucket) == (128, 4096)
+    assert _block_m(jag) == 64
+    assert json.loads(bwd.config)["dq_mode"] == "atomic" and _block_m(bwd) == 32
+    assert mid.backend == "triton"
+
+
+def test_nearest_bucket_fallback_warns_once(tmp_path):
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="nearest tuned bucket 4096"):
+        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 16000, "uniform")
+    assert (_block_m(c), c.source) == (128, "nearest")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same reason again (another length in the bucket): no new warning
+        again = dispatch.select(FWD, "bfloat16", 64, 64, 4, 12000, "uniform")
+    assert again == c
+    # 2048 sits between 1024 and 4096 (equal log distance): the larger bucket wins, deterministically.
+    with pytest.warns(dispatch.DispatchWarning, match="bucket 2048"):
+        assert _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 2048, "uniform")) == 128
+
+
+def test_no_artifact_for_gpu_falls_back_to_default(tmp_path):
+    dispatch.load(write_artifacts(tmp_path, gpu="h100"), gpu="a100")
+    with pytest.warns(dispatch.DispatchWarning, match="no artifact for GPU 'a100'"):
+        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform")
+    assert c.source == "default"
+    assert json.loads(c.config) == default_fwd_config(64, 64, os.environ.get("TRITON_INTERPRET") == "1").to_dict()
+    assert "a100" in dispatch.summary()["problems"][FWD]
+
+
+def test_stale_template_hash_falls_back(tmp_path):
+    dispatch.load(write_artifacts(tmp_path, stale=True), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="stale"):
+        c = dispatch.select(BWD, "bfloat16", 64, 64, 4, 4096, "uniform")
+    assert c.source == "default"
+    assert json.loads(c.config) == default_bwd_config(64, 64, os.environ.get("TRITON_INTERPRET") == "1").to_dict()
+
+
+def test_unseen_head_dim_falls_back(tmp_path):
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="unseen head dim"):
+        c = dispatch.select(FWD, "bfloat16", 128, 128, 4, 4096, "uniform")
+    assert c.source == "default"
+    assert any("dqk=128" in w for w in dispatch.WARNINGS)
+
+
+def test_unavailable_backend_falls_back(tmp_path):
+    bogus = _entry(8192, 16, backend="nosuchbackend")
+    dispatch.load(write_artifacts(tmp_path, extra=[bogus]), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="nosuchbackend"):
+        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192, "uniform")
+    assert c.backend == "triton" and c.source == "default"
+
+
+def test_sources_and_unloaded_state_do_not_warn(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatch.select(FWD, "float32", 32, 32, 2, 64).source == "default"  # nothing loaded: heuristic
+        dispatch.load(write_artifacts(tmp_path), gpu="h100")
+        assert dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, source="default").source == "default"
+        ref = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, source="reference")
+    assert ref.backend == "reference"
+    with pytest.raises(ValueError, match="unknown kernel source"):
+        dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, source="fastest")
+
+
+def test_cached_dispatch_is_microseconds(tmp_path):
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform")
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform")
+    per_call_us = (time.perf_counter() - t0) / n * 1e6
+    assert per_call_us < 50, per_call_us
+
+
+_CHILD = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+from autotune import dispatch
+dispatch.load(sys.argv[1], gpu="h100")
+out = []
+for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):
+    for n in (200, 1000, 2048, 3000, 4096, 9000, 20000):
+        for dist in ("uniform", "jagged", None):
+            c = dispatch.select(kind, "bfloat16", 64, 64, 4, n, dist)
+            out.append([kind, n, dist, c.backend, c.config, c.source])
+print(json.dumps(out))
+"""
+
+
+def test_same_choice_in_every_process(tmp_path):
+    root = write_artifacts(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, str(root)], stdout=subprocess.PIPE, env=env, cwd=REPO)
+        for _ in range(2)
+    ]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0] == outs[1]
+    assert len({row[4] for row in outs[0]}) >= 3  # really different configs were chosen

@@ -30,6 +30,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3),
     "dq_mode": ("atomic", "separate"),
+    "dq_block_m": (0, 32, 64, 128),  # query rows of the separate dQ kernel; 0 = block_m
 }
 # Largest S tile the interpreter is allowed (it runs numpy per program: big tiles only cost CI time).
 INTERPRET_MAX_TILE = 64 * 64
@@ -105,7 +106,8 @@ def bwd_smem_bytes(c, ctx: SpaceContext) -> int:
     d = ctx.dqk + ctx.dv
     kv = e * (c.block_n * d + stages * c.block_m * d + c.block_m * c.block_n)
     if c.dq_mode == "separate":
-        q = e * (c.block_m * d + stages * c.block_n * d + c.block_m * c.block_n)
+        m = c.dq_rows
+        q = e * (m * d + stages * c.block_n * d + m * c.block_n)
         return max(kv, q)
     return kv
 
@@ -120,10 +122,22 @@ def bwd_fits_smem(c, ctx: SpaceContext) -> str | None:
 def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
     """dK, dV fp32 accumulators plus two fp32 (BLOCK_N x BLOCK_M) tiles (S^T, dP^T), per thread."""
     kv = (c.block_n * (ctx.dqk + ctx.dv) + 2 * c.block_m * c.block_n) // _threads(c)
-    q = (c.block_m * ctx.dqk + 2 * c.block_m * c.block_n) // _threads(c) if c.dq_mode == "separate" else 0
+    m = c.dq_rows
+    q = (m * ctx.dqk + 2 * m * c.block_n) // _threads(c) if c.dq_mode == "separate" else 0
     regs = max(kv, q)
     if regs > _reg_limit(c, ctx):
         return f"~{regs} fp32 registers/thread for accumulators > {_reg_limit(c, ctx)}"
+    return None
+
+
+def dq_block_only_when_separate(c, ctx: SpaceContext) -> str | None:
+    """dq_block_m only shapes the separate dQ kernel; one spelling per config (0 means block_m)."""
+    if c.dq_mode == "atomic" and c.dq_block_m != 0:
+        return "dq_block_m is unused with dq_mode='atomic' (must be 0)"
+    if c.dq_block_m == c.block_m:
+        return "dq_block_m == block_m: spelled 0"
+    if c.dq_block_m > max(16, _next_pow2(ctx.max_len)):
+        return f"dq_block_m {c.dq_block_m} exceeds the longest sequence ({ctx.max_len})"
     return None
 
 
@@ -137,7 +151,7 @@ def _bwd_default(ctx: SpaceContext) -> HSTUBwdConfig:
 
 COMMON_RULES = (head_dims_supported, interpreter_limits, tile_fits_length, enough_work_per_thread)
 FWD_RULES = (*COMMON_RULES, fwd_fits_smem, fwd_fits_registers)
-BWD_RULES = (*COMMON_RULES, bwd_fits_smem, bwd_fits_registers)
+BWD_RULES = (*COMMON_RULES, dq_block_only_when_separate, bwd_fits_smem, bwd_fits_registers)
 
 HSTU_FWD_TRITON = SearchSpace("hstu_attention_fwd/triton", HSTUFwdConfig, FWD_PARAMS, FWD_RULES, _fwd_default)
 HSTU_BWD_TRITON = SearchSpace("hstu_attention_bwd/triton", HSTUBwdConfig, BWD_PARAMS, BWD_RULES, _bwd_default)

@@ -1,0 +1,104 @@
+"""Tile configuration of the CuTe DSL HSTU attention forward (Hopper sm90).
+
+Frozen and hashable so it keys the compile cache and serialises to artifacts as plain JSON, like the
+Triton configs. Structural checks live here; resource checks that depend on the head dims and dtype
+(shared memory, registers) live in ``search_spaces/hstu_attention_cute.py`` and ``check_fwd_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+CUTE_HEAD_DIMS = (64, 128, 256)
+SMEM_BYTES_SM90 = 227 * 1024
+# Bytes the kernel keeps in shared memory besides the Q/K/V tiles (mbarriers, alignment padding).
+SMEM_RESERVED_BYTES = 2048
+
+
+@dataclass(frozen=True)
+class HSTUCuteFwdConfig:
+    """Forward tiles of the warp-specialised TMA + wgmma kernel.
+
+    ``block_m`` query rows per CTA, split over ``block_m // 64`` MMA warpgroups (wgmma M is 64 per
+    warpgroup); one extra producer warpgroup issues the TMA loads. ``block_n`` keys per pipeline
+    step, ``num_stages`` K/V buffers in flight. ``intra_wg_overlap`` issues the next Q K^T before
+    the current P V so the SiLU math overlaps the tensor cores.
+    """
+
+    kind: ClassVar[str] = "hstu_attention_fwd_cute"
+    block_m: int = 128
+    block_n: int = 64
+    num_stages: int = 2
+    intra_wg_overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (64, 128, 192):
+            raise ValueError(
+                f"HSTUCuteFwdConfig.block_m must be 64, 128 or 192 (64 rows per MMA warpgroup), got {self.block_m!r}"
+            )
+        if self.block_n not in (64, 96, 128, 160, 192, 256) or self.block_n % 16:
+            raise ValueError(
+                f"HSTUCuteFwdConfig.block_n must be one of 64, 96, 128, 160, 192, 256, got {self.block_n!r}"
+            )
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
+            raise ValueError(f"HSTUCuteFwdConfig.num_stages must be an int in [1, 6], got {self.num_stages!r}")
+        for name in ("intra_wg_overlap",):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"HSTUCuteFwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def mma_warpgroups(self) -> int:
+        return self.block_m // 64
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HSTUCuteFwdConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"HSTUCuteFwdConfig: unknown fields {sorted(unknown)}; expected {sorted(names)}")
+        return cls(**d)
+
+
+def smem_bytes(config: HSTUCuteFwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:
+    """Shared memory the forward needs: one Q tile and ``num_stages`` K and V tiles."""
+    q = config.block_m * dqk
+    kv = config.num_stages * config.block_n * (dqk + dv)
+    return (q + kv) * elem_bytes + SMEM_RESERVED_BYTES
+
+
+def accumulator_regs(config: HSTUCuteFwdConfig, dv: int) -> int:
+    """32-bit registers per MMA thread held by the O and S accumulators and the P operand."""
+    o = 64 * dv // 128
+    s = 64 * config.block_n // 128
+    p = s // 2
+    return o + s + p
+
+
+def check_fwd_config(
+    config: HSTUCuteFwdConfig, dqk: int, dv: int, smem_limit: int = SMEM_BYTES_SM90, max_regs: int | None = None
+) -> None:
+    """Raise ``ValueError`` saying why ``config`` cannot run for these head dims (before compiling)."""
+    if not isinstance(config, HSTUCuteFwdConfig):
+        raise ValueError(f"config must be an HSTUCuteFwdConfig, got {type(config).__name__}")
+    if dqk not in CUTE_HEAD_DIMS or dv not in CUTE_HEAD_DIMS:
+        raise ValueError(f"CuTe HSTU forward supports head dims {CUTE_HEAD_DIMS}, got Dqk={dqk}, Dv={dv}")
+    if dqk != dv:
+        raise ValueError(f"CuTe HSTU forward needs Dqk == Dv, got Dqk={dqk}, Dv={dv}")
+    need = smem_bytes(config, dqk, dv)
+    if need > smem_limit:
+        raise ValueError(
+            f"config {config.to_dict()} needs {need} bytes of shared memory for D={dqk}, above the {smem_limit} limit"
+        )
+    if max_regs is None:
+        max_regs = {1: 256, 2: 240, 3: 160}[config.mma_warpgroups]
+    # Accumulators plus ~24 registers of addressing and mask state must fit the per-thread budget.
+    regs = accumulator_regs(config, dv) + 24
+    if regs > max_regs:
+        raise ValueError(
+            f"config {config.to_dict()} needs about {regs} registers per MMA thread for Dv={dv}, above {max_regs}"
+        )

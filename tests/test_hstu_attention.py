@@ -58,7 +58,12 @@ def test_cpu_jagged_every_mask(mask, dtype):
 
 @pytest.mark.parametrize(
     "fc,bc",
-    [(SMALL_FWD, SMALL_BWD_SEP), (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", 32)), (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")), (None, None)],
+    [
+        (SMALL_FWD, SMALL_BWD_SEP),
+        (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", 32)),
+        (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")),
+        (None, None),
+    ],
     ids=["sep", "sep-dq32", "tiles32x16", "default"],
 )
 def test_cpu_configs_and_mixed_head_dims(fc, bc):

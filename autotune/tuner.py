@@ -428,6 +428,7 @@ def run_tasks(
     from autotune.registry import plugin_modules
 
     reporter = reporter or Reporter()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     for t in tasks:
         get_op(t.kernel)
     worker = Worker(plugin_modules(opts.plugins))

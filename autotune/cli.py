@@ -1,0 +1,467 @@
+"""``autotune``: tune (run), inspect (show) and benchmark (bench) the registered kernels.
+
+autotune run --gpu h100                       # fwd+bwd, bf16, b32 h4, d256/128, 1K-8K, uniform+jagged
+autotune run --gpu auto --time-budget 6m      # the same, cut to a few minutes
+autotune run --gpu h100 --dry-run             # tasks and space sizes, no GPU needed
+autotune run --gpu h100 --interpret           # whole pipeline under the Triton interpreter (CI)
+autotune show --gpu h100
+autotune bench --gpu auto --buckets 4K --dims 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.buckets import DISTRIBUTIONS, bucket_for, format_bucket, parse_bucket
+from autotune.gpus import GPUS
+
+KERNEL_ALIASES = {"fwd": "hstu_attention_fwd", "bwd": "hstu_attention_bwd"}
+GPU_DEFAULTS: dict[str, Any] = {
+    "kernel": "fwd,bwd",
+    "buckets": "1K,2K,4K,8K",
+    "dims": "256,128",
+    "heads": 4,
+    "batch": 32,
+    "dtype": "bfloat16",
+    "distributions": "uniform,jagged",
+    "trials": 16,
+    "time_budget": "27m",  # 32 tasks; compile ~1-3 s per new config, shared across buckets
+}
+INTERPRET_DEFAULTS: dict[str, Any] = {
+    "kernel": "fwd,bwd",
+    "buckets": "256",
+    "dims": "32",
+    "heads": 1,
+    "batch": 2,
+    "dtype": "float32",
+    "distributions": "uniform,jagged",
+    "trials": 3,
+    "time_budget": None,
+    "seq_cap": 64,
+}
+ABBREV = {"block_m": "m", "block_n": "n", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqm"}
+
+
+class CLIError(Exception):
+    """A usage problem: printed as 'autotune: error: ...', exit status 2."""
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'90', '90s', '6m', '1.5h' -> seconds; None/'none'/'0' -> no budget."""
+    if text is None or text.strip().lower() in ("", "none", "0"):
+        return None
+    t = text.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1])
+    try:
+        value = float(t[:-1]) * scale if scale else float(t)
+    except ValueError:
+        raise CLIError(f"bad duration {text!r}: use e.g. 90s, 6m, 1.5h") from None
+    if value <= 0:
+        raise CLIError(f"duration must be positive, got {text!r}")
+    return value
+
+
+def _split(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _kernels(text: str) -> list[str]:
+    return [KERNEL_ALIASES.get(k, k) for k in _split(text)]
+
+
+def resolve_gpu(arg: str, interpret: bool, dry_run: bool) -> str:
+    """The registry key to tune for; refuses when the GPU present does not match ``--gpu``."""
+    from autotune.gpus import detect_gpu
+
+    name = arg.lower()
+    if name != "auto" and name not in GPUS:
+        raise CLIError(f"unknown GPU {arg!r}; known: {', '.join(sorted(GPUS))} or 'auto'")
+    if interpret or dry_run:
+        if name != "auto":
+            return name
+        try:
+            return detect_gpu()
+        except RuntimeError:
+            if interpret:
+                return "h100"  # interpreter runs only need a target for the feasibility rules
+            raise CLIError("--gpu auto needs a GPU; name one (e.g. --gpu h100) for a dry run") from None
+    try:
+        present = detect_gpu()
+    except RuntimeError as e:
+        raise CLIError(f"{e}; tuning needs the GPU (use --dry-run or --interpret without one)") from None
+    if name != "auto" and present != name:
+        raise CLIError(f"--gpu {name} but the GPU present is {present}; pass --gpu {present} or --gpu auto")
+    return present
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    defaults = INTERPRET_DEFAULTS if args.interpret else GPU_DEFAULTS
+    for k, v in defaults.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    if args.artifacts is None:
+        root = Path(__file__).resolve().parents[1]
+        args.artifacts = str(root / ("runs/interpret/artifacts" if args.interpret else "artifacts"))
+
+
+def build_task_list(args: argparse.Namespace, gpu: str) -> list:
+    from autotune.tasks import MASKS, build_tasks, parse_dims
+
+    try:
+        buckets = [parse_bucket(b) for b in _split(args.buckets)]
+        dims = parse_dims(args.dims)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    dists = _split(args.distributions)
+    for d in dists:
+        if d not in DISTRIBUTIONS:
+            raise CLIError(f"unknown distribution {d!r}; choose from {', '.join(DISTRIBUTIONS)}")
+    masks = _split(args.masks)
+    for m in masks:
+        if m not in MASKS:
+            raise CLIError(f"unknown mask {m!r}; choose from {', '.join(MASKS)}")
+    if args.heads < 1 or args.batch < 1 or args.trials < 1:
+        raise CLIError("--heads, --batch and --trials must be >= 1")
+    try:
+        return build_tasks(
+            _kernels(args.kernel), gpu, args.dtype, dims, args.heads, buckets, dists, masks, args.batch, args.seq_cap
+        )
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+def config_str(config: dict[str, Any] | None) -> str:
+    if not config:
+        return "-"
+    parts = []
+    for k, v in config.items():
+        if k == "dq_block_m" and not v:
+            continue
+        parts.append(str(v) if k == "dq_mode" else f"{ABBREV.get(k, k + '=')}{v}")
+    return " ".join(parts)
+
+
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    _fill_defaults(args)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    budget = parse_duration(args.time_budget)
+    gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
+    from autotune.registry import backends_for, get_op, load_plugins
+
+    load_plugins(args.plugin)
+    tasks = build_task_list(args, gpu)
+    for k in sorted({t.kernel for t in tasks}):
+        try:
+            get_op(k)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        if not backends_for(k, args.backends, available_only=False):
+            raise CLIError(f"no backend {args.backends} registered for {k}")
+    if args.dry_run:
+        return _dry_run(console, tasks, args)
+    from autotune.tuner import TuneOptions, run_tasks
+
+    opts = TuneOptions(
+        n_trials=args.trials,
+        sampler=args.sampler,
+        seed=args.seed,
+        storage=args.storage,
+        artifacts_root=Path(args.artifacts),
+        eval_timeout_s=args.eval_timeout,
+        prune=not args.no_prune,
+        backends=args.backends,
+        plugins=list(args.plugin),
+        interpret=args.interpret,
+    )
+    mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
+    console.print(
+        f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
+        f"budget {args.time_budget or 'none'}{mode}"
+    )
+    with _RichReporter(console) as reporter:
+        results = run_tasks(tasks, opts, budget, reporter)
+    table = Table(title=f"autotune run: {gpu}")
+    for col in ("kernel", "dims", "dist", "bucket", "best config", "ms", "TFLOP/s", "default TFLOP/s", "speedup"):
+        table.add_column(col, justify="right" if col in ("ms", "TFLOP/s", "default TFLOP/s", "speedup") else "left")
+    table.add_column("trials (status)")
+    failed = 0
+    for r in results:
+        t = r.task
+        statuses = " ".join(f"{k}:{v}" for k, v in sorted(r.statuses.items()))
+        best = f"{r.backend} {config_str(r.config)}" + (" (default)" if r.kept_default else "") if r.config else "-"
+        if r.error:
+            failed += 1
+            best = f"[red]{r.error[:60]}[/]"
+        table.add_row(
+            t.kernel.replace("hstu_attention_", ""),
+            f"{t.dqk}/{t.dv}",
+            t.distribution,
+            format_bucket(t.bucket),
+            best,
+            _fmt(r.median_ms, ".3f"),
+            _fmt(r.tflops),
+            _fmt(r.default_tflops),
+            _fmt(r.speedup, ".2f") + ("x" if r.speedup else ""),
+            f"{r.trials} ({statuses})",
+        )
+    console.print(table)
+    console.print(f"Artifacts: {args.artifacts}/{gpu}/<kernel>.json")
+    return 1 if failed == len(results) and results else 0
+
+
+def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from autotune.registry import backends_for
+    from autotune.tuner import space_context
+
+    table = Table(title=f"dry run: {len(tasks)} tasks on {tasks[0].gpu if tasks else '?'}")
+    for col in ("task", "batch", "lengths (mean/max)", "configs: full -> feasible"):
+        table.add_column(col)
+    for t in tasks:
+        lengths = t.lengths()
+        ctx = space_context(t, args.interpret)
+        sizes = []
+        for b in backends_for(t.kernel, args.backends, available_only=False):
+            sizes.append(f"{b.name} {len(b.space.full())} -> {len(b.space.prune(ctx))}")
+        table.add_row(t.label(), str(t.batch), f"{sum(lengths) / len(lengths):.0f}/{max(lengths)}", "; ".join(sizes))
+    console.print(table)
+    console.print(f"{args.trials} trials per task, time budget {args.time_budget or 'none'}; nothing was run.")
+    return 0
+
+
+class _RichReporter:
+    """Progress bars: one for the tasks, one for the current task's trials."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks_bar = None
+        self.trial_bar = None
+
+    def __enter__(self) -> _RichReporter:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def task_start(self, task, index: int, total: int, n_trials: int) -> None:
+        if self.tasks_bar is None:
+            self.tasks_bar = self.progress.add_task("tasks", total=total)
+        if self.trial_bar is not None:
+            self.progress.remove_task(self.trial_bar)
+        self.trial_bar = self.progress.add_task(f"  {task.label()}", total=n_trials)
+
+    def trial_done(self, task, measured: int, status: str, best_ms: float | None) -> None:
+        best = f" best {best_ms:.3f} ms" if best_ms else ""
+        self.progress.update(self.trial_bar, completed=measured, description=f"  {task.label()} [{status}]{best}")
+
+    def task_end(self, result) -> None:
+        self.progress.advance(self.tasks_bar)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.artifacts import ArtifactError, current_template_hash, load_artifact
+
+    console = Console()
+    root = Path(args.artifacts or Path(__file__).resolve().parents[1] / "artifacts")
+    gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
+    if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:
+        raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
+    kernels = set(_kernels(args.kernel)) if args.kernel else None
+    paths = [p for g in gpus for p in sorted((root / g).glob("*.json")) if not kernels or p.stem in kernels]
+    if not paths:
+        console.print(f"no artifacts under {root} for {', '.join(gpus)}")
+        return 1
+    bad = 0
+    for path in paths:
+        try:
+            a = load_artifact(path, check_stale=False)
+        except ArtifactError as e:
+            console.print(f"[red]{e}[/]")
+            bad += 1
+            continue
+        stale = [b for b, h in a.template_hash.items() if h != current_template_hash(a.kernel, b)]
+        env = a.environment
+        note = f" [red]STALE ({', '.join(stale)} template changed; re-tune)[/]" if stale else ""
+        table = Table(title=f"{a.kernel} on {a.gpu} ({env.get('gpu_name')}), created {a.created}{note}")
+        for col in ("dtype", "dims", "heads", "bucket", "dist", "mask", "backend", "config", "ms", "TFLOP/s"):
+            table.add_column(col)
+        for col in ("default TFLOP/s", "speedup", "trials", "tuning s"):
+            table.add_column(col)
+        for e in a.entries:
+            table.add_row(
+                e["dtype"],
+                f"{e['dqk']}/{e['dv']}",
+                str(e["num_heads"]),
+                format_bucket(e["bucket"]),
+                e["distribution"],
+                e["mask"],
+                e["backend"],
+                config_str(e["config"]),
+                f"{e['median_ms']:.3f}",
+                f"{e['tflops']:.1f}",
+                _fmt(e["default_tflops"]),
+                _fmt(e["speedup"], ".2f"),
+                str(e["trials"]),
+                f"{e['tuning_s']:.0f}",
+            )
+        console.print(table)
+        console.print(
+            f"  torch {env.get('torch')}, triton {env.get('triton')}, cuda {env.get('cuda')}, "
+            f"driver {env.get('driver')}; search space {a.search_space_hash[:12]}"
+        )
+    return 1 if bad else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Time default vs tuned configs in this process on the given shapes (GPU only)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    _fill_defaults(args)
+    args.trials, args.seq_cap = 1, None
+    gpu = resolve_gpu(args.gpu, False, False)
+    import torch
+
+    from autotune.registry import load_plugins
+
+    if not torch.cuda.is_available():
+        raise CLIError("bench needs a CUDA GPU")
+    load_plugins(args.plugin)
+    console = Console()
+    tasks = build_task_list(args, gpu)
+    table = Table(title=f"autotune bench: {gpu}")
+    for col in ("kernel", "dims", "dist", "bucket", "tuned config", "default TFLOP/s", "tuned TFLOP/s", "speedup"):
+        table.add_column(col)
+    for t in tasks:
+        table.add_row(*_bench_row(t, gpu, args))
+        torch.cuda.empty_cache()
+    console.print(table)
+    return 0
+
+
+def _bench_row(t, gpu: str, args: argparse.Namespace) -> list[str]:
+    import torch
+
+    from autotune import measure
+    from autotune.artifacts import artifact_path, load_artifact_or_none
+    from autotune.registry import backends_for, get_op
+    from autotune.tuner import space_context
+
+    op = get_op(t.kernel)
+    backends = backends_for(t.kernel)
+    default_backend = backends[0]
+    artifact = load_artifact_or_none(artifact_path(gpu, t.kernel, args.artifacts))
+    inputs = op.make_inputs(t, t.lengths(), 1, "cuda", getattr(torch, t.dtype))
+    flops = op.flops(inputs)
+    out = op.alloc_out(inputs)
+    default = default_backend.space.default(space_context(t, False))
+    d_ms, _ = measure.bench(lambda: default_backend.launch(inputs, default, out), quick=False)
+    entry = artifact.lookup(t.dtype, t.dqk, t.dv, bucket_for(t.max_len), t.distribution) if artifact else None
+    row_cfg, tuned_tf, speed = "(no artifact entry: default)", None, None
+    b = next((x for x in backends if entry and x.name == entry["backend"]), None)
+    if entry is not None and b is not None:
+        cfg = b.space.make(entry["config"])
+        t_ms, _ = measure.bench(lambda: b.launch(inputs, cfg, out), quick=False)
+        row_cfg, tuned_tf, speed = f"{b.name} {config_str(entry['config'])}", flops / t_ms / 1e9, d_ms / t_ms
+    return [
+        t.kernel.replace("hstu_attention_", ""),
+        f"{t.dqk}/{t.dv}",
+        t.distribution,
+        format_bucket(t.bucket),
+        row_cfg,
+        f"{flops / d_ms / 1e9:.1f}",
+        _fmt(tuned_tf),
+        _fmt(speed, ".2f"),
+    ]
+
+
+def _add_task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", default="auto", help=f"target GPU: {', '.join(sorted(GPUS))} or auto (default)")
+    p.add_argument("--kernel", help="kernels, comma-separated: fwd, bwd or registered names (default fwd,bwd)")
+    p.add_argument("--buckets", help="length buckets, e.g. 1K,2K,4K,8K (256..16K)")
+    p.add_argument("--dims", help="head dims, e.g. 256,128 or 128x64 (Dqk x Dv)")
+    p.add_argument("--heads", type=int, help="number of heads (default 4)")
+    p.add_argument("--batch", type=int, help="sequences per representative batch (default 32)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
+    p.add_argument("--distributions", help="uniform,jagged (default both)")
+    p.add_argument("--masks", default="causal", help="mask features: causal, targets, context, window, ...")
+    p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
+    p.add_argument(
+        "--artifacts", help="artifacts root (default ./artifacts; runs/interpret/artifacts with --interpret)"
+    )
+    p.add_argument("--seq-cap", type=int, default=None, help=argparse.SUPPRESS)  # tests/CI: cap real lengths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotune", description="Tune HSTU attention kernels per GPU and bucket.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="tune and write artifacts/<gpu>/<kernel>.json")
+    _add_task_args(run)
+    run.add_argument("--trials", type=int, help="measured trials per task (default 16; 3 with --interpret)")
+    run.add_argument("--time-budget", help="wall-clock budget for the whole run, e.g. 6m (default 27m)")
+    run.add_argument("--storage", help="Optuna storage URL (e.g. sqlite:///x.db) or a journal file path")
+    run.add_argument("--sampler", default="tpe", choices=("tpe", "random", "bruteforce", "gp"))
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--backends", type=_split, default=None, help="restrict to these backends, e.g. triton")
+    run.add_argument("--eval-timeout", type=float, default=180.0, help="seconds per compile/check/time request")
+    run.add_argument("--no-prune", action="store_true", help="fully time every correct config")
+    run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
+    run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")
+    show = sub.add_parser("show", help="print what artifacts hold")
+    show.add_argument("--gpu", default=None, help="GPU (default: all)")
+    show.add_argument("--kernel", default=None)
+    show.add_argument("--artifacts", default=None)
+    bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
+    _add_task_args(bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "interpret", False):
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "show":
+            return cmd_show(args)
+        args.interpret = False
+        return cmd_bench(args)
+    except CLIError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotune: interrupted; re-run the same command to resume the studies", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

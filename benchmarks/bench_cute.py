@@ -1,0 +1,167 @@
+"""GPU benchmark of the CuTe DSL HSTU forward (sm90) beside the Triton forward with its default config.
+
+Each CuTe config is first checked against the reference on a small jagged batch (all masks), then on
+every benchmark shape against the Triton forward (same tolerance rule, Triton as the "low" side is not
+used: the check is |cute - triton| <= 2e-3 max|triton| + 1e-5). Timing: ``triton.testing.do_bench``
+(warm-up, L2 flush between reps, median). FLOPs follow HSTU.md (fwd = 2H(Dqk+Dv)P).
+
+    python benchmarks/bench_cute.py [--dims 256 128] [--lengths 1024 2048 4096 8192] \
+        [--dist uniform jagged] [--json $OUT/cute.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+import triton
+
+from kernel_templates.cute import HSTUCuteFwdConfig, check_fwd_config, hstu_attention_cute_fwd
+from kernel_templates.hstu_attention import default_fwd_config, hstu_attention_flops, hstu_attention_reference
+from kernel_templates.hstu_attention.testing import check_tolerance, jagged_lengths, make_jagged_inputs
+from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
+
+CONFIGS = {
+    256: [
+        HSTUCuteFwdConfig(128, 64, 2, True),
+        HSTUCuteFwdConfig(128, 64, 2, False),
+        HSTUCuteFwdConfig(64, 64, 3, True),
+        HSTUCuteFwdConfig(128, 96, 1, True),
+    ],
+    128: [
+        HSTUCuteFwdConfig(128, 128, 2, True),
+        HSTUCuteFwdConfig(128, 64, 3, True),
+        HSTUCuteFwdConfig(192, 64, 2, True),
+        HSTUCuteFwdConfig(128, 128, 2, False),
+    ],
+}
+MASKS = {
+    "causal": (0, False, 0),
+    "targets": (0, True, 0),
+    "context": (7, False, 0),
+    "window": (0, False, 100),
+    "all": (5, True, 60),
+}
+
+
+def small_check(cfg: HSTUCuteFwdConfig, d: int, dtype: torch.dtype) -> dict[str, float]:
+    """Max error vs the fp32 reference per mask, on a jagged batch with empty/short/odd sequences."""
+    errs = {}
+    for name, (ctx, targets, window) in MASKS.items():
+        inp = make_jagged_inputs([0, 1, 77, 300, 129, 0, 513], 2, d, d, dtype, "cuda", seed=1, targets=targets)
+        args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, inp.num_targets, ctx, window, None)
+        out = torch.full_like(inp.v, float("nan"))
+        hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg, out=out)
+        ref = hstu_attention_reference(inp.q, inp.k, inp.v, *args).float()
+        low = hstu_attention_reference(inp.q, inp.k, inp.v, *args, compute_dtype=dtype)
+        scale = ref.abs().max().item()
+        try:
+            err, _ = check_tolerance(name, out, ref, low, atol=2e-3 * scale + 1e-5)
+        except AssertionError as e:
+            print(f"  FAIL {cfg.to_dict()} d={d} {name}: {e}", flush=True)
+            bad = (out.float() - ref).abs().amax(dim=(1, 2))
+            rows = torch.nonzero(~(bad <= 2e-3 * scale + 1e-5)).flatten()[:20].tolist()
+            print(f"    offsets={inp.seq_offsets.tolist()} first bad rows={rows}", flush=True)
+            err = float("nan")
+        errs[name] = err
+    return errs
+
+
+def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads: int, configs) -> list[dict]:
+    lengths = jagged_lengths(batch, n, dist, seed=0)
+    inp = make_jagged_inputs(lengths, heads, d, d, dtype, "cuda", seed=0)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
+    fwd_flops, _ = hstu_attention_flops(inp.seq_offsets, heads, d, d)
+    tcfg = default_fwd_config(d, d)
+    ref = hstu_attention_fwd(inp.q, inp.k, inp.v, *args, tcfg)
+    rows = []
+
+    def record(backend: str, cfg, fn) -> None:
+        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        tf = fwd_flops / ms / 1e9
+        rows.append(
+            dict(
+                backend=backend,
+                config=cfg.to_dict(),
+                dqk=d,
+                dv=d,
+                len=n,
+                dist=dist,
+                batch=batch,
+                heads=heads,
+                dtype=str(dtype).split(".")[-1],
+                median_ms=ms,
+                tflops=tf,
+            )  # fmt: skip
+        )
+        print(f"  {backend:6s} d={d} n={n:5d} {dist:7s} {cfg.to_dict()}: {ms:.3f} ms {tf:6.1f} TFLOP/s", flush=True)
+
+    record("triton", tcfg, lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, tcfg))
+    for cfg in configs:
+        try:
+            out = hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg)
+            diff = (out.float() - ref.float()).abs().max().item()
+            tol = 2e-3 * ref.float().abs().max().item() + 1e-5
+            if not diff <= tol:
+                print(f"  MISMATCH cute vs triton {cfg.to_dict()} d={d} n={n} {dist}: {diff:.3e} > {tol:.3e}")
+            buf = torch.empty_like(out)
+
+            def run(cfg=cfg, buf=buf):
+                return hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg, out=buf)
+
+            record("cute", cfg, run)
+            rows[-1]["max_diff_vs_triton"] = diff
+        except Exception:
+            traceback.print_exc()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dims", type=int, nargs="+", default=[256, 128])
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--dist", nargs="+", default=["uniform", "jagged"])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    dtype = getattr(torch, a.dtype)
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    result = dict(device=dev, checks={}, rows=[])
+    for d in a.dims:
+        configs = [c for c in CONFIGS.get(d, []) if _feasible(c, d)]
+        if not a.skip_check:
+            for cfg in configs:
+                t = time.time()
+                errs = small_check(cfg, d, dtype)
+                tag = f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}"
+                result["checks"][tag] = errs
+                print(f"check d={d} {cfg.to_dict()}: {errs} ({time.time() - t:.1f}s)", flush=True)
+        for n in a.lengths:
+            for dist in a.dist:
+                result["rows"] += bench_shape(d, n, dist, dtype, a.batch, a.heads, configs)
+    path = a.json or (os.path.join(os.environ["OUT"], "bench_cute.json") if os.environ.get("OUT") else None)
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {path}")
+
+
+def _feasible(cfg: HSTUCuteFwdConfig, d: int) -> bool:
+    try:
+        check_fwd_config(cfg, d, d)
+    except ValueError as e:
+        print(f"skip {cfg.to_dict()} d={d}: {e}")
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Search space of the CuTe DSL (sm90, TMA + wgmma) HSTU attention forward.
+
+Rules reject, before any compile: non-Hopper targets, head dims the template does not take, shared
+memory over the GPU's per-block limit (Q tile + stages x (K + V) tiles), register budgets the
+setmaxnreg split cannot give the MMA warpgroups, and wgmma shape violations (N multiple of 16 for
+the P V k-steps, M of 64 per warpgroup). ``kernel_templates.cute.config.check_fwd_config`` is the
+same check used by the launcher, so a config the space admits never fails there.
+"""
+
+from __future__ import annotations
+
+from kernel_templates.cute.config import (
+    CUTE_HEAD_DIMS,
+    SMEM_RESERVED_BYTES,
+    HSTUCuteFwdConfig,
+    accumulator_regs,
+)
+from kernel_templates.cute.op import default_cute_fwd_config
+from search_spaces.base import SearchSpace, SpaceContext
+
+FWD_PARAMS: dict[str, tuple] = {
+    "block_m": (64, 128, 192),
+    "block_n": (64, 96, 128, 160, 192),
+    "num_stages": (1, 2, 3, 4),
+    "intra_wg_overlap": (False, True),
+}
+# setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
+MMA_REGS = {1: 256, 2: 240, 3: 160}
+REG_OVERHEAD = 24
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def hopper_only(c, ctx: SpaceContext) -> str | None:
+    """wgmma and setmaxnreg exist on sm90 only."""
+    if ctx.gpu.compute_capability[0] != 9:
+        return f"sm90 kernel, target is sm{ctx.gpu.compute_capability[0]}{ctx.gpu.compute_capability[1]}"
+    return None
+
+
+def head_dims_supported(c, ctx: SpaceContext) -> str | None:
+    if ctx.dqk not in CUTE_HEAD_DIMS or ctx.dv != ctx.dqk:
+        return f"head dims ({ctx.dqk}, {ctx.dv}): the CuTe path takes Dqk == Dv in {CUTE_HEAD_DIMS}"
+    if ctx.dtype not in ("bfloat16", "float16"):
+        return f"dtype {ctx.dtype}: the CuTe path takes bfloat16 and float16"
+    return None
+
+
+def wgmma_shapes(c, ctx: SpaceContext) -> str | None:
+    """M = 64 per MMA warpgroup; block_n is wgmma N of Q K^T and 16-step K of P V."""
+    if c.block_m % 64 or c.block_n % 16 or c.block_n > 256:
+        return f"tile {c.block_m}x{c.block_n} breaks wgmma shapes"
+    return None
+
+
+def tile_fits_length(c, ctx: SpaceContext) -> str | None:
+    cap = max(64, _next_pow2(ctx.max_len))
+    if c.block_m > cap or c.block_n > cap:
+        return f"tile {c.block_m}x{c.block_n} exceeds the longest sequence ({ctx.max_len})"
+    return None
+
+
+def fwd_smem_bytes(c, ctx: SpaceContext) -> int:
+    e = ctx.elem_bytes
+    return e * (c.block_m * ctx.dqk + c.num_stages * c.block_n * (ctx.dqk + ctx.dv)) + SMEM_RESERVED_BYTES
+
+
+def fits_smem(c, ctx: SpaceContext) -> str | None:
+    need = fwd_smem_bytes(c, ctx)
+    if need > ctx.gpu.smem_per_block:
+        return f"shared memory {need // 1024} KB > {ctx.gpu.smem_per_block // 1024} KB"
+    return None
+
+
+def fits_registers(c, ctx: SpaceContext) -> str | None:
+    """O accumulator (64 x Dv per warpgroup) + S (fp32) + P (16 bit) + addressing, per MMA thread."""
+    regs = accumulator_regs(c, ctx.dv) + REG_OVERHEAD
+    budget = MMA_REGS[c.block_m // 64]
+    if regs > budget:
+        return f"~{regs} registers per MMA thread > {budget}"
+    return None
+
+
+def pipelined(c, ctx: SpaceContext) -> str | None:
+    """With one stage the producer cannot run ahead; keep it only where nothing else fits."""
+    if c.num_stages == 1 and fits_smem(HSTUCuteFwdConfig(c.block_m, c.block_n, 2, c.intra_wg_overlap), ctx) is None:
+        return "num_stages=1 while 2 stages fit"
+    return None
+
+
+def _default(ctx: SpaceContext) -> HSTUCuteFwdConfig:
+    return default_cute_fwd_config(ctx.dqk, ctx.dv)
+
+
+FWD_RULES = (hopper_only, head_dims_supported, wgmma_shapes, tile_fits_length, fits_smem, fits_registers, pipelined)
+HSTU_FWD_CUTE = SearchSpace("hstu_attention_fwd/cute", HSTUCuteFwdConfig, FWD_PARAMS, FWD_RULES, _default)

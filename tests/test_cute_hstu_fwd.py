@@ -1,0 +1,171 @@
+"""CuTe DSL HSTU forward (sm90): compiles on CPU (CUTE_DSL_ARCH=sm_90a) and matches the reference on GPU.
+
+CPU: a small grid of configs compiles from fake tensors; the PTX must hold wgmma and TMA
+(cp.async.bulk.tensor) so a slow fallback cannot slip in; bad configs fail with ValueError before
+compiling. GPU: every mask variant on jagged batches with empty, length-1 and non-tile-multiple
+sequences, bf16 and fp16, D = 128 and 256, against the tolerance rule of the Triton tests.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+# Keep dumped PTX out of the working tree (the DSL writes it to the dump dir, default: cwd).
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_ptx_"))
+cutlass = pytest.importorskip("cutlass")
+
+from kernel_templates.cute import (  # noqa: E402
+    FwdKey,
+    HSTUCuteFwdConfig,
+    check_fwd_config,
+    compile_fwd,
+    hstu_attention_cute,
+    hstu_attention_cute_fwd,
+)
+from kernel_templates.cute.op import _CACHE  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+
+# (config, head dim, dtype, (context, targets, window)): the CPU compile grid (~2 s per compile).
+COMPILE_GRID = [
+    (HSTUCuteFwdConfig(128, 64, 2, True), 256, "bfloat16", (False, False, False)),
+    (HSTUCuteFwdConfig(128, 128, 2, True), 128, "float16", (True, True, True)),
+    (HSTUCuteFwdConfig(64, 96, 3, False), 128, "bfloat16", (False, True, False)),
+    (HSTUCuteFwdConfig(192, 64, 2, True), 64, "bfloat16", (True, False, True)),
+]
+
+
+@pytest.mark.parametrize("case", COMPILE_GRID, ids=lambda c: f"{c[0].block_m}x{c[0].block_n}s{c[0].num_stages}-d{c[1]}")
+def test_compiles_with_tma_and_wgmma(case):
+    cfg, d, dtype, flags = case
+    compiled = compile_fwd(FwdKey(cfg, dtype, d, d, *flags), keep_ptx=True)
+    ptx = compiled.ptx
+    assert ptx, "no PTX was produced"
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "setmaxnreg" in ptx
+    # The second request is served from the cache.
+    assert compile_fwd(FwdKey(cfg, dtype, d, d, *flags)) is compiled
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(block_m=96), dict(block_n=48), dict(num_stages=0), dict(intra_wg_overlap=1)],
+)
+def test_config_rejects_bad_fields(kwargs):
+    with pytest.raises(ValueError):
+        HSTUCuteFwdConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "cfg, dqk, dv, match",
+    [
+        (HSTUCuteFwdConfig(), 96, 96, "head dims"),
+        (HSTUCuteFwdConfig(), 128, 64, "Dqk == Dv"),
+        (HSTUCuteFwdConfig(128, 128, 2), 256, 256, "shared memory"),
+        (HSTUCuteFwdConfig(192, 128, 1), 256, 256, "registers"),
+    ],
+)
+def test_infeasible_configs_fail_before_compiling(cfg, dqk, dv, match):
+    before = len(_CACHE)
+    with pytest.raises(ValueError, match=match):
+        check_fwd_config(cfg, dqk, dv)
+    with pytest.raises(ValueError, match=match):
+        compile_fwd(FwdKey(cfg, "bfloat16", dqk, dv, False, False, False))
+    assert len(_CACHE) == before
+
+
+def test_config_round_trip():
+    cfg = HSTUCuteFwdConfig(64, 128, 3, False)
+    assert HSTUCuteFwdConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError):
+        HSTUCuteFwdConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_search_space_admits_only_valid_configs():
+    from autotune.gpus import GPUS
+    from search_spaces.base import SpaceContext
+    from search_spaces.hstu_attention_cute import HSTU_FWD_CUTE
+
+    for d in (128, 256):
+        ctx = SpaceContext(GPUS["h100"], "bfloat16", d, d, 4096)
+        feasible = HSTU_FWD_CUTE.prune(ctx)
+        assert feasible, d
+        assert HSTU_FWD_CUTE.why_infeasible(HSTU_FWD_CUTE.default(ctx), ctx) is None
+        for c in feasible:
+            check_fwd_config(c, d, d)
+    bad = SpaceContext(GPUS["h100"], "bfloat16", 128, 64, 4096)
+    assert HSTU_FWD_CUTE.prune(bad) == []
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+MASKS = {
+    "causal": dict(ctx=0, targets=False, window=0),
+    "targets": dict(ctx=0, targets=True, window=0),
+    "context": dict(ctx=5, targets=False, window=0),
+    "window": dict(ctx=0, targets=False, window=37),
+    "all": dict(ctx=3, targets=True, window=50),
+}
+# Empty and length-1 sequences, lengths that are not tile multiples, one longer than two tiles.
+LENGTHS = [0, 1, 70, 129, 0, 257, 64, 3, 300]
+
+
+def _check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0):
+    from kernel_templates.hstu_attention.reference import hstu_attention_reference
+    from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+    inp = make_jagged_inputs(lengths, heads, d, d, dtype, "cuda", seed=seed, targets=targets)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, inp.num_targets, ctx, window, None)
+    out = torch.full_like(inp.v, float("nan"))
+    hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg, out=out)
+    torch.cuda.synchronize()
+    ref = hstu_attention_reference(inp.q, inp.k, inp.v, *args).float()
+    low = hstu_attention_reference(inp.q, inp.k, inp.v, *args, compute_dtype=dtype)
+    scale = ref.abs().max().item() if ref.numel() else 1.0
+    assert torch.isfinite(out).all()
+    check_tolerance("out", out, ref, low, atol=2e-3 * scale + 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [128, 256])
+def test_gpu_matches_reference(mask, dtype, d):
+    cfg = HSTUCuteFwdConfig(128, 64, 2, True)
+    _check_case(LENGTHS, 2, d, dtype, cfg, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize(
+    "cfg",
+    [HSTUCuteFwdConfig(64, 64, 2, False), HSTUCuteFwdConfig(128, 128, 2, False), HSTUCuteFwdConfig(192, 96, 3, True)],
+    ids=lambda c: f"{c.block_m}x{c.block_n}s{c.num_stages}o{int(c.intra_wg_overlap)}",
+)
+@pytest.mark.parametrize("mask", ["causal", "all"])
+def test_gpu_configs(cfg, mask):
+    _check_case(LENGTHS, 3, 128, torch.bfloat16, cfg, seed=3, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+def test_gpu_autograd_pairs_triton_backward():
+    from kernel_templates.hstu_attention.reference import hstu_attention_reference
+    from kernel_templates.hstu_attention.testing import make_jagged_inputs
+
+    inp = make_jagged_inputs([5, 130, 0, 77], 2, 128, 128, torch.bfloat16, "cuda", seed=5, requires_grad=True)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / 128**0.5)
+    out = hstu_attention_cute(inp.q, inp.k, inp.v, *args)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (inp.q, inp.k, inp.v), do)
+    ref = hstu_attention_reference(inp.q, inp.k, inp.v, *args).float()
+    ref_grads = torch.autograd.grad(ref, (inp.q, inp.k, inp.v), do.float())
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(g.float(), r, atol=3e-2 * r.abs().max().item() + 1e-4)

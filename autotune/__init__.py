@@ -11,3 +11,16 @@ __all__: list[str] = []
 
 # --- runtime dispatch (owner: autotune/dispatch.py) ---------------------------------------------
 # The dispatch engineer adds ``load()`` here, e.g. ``from autotune.dispatch import load``.
+
+
+def load(path: str = "artifacts", gpu: str | None = None) -> dict:
+    """Load tuned artifacts for ``gpu`` (detected when None) so every HSTU op call dispatches to them.
+
+    One line in training code: ``autotune.load("artifacts")``. Lazy, so ``import autotune`` stays light.
+    """
+    from autotune.dispatch import load as _load
+
+    return _load(path, gpu)
+
+
+__all__.append("load")

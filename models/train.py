@@ -87,9 +87,9 @@ def run(
     gpu_name = gpu or detect_gpu_name(device)
     dispatch_summary = None
     if cfg.kernels == "tuned":
-        from autotune import dispatch
+        import autotune
 
-        dispatch_summary = dispatch.load(artifacts, gpu=gpu_name)
+        dispatch_summary = autotune.load(artifacts, gpu=gpu_name)
     model, opt = build(cfg, device)
     dense = model.dense_params()
     amp = autocast_context(device, dtype)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -34,12 +35,18 @@ SOURCES = ("tuned", "default", "reference")
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Backend:
-    """Where a backend's launchers and config classes live ("module:attr"; None = not provided)."""
+    """Where a backend's launchers and config classes live ("module:attr"; None = not provided).
+
+    ``requires``: modules that must be installed (checked with find_spec, never imported here);
+    ``needs_cuda``: the backend only runs on a CUDA device.
+    """
 
     fwd: str | None
     bwd: str | None
     fwd_config: str | None = None
     bwd_config: str | None = None
+    requires: tuple[str, ...] = ()
+    needs_cuda: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
@@ -54,6 +61,8 @@ BACKENDS: dict[str, Backend] = {
         fwd="kernel_templates.cute:hstu_attention_cute_fwd",
         bwd=None,
         fwd_config="kernel_templates.cute:HSTUCuteFwdConfig",
+        requires=("cutlass",),
+        needs_cuda=True,
     ),
     # The PyTorch oracle (handled inside autotune.ops; configs ignored).
     "reference": Backend(fwd=None, bwd=None),
@@ -93,7 +102,11 @@ def backend_available(name: str, kind: str) -> bool:
     target = spec.fwd if kind == "hstu_attention_fwd" else spec.bwd
     if target is None:
         return False
+    if spec.needs_cuda and not torch.cuda.is_available():
+        return False
     try:
+        if any(importlib.util.find_spec(m) is None for m in spec.requires):
+            return False
         resolve(target)
     except Exception:  # noqa: BLE001 - any import failure means "not available here"
         return False

@@ -94,3 +94,18 @@ def test_torch_export_sees_the_op(device):
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert "hstu.attention_fwd.default" in targets
     torch.testing.assert_close(ep.module()(q, k, v, off), M()(q, k, v, off))
+
+
+def test_backend_table_is_extensible_and_cute_stays_unimported(device):
+    import sys
+
+    triton_spec = dispatch.BACKENDS["triton"]
+    dispatch.register_backend("triton_alias", triton_spec)
+    try:
+        q, k, v, off = _inputs(device)
+        out = torch.ops.hstu.attention_fwd(q, k, v, off, None, 32, 0.25, 0, 0, None, "triton_alias", FWD_CFG, "", "")
+        torch.testing.assert_close(out, hstu_attention_reference(q, k, v, off, 32, 0.25), atol=1e-5, rtol=1e-4)
+    finally:
+        del dispatch.BACKENDS["triton_alias"]
+    assert "cutlass" not in sys.modules  # nothing chose "cute", so the CuTe DSL was never imported
+    assert not dispatch.backend_available("cute", "hstu_attention_bwd")  # forward only

@@ -1,0 +1,118 @@
+"""End-to-end HSTU model benchmark: reference vs default vs tuned kernels, same seed and data.
+
+    python benchmarks/bench_model.py --preset seed --artifacts artifacts
+    python benchmarks/bench_model.py --preset tiny --device cpu --steps 3       # smoke test
+
+Each kernel source trains the same model (same init, same batches) for ``--steps`` timed steps
+after ``--warmup`` untimed ones; the PyTorch reference (O(n^2) memory per sequence, fp32 attention)
+runs ``--reference-steps`` only. Prints a table (tokens/s, ms/step, model TFLOP/s, MFU, peak memory,
+speed-up over the default kernels) and writes JSON to ``--json`` or ``$OUT/bench_model_<preset>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from autotune import dispatch  # noqa: E402
+from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
+from models.train import parse_overrides, run  # noqa: E402
+
+
+def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
+    """Run every requested kernel source in this process, one after the other."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    overrides = parse_overrides(args.set)
+    results = []
+    for source in args.kernels:
+        cfg = get_config(args.preset, kernels=source, **overrides)
+        steps = args.reference_steps if source == "reference" else args.steps
+        warmup = min(args.warmup, 1) if source == "reference" else args.warmup
+        dispatch.reset()
+        console.rule(f"{args.preset}: {source} kernels ({steps} steps + {warmup} warm-up)")
+        try:
+            res = run(cfg, steps, device, warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
+                      args.workers, progress=not args.no_progress, console=console)  # fmt: skip
+        except torch.cuda.OutOfMemoryError as exc:
+            res = {"kernels": source, "error": f"out of memory: {str(exc).splitlines()[0]}"}
+        res["preset"] = args.preset
+        results.append(res)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def table(results: list[dict[str, Any]], preset: str) -> Table:
+    """Rich table; speed-up is tokens/s over the default kernels' tokens/s."""
+    base = next((r.get("tokens_per_s") for r in results if r["kernels"] == "default"), None)
+    t = Table(title=f"HSTU model, preset {preset}")
+    for col in ("kernels", "steps", "tokens/s", "ms/step", "TFLOP/s", "MFU", "peak mem GiB", "loss", "vs default"):
+        t.add_column(col, justify="right")
+    t.add_column("dispatch")
+    for r in results:
+        if "error" in r:
+            t.add_row(r["kernels"], "-", "-", "-", "-", "-", "-", "-", "-", r["error"])
+            continue
+        fb = r["dispatch"]["warnings"]
+        t.add_row(
+            r["kernels"],
+            str(r["steps"]),
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['step_ms']:.1f}",
+            f"{r['tflops']:.1f}",
+            "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}",
+            "n/a" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}",
+            f"{r['first_loss']:.3f}->{r['final_loss']:.3f}",
+            f"{r['tokens_per_s'] / base:.2f}x" if base else "-",
+            f"{len(fb)} fallback(s)" if fb else "ok",
+        )
+    return t
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="seed", help=f"one of: {', '.join(PRESETS)}")
+    p.add_argument("--kernels", nargs="+", default=["default", "tuned", "reference"], choices=KERNEL_SOURCES)
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--reference-steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="bf16 (default on GPU) or fp32")
+    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument("--log-every", type=int, default=5)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    console = Console(stderr=True)
+    results = bench(args, console)
+    Console(width=max(140, Console().width)).print(table(results, args.preset))
+    for r in results:
+        for w in r.get("dispatch", {}).get("warnings", []):
+            console.print(f"[yellow]{r['kernels']}: dispatch fallback:[/yellow] {w}")
+    out = args.json or (
+        os.path.join(os.environ["OUT"], f"bench_model_{args.preset}.json") if os.environ.get("OUT") else None
+    )
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({"preset": args.preset, "results": results}, indent=2))
+        console.print(f"wrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

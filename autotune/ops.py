@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from autotune import dispatch
+from kernel_templates.hstu_attention.op import validate_hstu_inputs
 
 FWD = "hstu_attention_fwd"
 BWD = "hstu_attention_bwd"
@@ -21,7 +22,7 @@ BWD = "hstu_attention_bwd"
 def _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, attn_len, scaling):
     from kernel_templates.hstu_attention.reference import hstu_attention_reference
 
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         return hstu_attention_reference(
             q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, attn_len, scaling
         ).contiguous()
@@ -30,32 +31,46 @@ def _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_le
 def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, attn_len, scaling):
     """HSTU.md's backward in fp32 PyTorch, one sequence at a time (O(n^2) memory for one sequence).
 
-    Written out rather than autograd: autograd is off inside a custom op's implementation.
+    Written out rather than autograd: autograd is off inside a custom op's implementation. Autocast
+    is off too, so the reference stays fp32 inside a bf16-autocast model.
     """
     from kernel_templates.hstu_attention.reference import hstu_mask
 
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     inv_scale = 1.0 / float(scaling if scaling is not None else max_seq_len)
     offsets = seq_offsets.tolist()
-    for b in range(len(offsets) - 1):
-        start, end = int(offsets[b]), int(offsets[b + 1])
-        if end == start:
-            continue
-        qb, kb, vb, dob = (t[start:end].float().transpose(0, 1) for t in (q, k, v, do))  # (H, n, D)
-        nt = None if num_targets is None else int(num_targets[b])
-        mask = hstu_mask(end - start, ctx_len, nt, attn_len, device=q.device).float() * inv_scale
-        s = alpha * torch.matmul(qb, kb.transpose(1, 2))
-        sig = torch.sigmoid(s)
-        p = s * sig * mask
-        dp = torch.matmul(dob, vb.transpose(1, 2))
-        ds = dp * mask * alpha * sig * (1 + s * (1 - sig))
-        dq[start:end] = torch.matmul(ds, kb).transpose(0, 1).to(q.dtype)
-        dk[start:end] = torch.matmul(ds.transpose(1, 2), qb).transpose(0, 1).to(k.dtype)
-        dv[start:end] = torch.matmul(p.transpose(1, 2), dob).transpose(0, 1).to(v.dtype)
+    with torch.autocast(q.device.type, enabled=False):
+        for b in range(len(offsets) - 1):
+            start, end = int(offsets[b]), int(offsets[b + 1])
+            if end == start:
+                continue
+            qb, kb, vb, dob = (t[start:end].float().transpose(0, 1) for t in (q, k, v, do))  # (H, n, D)
+            nt = None if num_targets is None else int(num_targets[b])
+            mask = hstu_mask(end - start, ctx_len, nt, attn_len, device=q.device).float() * inv_scale
+            s = alpha * torch.matmul(qb, kb.transpose(1, 2))
+            sig = torch.sigmoid(s)
+            p = s * sig * mask
+            ds = torch.matmul(dob, vb.transpose(1, 2)) * mask * alpha * sig * (1 + s * (1 - sig))
+            dq[start:end] = torch.matmul(ds, kb).transpose(0, 1).to(q.dtype)
+            dk[start:end] = torch.matmul(ds.transpose(1, 2), qb).transpose(0, 1).to(k.dtype)
+            dv[start:end] = torch.matmul(p.transpose(1, 2), dob).transpose(0, 1).to(v.dtype)
     return dq, dk, dv
 
 
-@torch.library.custom_op("hstu::attention_fwd", mutates_args=())
+_FWD_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor seq_offsets, Tensor? num_targets, int max_seq_len, float alpha, "
+    "int contextual_seq_len, int max_attn_len, int? scaling_seqlen, str backend, str config, str bwd_backend, "
+    "str bwd_config) -> Tensor"
+)
+_BWD_SCHEMA = (
+    "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor seq_offsets, Tensor? num_targets, int max_seq_len, "
+    "float alpha, int contextual_seq_len, int max_attn_len, int? scaling_seqlen, str backend, str config) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+
+
+# Explicit schemas: no reliance on annotation inference across torch versions.
+@torch.library.custom_op("hstu::attention_fwd", mutates_args=(), schema=_FWD_SCHEMA)
 def attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -89,7 +104,7 @@ def _(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, 
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
 
-@torch.library.custom_op("hstu::attention_bwd", mutates_args=())
+@torch.library.custom_op("hstu::attention_bwd", mutates_args=(), schema=_BWD_SCHEMA)
 def attention_bwd(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -173,14 +188,21 @@ def hstu_attention(
     *,
     source: str = "tuned",
     distribution: str | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Jagged HSTU attention (HSTU.md contract) with the config dispatch picks for this shape.
 
     q, k, v must share one dtype (cast before calling under autocast). ``source`` is "tuned"
     (artifacts from ``autotune.load``, with fallbacks), "default" (heuristic) or "reference".
+    ``validate`` checks shapes, dtypes and head dims on the host (no sync; offsets are trusted).
     """
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if validate and source != "reference":
+        validate_hstu_inputs(
+            q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+            check_offsets=False,
+        )  # fmt: skip
     dqk, dv, heads = q.shape[2], v.shape[2], q.shape[1]
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
         q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source

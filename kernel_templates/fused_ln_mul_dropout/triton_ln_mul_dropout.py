@@ -185,6 +185,6 @@ def ln_mul_dropout_bwd(
     _ln_mul_dropout_bwd_kernel[(progs,)](
         do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, L, D, rows_per_prog,
         do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), int(seed),
-        HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d <= 1024 else 8,
+        HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if block_r * block_d >= 4096 else 4,
     )  # fmt: skip
     return dx, du, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)

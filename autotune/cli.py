@@ -170,6 +170,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(str(e)) from None
         if not backends_for(k, args.backends, available_only=False):
             raise CLIError(f"no backend {args.backends} registered for {k}")
+    from autotune.tuner import space_context
+
+    for t in tasks:
+        ctx = space_context(t, args.interpret)
+        if not any(b.space.prune(ctx) for b in backends_for(t.kernel, args.backends, available_only=False)):
+            raise CLIError(f"no feasible config for {t.label()} (unsupported head dims?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
     from autotune.tuner import TuneOptions, run_tasks

@@ -18,7 +18,8 @@ from search_spaces.base import SearchSpace
 
 FAKE_OP = "fake_op"
 # AUTOTUNE_FAKE_FAST_DEFAULT=1 makes the default ('slow') the fastest correct config.
-SLEEP_S = {"slow": 0.0 if os.environ.get("AUTOTUNE_FAKE_FAST_DEFAULT") == "1" else 0.02, "ok": 0.004, "ok2": 0.006, "wrong": 0.0, "nan": 0.0, "crash": 0.0, "hang": 0.0}
+_DEFAULT_S = 0.0 if os.environ.get("AUTOTUNE_FAKE_FAST_DEFAULT") == "1" else 0.02
+SLEEP_S = {"slow": _DEFAULT_S, "ok": 0.004, "ok2": 0.006, "wrong": 0.0, "nan": 0.0, "crash": 0.0, "hang": 0.0}
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,16 @@ def _launch(inputs: dict, config: FakeConfig, out: tuple | None) -> tuple:
     return (o,)
 
 
-def _never_huge(c: FakeConfig, ctx) -> str | None:
-    return "size 99 does not fit" if c.size == 99 else None
+def _only_ok2_is_big(c: FakeConfig, ctx) -> str | None:
+    """Jointly (not marginally) infeasible configs: size 2 fits only mode 'ok2'."""
+    return f"size 2 does not fit mode {c.mode!r}" if c.size == 2 and c.mode != "ok2" else None
 
 
 FAKE_SPACE = SearchSpace(
     "fake_op/fake",
     FakeConfig,
-    {"mode": tuple(SLEEP_S), "size": (1, 99)},
-    (_never_huge,),
+    {"mode": tuple(SLEEP_S), "size": (1, 2)},
+    (_only_ok2_is_big,),
     lambda ctx: FakeConfig(),
 )
 

@@ -96,8 +96,8 @@ def parse_dims(text: str) -> list[tuple[int, int]]:
         if not part:
             continue
         try:
-            dqk, _, dv = part.partition("x")
-            out.append((int(dqk), int(dv or dqk)))
+            dqk, sep, dv = part.partition("x")
+            out.append((int(dqk), int(dv if sep else dqk)))
         except ValueError:
             raise ValueError(f"bad head dims {part!r}: use e.g. 256 or 128x64") from None
     if not out:

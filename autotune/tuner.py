@@ -146,12 +146,17 @@ def search_space_hash(kernel: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _choices(backend: Backend, default_values: dict[str, Any]) -> dict[str, tuple]:
-    """The space's choices, plus the default's value where the declaration lacks it (so it can be enqueued)."""
+def _choices(backend: Backend, ctx: SpaceContext, default_values: dict[str, Any]) -> dict[str, tuple]:
+    """Per param, the choices used by at least one feasible config (so the sampler wastes few asks on
+    infeasible ones), plus the default's value (so it can be enqueued)."""
+    space = backend.space
+    feasible = [space.values(c) for c in space.prune(ctx)]
     out = {}
-    for p, choices in backend.space.params.items():
+    for p, choices in space.params.items():
+        used = {v[p] for v in feasible}
+        keep = tuple(c for c in choices if c in used) if used else tuple(choices)
         extra = default_values.get(p)
-        out[p] = tuple(choices) if extra is None or extra in choices else (*choices, extra)
+        out[p] = keep if extra is None or extra in keep else (*keep, extra)
     return out
 
 
@@ -180,7 +185,9 @@ class _Study:
         self.default_backend = first
         self.default_values = first.space.values(first.space.default(self.ctx))
         self.default_key = _key(first.name, self.default_values)
-        self.choices = {n: _choices(b, self.default_values if b is first else {}) for n, b in self.backends.items()}
+        self.choices = {
+            n: _choices(b, self.ctx, self.default_values if b is first else {}) for n, b in self.backends.items()
+        }
         self.study = optuna.create_study(
             study_name=task.study_name,
             storage=storage,
@@ -343,7 +350,7 @@ def tune_task(
         s.enqueue(bname, values, "neighbour")
     s.ensure_setup()
     result = TaskResult(task)
-    asks, dup_streak, limit, size = 0, 0, 20 * opts.n_trials + 50, s.space_size()
+    asks, dup_streak, limit, size = 0, 0, 50 * opts.n_trials + 200, s.space_size()
     while s.measured < opts.n_trials and asks < limit and len(s.seen) < size and dup_streak < 40:
         if time.time() > deadline and s.default_key in s.seen:
             break

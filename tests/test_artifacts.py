@@ -1,0 +1,132 @@
+"""Artifacts: round trip, contract schema, rejection of corrupt and stale files, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from autotune import artifacts as art
+
+
+def _entry(**kw):
+    e = {
+        "dtype": "bfloat16",
+        "dqk": 256,
+        "dv": 256,
+        "num_heads": 4,
+        "bucket": 4096,
+        "distribution": "uniform",
+        "mask": "causal",
+        "backend": "triton",
+        "config": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
+        "median_ms": 1.23,
+        "spread_ms": 0.01,
+        "tflops": 456.7,
+        "default_ms": 1.5,
+        "default_tflops": 380.0,
+        "speedup": 1.22,
+        "trials": 40,
+        "tuning_s": 95.0,
+    }
+    e.update(kw)
+    return e
+
+
+def _artifact(entries=None):
+    env = {k: None for k in art.ENV_KEYS}
+    env["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    hashes = {"triton": art.current_template_hash("hstu_attention_fwd", "triton")}
+    return art.Artifact("hstu_attention_fwd", "h100", env, hashes, "abc", entries or [_entry()])
+
+
+def test_round_trip_and_lookup(tmp_path):
+    a = _artifact([_entry(), _entry(distribution="jagged", config={**_entry()["config"], "block_m": 64})])
+    path = art.save_artifact(a, art.artifact_path("h100", "hstu_attention_fwd", tmp_path))
+    assert path == tmp_path / "h100" / "hstu_attention_fwd.json"
+    b = art.load_artifact(path)
+    assert b.to_dict() == a.to_dict()
+    data = json.loads(path.read_text())
+    assert set(data) == set(art.TOP_KEYS) and data["schema_version"] == art.SCHEMA_VERSION
+    assert b.lookup("bfloat16", 256, 256, 4096, "jagged")["config"]["block_m"] == 64
+    assert b.lookup("bfloat16", 256, 256, 4096)["distribution"] == "uniform"  # preferred without a distribution
+    assert b.lookup("bfloat16", 128, 128, 4096) is None
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp files left
+
+
+def test_upsert_replaces_the_same_key():
+    a = _artifact()
+    a.upsert(_entry(median_ms=0.9))
+    a.upsert(_entry(bucket=8192))
+    assert len(a.entries) == 2
+    assert a.lookup("bfloat16", 256, 256, 4096)["median_ms"] == 0.9
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(schema_version=99), "schema_version"),
+        (lambda d: d.pop("environment"), "missing keys"),
+        (lambda d: d.update(extra=1), "unknown keys"),
+        (lambda d: d["entries"][0].pop("median_ms"), "missing keys"),
+        (lambda d: d["entries"][0].update(median_ms="fast"), "median_ms"),
+        (lambda d: d["entries"][0].update(bucket=3000), "bucket"),
+        (lambda d: d["entries"][0].update(distribution="zipf"), "distribution"),
+        (lambda d: d["entries"][0]["config"].update(block_m=100), "HSTUFwdConfig"),
+        (lambda d: d["entries"][0]["config"].update(bogus=1), "HSTUFwdConfig"),
+        (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
+        (lambda d: d["entries"][0].update(backend="cute"), "no template_hash"),
+    ],
+)
+def test_invalid_artifacts_are_rejected_with_a_clear_message(tmp_path, mutate, message):
+    data = _artifact().to_dict()
+    mutate(data)
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(art.ArtifactError, match=message):
+        art.load_artifact(path)
+
+
+def test_corrupt_and_missing_files(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text('{"schema_version": 1, "kern')
+    with pytest.raises(art.ArtifactError, match="not valid JSON"):
+        art.load_artifact(path)
+    with pytest.raises(art.ArtifactError, match="cannot read"):
+        art.load_artifact(tmp_path / "missing.json")
+    assert art.load_artifact_or_none(tmp_path / "missing.json") is None
+    with pytest.warns(RuntimeWarning, match="heuristic defaults"):
+        assert art.load_artifact_or_none(path) is None
+
+
+def test_stale_template_hash_is_refused(tmp_path):
+    a = _artifact()
+    a.template_hash["triton"] = "0" * 64
+    path = art.save_artifact(a, tmp_path / "a.json")
+    with pytest.raises(art.ArtifactError, match="stale"):
+        art.load_artifact(path)
+    assert art.load_artifact(path, check_stale=False).entries  # `show` can still read it
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert art.load_artifact_or_none(path) is None
+    assert any("stale" in str(x.message) for x in w)
+
+
+def test_template_hash_depends_on_sources(tmp_path):
+    f = tmp_path / "k.py"
+    f.write_text("x = 1\n")
+    art.register_template_sources("test_kernel", "triton", [str(f)])
+    h1 = art.current_template_hash("test_kernel", "triton")
+    f.write_text("x = 2\n")
+    assert art.current_template_hash("test_kernel", "triton") != h1
+    assert art.current_template_hash("hstu_attention_fwd") != art.current_template_hash("hstu_attention_bwd")
+
+
+def test_save_refuses_invalid_and_keeps_the_old_file(tmp_path):
+    path = art.save_artifact(_artifact(), tmp_path / "a.json")
+    before = path.read_text()
+    bad = _artifact([_entry(median_ms=-1.0)])
+    with pytest.raises(art.ArtifactError):
+        art.save_artifact(bad, path)
+    assert path.read_text() == before

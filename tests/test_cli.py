@@ -1,0 +1,91 @@
+"""The ``autotune`` CLI: argument and GPU errors, dry run, an end-to-end run under the interpreter, show."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import artifacts as art
+from autotune import gpus
+from autotune.cli import main, parse_duration
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_unknown_gpu(capsys):
+    rc, text = _run(capsys, "run", "--gpu", "x100", "--dry-run")
+    assert rc == 2 and "unknown GPU 'x100'" in text and "h100" in text
+
+
+def test_mismatching_gpu_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr(gpus, "detect_gpu", lambda: "h200")
+    rc, text = _run(capsys, "run", "--gpu", "h100")
+    assert rc == 2 and "GPU present is h200" in text and "--gpu auto" in text
+
+
+def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
+    def no_gpu():
+        raise RuntimeError("no CUDA GPU is present")
+
+    monkeypatch.setattr(gpus, "detect_gpu", no_gpu)
+    rc, text = _run(capsys, "run", "--gpu", "h100")
+    assert rc == 2 and "--dry-run" in text
+    rc, text = _run(capsys, "bench", "--gpu", "auto")
+    assert rc == 2 and "no CUDA GPU" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--buckets", "3K"], "bucket '3K'"),
+        (["--dims", "48x"], "bad head dims"),
+        (["--dims", "48"], "no feasible config"),
+        (["--distributions", "zipf"], "unknown distribution"),
+        (["--masks", "diagonal"], "unknown mask"),
+        (["--kernel", "softmax_attention"], "unknown kernel"),
+        (["--time-budget", "soon"], "bad duration"),
+        (["--trials", "0"], ">= 1"),
+    ],
+)
+def test_bad_arguments(capsys, args, message):
+    rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run", *args)
+    assert rc == 2 and message in text
+
+
+def test_parse_duration():
+    assert parse_duration("90") == 90 and parse_duration("6m") == 360 and parse_duration("1.5h") == 5400
+    assert parse_duration(None) is None
+
+
+def test_dry_run_lists_tasks_and_space_sizes_without_a_gpu(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run")
+    assert rc == 0
+    assert text.count("hstu_attention_fwd bfloat16") == 16 and text.count("hstu_attention_bwd bfloat16") == 16
+    assert "triton 160 -> 65" in text  # fwd d256 on h100: full space -> feasible
+    assert "d128/128" in text and "8K jagged" in text
+
+
+def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    root = tmp_path / "artifacts"
+    argv = ["run", "--gpu", "h100", "--interpret", "--trials", "2", "--artifacts", str(root)]
+    rc, text = _run(capsys, *argv, "--distributions", "jagged", "--buckets", "256", "--dims", "32", "--heads", "1")
+    assert rc == 0, text
+    assert "autotune run: h100" in text and "speedup" in text
+    for kernel in ("hstu_attention_fwd", "hstu_attention_bwd"):
+        a = art.load_artifact(art.artifact_path("h100", kernel, root))
+        entry = a.lookup("float32", 32, 32, 256, "jagged")
+        assert entry is not None and entry["trials"] >= 1 and entry["speedup"] >= 1.0
+        assert entry["median_ms"] <= entry["default_ms"]
+        assert a.template_hash["triton"] == art.current_template_hash(kernel)
+    assert (root / "h100" / "studies" / "tuning.journal").exists()
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(root))
+    assert rc == 0 and "hstu_attention_fwd on h100" in text and "hstu_attention_bwd on h100" in text
+    path = art.artifact_path("h100", "hstu_attention_fwd", root)
+    path.write_text("{not json")
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(root))
+    assert rc == 1 and "not valid JSON" in text

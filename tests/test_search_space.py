@@ -1,0 +1,107 @@
+"""Search spaces, feasibility pruning, GPU registry, buckets and length distributions (no kernels run)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autotune.buckets import BUCKETS, bucket_for, neighbours, parse_bucket, sequence_lengths
+from autotune.gpus import GPUS, get_gpu, gpu_from_name
+from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
+from search_spaces.base import SearchSpace, SpaceContext
+from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON, fwd_smem_bytes
+
+
+def ctx(gpu="h100", d=256, max_len=4096, interpret=False, dtype="bfloat16"):
+    return SpaceContext(GPUS[gpu], dtype, d, d, max_len, interpret)
+
+
+def test_full_space_is_the_product_of_choices():
+    for space in (HSTU_FWD_TRITON, HSTU_BWD_TRITON):
+        expected = 1
+        for choices in space.params.values():
+            expected *= len(choices)
+        full = space.full()
+        assert len(full) == expected
+        assert len(set(full)) == expected  # frozen, hashable, distinct
+
+
+def test_prune_removes_configs_over_shared_memory_and_keeps_feasible_ones():
+    c = ctx("h100", 256)
+    feasible = HSTU_FWD_TRITON.prune(c)
+    assert 0 < len(feasible) < len(HSTU_FWD_TRITON.full())
+    assert all(fwd_smem_bytes(cfg, c) <= GPUS["h100"].smem_per_block for cfg in feasible)
+    big = HSTUFwdConfig(block_m=128, block_n=128, num_warps=8, num_stages=2)  # ~360 KB at d256
+    assert "shared memory" in HSTU_FWD_TRITON.why_infeasible(big, c)
+    # A100 has less shared memory than H100: its feasible set is strictly smaller.
+    assert len(HSTU_FWD_TRITON.prune(ctx("a100", 256))) < len(feasible)
+
+
+def test_register_and_length_rules():
+    c = ctx("h100", 256, max_len=4096)
+    too_many_regs = HSTUFwdConfig(block_m=256, block_n=64, num_warps=4, num_stages=1)
+    assert "registers" in HSTU_FWD_TRITON.why_infeasible(too_many_regs, c)
+    short = ctx("h100", 64, max_len=40)
+    assert "longest sequence" in HSTU_FWD_TRITON.why_infeasible(HSTUFwdConfig(128, 64, 8, 2), short)
+    atomic_with_dq_block = HSTUBwdConfig(64, 64, 8, 2, "atomic", 32)
+    assert "dq_block_m" in HSTU_BWD_TRITON.why_infeasible(atomic_with_dq_block, c)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200", "b200"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_heuristic_defaults_are_feasible_on_hopper_and_blackwell(gpu, d):
+    for space in (HSTU_FWD_TRITON, HSTU_BWD_TRITON):
+        c = ctx(gpu, d)
+        assert space.why_infeasible(space.default(c), c) is None
+
+
+def test_interpreter_space_is_small_and_unsupported_head_dims_prune_everything():
+    c = ctx("h100", 32, max_len=64, interpret=True, dtype="float32")
+    assert 1 <= len(HSTU_FWD_TRITON.prune(c)) <= 16
+    assert HSTU_FWD_TRITON.prune(ctx("h100", 48)) == []
+
+
+def test_space_hash_is_stable_and_tracks_the_declaration():
+    assert HSTU_FWD_TRITON.hash() == HSTU_FWD_TRITON.hash()
+    assert HSTU_FWD_TRITON.hash() != HSTU_BWD_TRITON.hash()
+    narrower = SearchSpace(
+        HSTU_FWD_TRITON.name,
+        HSTUFwdConfig,
+        {**HSTU_FWD_TRITON.params, "num_stages": (1, 2)},
+        HSTU_FWD_TRITON.rules,
+        HSTU_FWD_TRITON.default,
+    )
+    assert narrower.hash() != HSTU_FWD_TRITON.hash()
+
+
+def test_gpu_registry():
+    assert {"h100", "h200"} <= set(GPUS)
+    h100 = get_gpu("H100")
+    assert h100.compute_capability == (9, 0) and h100.sm_count == 132 and h100.peak_bf16_tflops == 989.0
+    assert gpu_from_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_from_name("NVIDIA H200") == "h200"
+    assert gpu_from_name("NVIDIA GeForce RTX 4090") is None
+    with pytest.raises(ValueError, match="unknown GPU"):
+        get_gpu("x100")
+
+
+def test_buckets_contract():
+    assert BUCKETS[0] == 256 and BUCKETS[-1] == 16384
+    assert bucket_for(1) == 256 and bucket_for(256) == 256 and bucket_for(257) == 512
+    assert bucket_for(4096) == 4096 and bucket_for(10**6) == 16384
+    assert parse_bucket("4K") == 4096 and parse_bucket("512") == 512
+    with pytest.raises(ValueError):
+        parse_bucket("3K")
+    assert neighbours(256) == (512,) and neighbours(4096) == (2048, 8192)
+
+
+def test_length_distributions_are_deterministic_and_shaped():
+    assert sequence_lengths(1024, 8, "uniform", 0) == [1024] * 8
+    a = sequence_lengths(4096, 32, "jagged", 0)
+    assert a == sequence_lengths(4096, 32, "jagged", 0)
+    assert a != sequence_lengths(4096, 32, "jagged", 1)
+    assert max(a) == 4096 and min(a) >= 1
+    assert sum(a) / len(a) < 0.5 * 4096  # heavy-tailed: most sequences are short
+    for n, b in itertools.product((1, 64), (1, 5)):
+        assert max(sequence_lengths(n, b, "jagged", 3)) == n

@@ -1,0 +1,100 @@
+"""The search end to end on a fake kernel (crash, hang, wrong, NaN configs) and on the real templates
+under the Triton interpreter (resume of an interrupted study)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune import artifacts as art
+from autotune.registry import load_plugins
+from autotune.tasks import Task
+from autotune.tuner import Reporter, TuneOptions, make_storage, run_tasks
+
+load_plugins(["autotune.fake"])
+
+
+def _fake_task(**kw) -> Task:
+    return Task("fake_op", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=16, **kw)
+
+
+def _opts(tmp_path, **kw) -> TuneOptions:
+    base = dict(
+        n_trials=8,
+        sampler="bruteforce",
+        artifacts_root=tmp_path,
+        eval_timeout_s=3.0,
+        plugins=["autotune.fake"],
+        interpret=True,
+    )
+    base.update(kw)
+    return TuneOptions(**base)
+
+
+def _trials(tmp_path, task: Task) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=task.study_name, storage=make_storage(None, task.gpu, tmp_path))
+    return study.get_trials(deepcopy=False)
+
+
+def test_crash_hang_and_wrong_configs_are_survived_and_never_win(tmp_path):
+    task = _fake_task()
+    (result,) = run_tasks([task], _opts(tmp_path))
+    assert result.error is None
+    # 'wrong' and 'nan' are the fastest configs; only the correctness check keeps them out.
+    assert result.config == {"mode": "ok", "size": 1}
+    assert result.speedup > 1.0 and not result.kept_default
+    by_mode = {}
+    for t in _trials(tmp_path, task):
+        if not t.user_attrs.get("duplicate"):
+            by_mode.setdefault(t.params["fake.mode"], set()).add(t.user_attrs["status"])
+    assert "crash" in by_mode["crash"]
+    assert "timeout" in by_mode["hang"]
+    assert by_mode["wrong"] == {"incorrect"} | ({"infeasible"} if len(by_mode["wrong"]) > 1 else set())
+    assert "incorrect" in by_mode["nan"]  # the poisoned output was never written
+    failed = [t for t in _trials(tmp_path, task) if t.user_attrs.get("status") in ("crash", "timeout", "incorrect")]
+    assert all(t.state != optuna.trial.TrialState.COMPLETE for t in failed)
+    assert all("error" in t.user_attrs for t in failed)
+    infeasible = [t for t in _trials(tmp_path, task) if t.user_attrs.get("status") == "infeasible"]
+    assert infeasible
+    assert all(t.params["fake.size"] == 2 and t.params["fake.mode"] != "ok2" for t in infeasible)
+    assert not any(t.user_attrs.get("measured") for t in infeasible)  # rejected before compiling
+    a = art.load_artifact(art.artifact_path("h100", "fake_op", tmp_path))
+    entry = a.lookup("float32", 32, 32, 256, "uniform")
+    assert entry["config"] == {"mode": "ok", "size": 1} and entry["trials"] == result.trials
+
+
+def test_tuned_is_never_slower_than_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_FAKE_FAST_DEFAULT", "1")  # the default ('slow') becomes the fastest correct config
+    (result,) = run_tasks([_fake_task()], _opts(tmp_path, n_trials=4, sampler="random"))
+    assert result.kept_default and result.config == {"mode": "slow", "size": 1}
+    assert result.speedup == pytest.approx(1.0)
+    entry = art.load_artifact(art.artifact_path("h100", "fake_op", tmp_path)).entries[0]
+    assert entry["config"] == {"mode": "slow", "size": 1} and entry["median_ms"] == entry["default_ms"]
+
+
+class _Interrupt(Reporter):
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def trial_done(self, task, measured, status, best_ms) -> None:
+        if measured >= self.after:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_study_resumes_where_it_stopped(tmp_path):
+    """Real forward template under the interpreter: stop after 2 measured trials, then resume to 4."""
+    task = Task("hstu_attention_fwd", "h100", "float32", 32, 32, 1, 256, "jagged", batch=2, seq_cap=64)
+    opts = TuneOptions(n_trials=4, sampler="random", artifacts_root=tmp_path, interpret=True, eval_timeout_s=120)
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks([task], opts, reporter=_Interrupt(after=2))
+    first = [t for t in _trials(tmp_path, task) if t.user_attrs.get("measured")]
+    assert len(first) == 2
+    assert not art.artifact_path("h100", task.kernel, tmp_path).exists()
+    (result,) = run_tasks([task], opts)
+    measured = [t for t in _trials(tmp_path, task) if t.user_attrs.get("measured")]
+    assert result.trials == 4 and len(measured) == 4
+    assert [t.number for t in measured[:2]] == [t.number for t in first]  # kept, not re-run
+    assert len({t.user_attrs["config_key"] for t in measured}) == 4
+    for t in measured:  # every compiled trial carries its report and check
+        assert {"status", "n_regs", "n_spills", "shared", "compile_s"} <= set(t.user_attrs)
+    assert art.load_artifact(art.artifact_path("h100", task.kernel, tmp_path)).entries[0]["trials"] == 4

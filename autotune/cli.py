@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sampler", default="tpe", choices=("tpe", "random", "bruteforce", "gp"))
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--backends", type=_split, default=None, help="restrict to these backends, e.g. triton")
-    run.add_argument("--eval-timeout", type=float, default=180.0, help="seconds per compile/check/time request")
+    run.add_argument("--eval-timeout", type=float, default=60.0, help="seconds per compile/check/time request")
     run.add_argument("--no-prune", action="store_true", help="fully time every correct config")
     run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
     run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")

@@ -44,7 +44,7 @@ class TuneOptions:
     seed: int = 0
     storage: str | None = None
     artifacts_root: Path = art.DEFAULT_ROOT
-    eval_timeout_s: float = 180.0
+    eval_timeout_s: float = 60.0
     setup_timeout_s: float = 900.0
     spill_limit: int = 512
     prune: bool = True

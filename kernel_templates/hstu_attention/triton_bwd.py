@@ -404,18 +404,21 @@ def hstu_attention_bwd(
     max_attn_len: int,
     scaling_seqlen: int | None,
     config: HSTUBwdConfig,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward template; returns (dq, dk, dv) in the inputs' dtype. dQ sums in fp32."""
+    """Launch the backward template; returns (dq, dk, dv) in the inputs' dtype. dQ sums in fp32.
+
+    ``out=(dq, dk, dv)`` lets callers (the tuner's poisoned-buffer check) pass the output buffers.
+    """
     L, H, dqk = q.shape
     dv_dim = v.shape[2]
     do = do.contiguous() if do.stride(-1) != 1 else do
     batch = seq_offsets.numel() - 1
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dq_out, dk, dv = out if out is not None else (None, torch.empty_like(k), torch.empty_like(v))
     atomic = config.dq_mode == "atomic"
     if L == 0 or batch == 0 or max_seq_len == 0:
-        return torch.zeros_like(q), dk.zero_(), dv.zero_()
-    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device) if atomic else torch.empty_like(q)
+        return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
+    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device) if atomic else (torch.empty_like(q) if dq_out is None else dq_out)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     common = dict(
         HAS_CONTEXT=contextual_seq_len > 0,
@@ -464,7 +467,7 @@ def hstu_attention_bwd(
         **common,
     )
     if atomic:
-        return dq_acc.to(q.dtype), dk, dv
+        return (dq_acc.to(q.dtype) if dq_out is None else dq_out.copy_(dq_acc)), dk, dv
     num_m_blocks = triton.cdiv(max_seq_len, config.dq_rows)
     common["BLOCK_M"] = config.dq_rows
     _hstu_bwd_q_kernel[(batch * H, num_m_blocks)](

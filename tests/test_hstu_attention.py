@@ -112,3 +112,20 @@ def test_gpu_default_configs(case, dtype):
 )
 def test_gpu_other_configs(fc, bc):
     _run_case([400, 3, 0, 131], 2, 128, 128, torch.bfloat16, "cuda", ctx=2, targets=True, fc=fc, bc=bc, seed=13)
+
+
+@pytest.mark.parametrize("mode", ["atomic", "separate"])
+def test_cpu_backward_writes_every_element_of_given_buffers(mode):
+    """Poisoned (NaN) output buffers: every valid element must be overwritten."""
+    from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
+    from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
+
+    inp = make_jagged_inputs([19, 0, 1, 40], 2, 32, 32, torch.float32, "cpu", seed=9)
+    args = (inp.seq_offsets, inp.max_seq_len, 0.2, None, 1, 0, None)
+    out = hstu_attention_fwd(inp.q, inp.k, inp.v, *args, SMALL_FWD, out=torch.full_like(inp.v, float("nan")))
+    bufs = tuple(torch.full_like(t, float("nan")) for t in (inp.q, inp.k, inp.v))
+    cfg = HSTUBwdConfig(16, 16, 4, 1, mode)
+    grads = hstu_attention_bwd(torch.ones_like(out), inp.q, inp.k, inp.v, *args, cfg, out=bufs)
+    assert torch.isfinite(out).all()
+    for g, b in zip(grads, bufs):
+        assert g.data_ptr() == b.data_ptr() and torch.isfinite(g).all()

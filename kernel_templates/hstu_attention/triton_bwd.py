@@ -418,7 +418,11 @@ def hstu_attention_bwd(
     atomic = config.dq_mode == "atomic"
     if L == 0 or batch == 0 or max_seq_len == 0:
         return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
-    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device) if atomic else (torch.empty_like(q) if dq_out is None else dq_out)
+    dq_acc = (
+        torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
+        if atomic
+        else (torch.empty_like(q) if dq_out is None else dq_out)
+    )
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     common = dict(
         HAS_CONTEXT=contextual_seq_len > 0,

@@ -26,7 +26,8 @@ from kernel_templates.hstu_attention import (
     hstu_attention_flops,
     hstu_attention_reference,
 )
-from kernel_templates.hstu_attention.testing import check_tolerance, jagged_lengths, make_jagged_inputs
+from autotune.buckets import sequence_lengths
+from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
 from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
 from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
 
@@ -77,7 +78,7 @@ def small_check(dim: int, fc: HSTUFwdConfig, bc: HSTUBwdConfig) -> None:
 
 
 def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> dict:
-    lengths = jagged_lengths(batch, n, dist, seed=0)
+    lengths = sequence_lengths(n, batch, dist, seed=0)  # the tuner's declared distributions
     inp = make_jagged_inputs(lengths, heads, dim, dim, torch.bfloat16, "cuda", seed=2, max_seq_len=n)
     args = (inp.seq_offsets, n, dim**-0.5, None, 0, 0, None)
     fwd_flops, bwd_flops = hstu_attention_flops(inp.seq_offsets, heads, dim, dim)

@@ -12,28 +12,6 @@ from dataclasses import dataclass
 import torch
 
 
-def jagged_lengths(
-    batch: int, max_len: int, distribution: str = "uniform", seed: int = 0, min_len: int = 1
-) -> list[int]:
-    """Sequence lengths for a benchmark batch.
-
-    ``uniform``: every sequence has ``max_len``. ``jagged``: heavy-tailed (Pareto-like) lengths with
-    the longest forced to ``max_len``, as in recommendation logs where a few users have very long
-    histories.
-    """
-    if distribution == "uniform":
-        return [max_len] * batch
-    if distribution != "jagged":
-        raise ValueError(f"distribution must be 'uniform' or 'jagged', got {distribution!r}")
-    g = torch.Generator().manual_seed(seed)
-    u = torch.rand(batch, generator=g)
-    # Pareto tail (shape 1.2) scaled so the median is ~max_len/8, clipped to [min_len, max_len].
-    x = (max_len / 8.0) * (1.0 - u).pow(-1.0 / 1.2) / 2 ** (1 / 1.2)
-    lengths = x.clamp(min_len, max_len).round().to(torch.int64).tolist()
-    lengths[0] = max_len
-    return [int(n) for n in lengths]
-
-
 def offsets_from_lengths(lengths: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
     """(B+1,) int64 offsets from lengths."""
     off = torch.zeros(len(lengths) + 1, dtype=torch.int64)

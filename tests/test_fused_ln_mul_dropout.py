@@ -63,3 +63,13 @@ def test_bad_inputs_raise(device):
         fused_ln_mul_dropout(x, u[:, :10], w, b)
     with pytest.raises(ValueError, match="dropout p"):
         fused_ln_mul_dropout(x, u, w, b, p=1.0)
+
+
+def test_custom_ops_pass_opcheck(device):
+    x, u, w, b = _inputs(device, rows=9, d=32)
+    seed = torch.tensor([7], device=device)
+    x, w = x.requires_grad_(True), w.requires_grad_(True)
+    torch.library.opcheck(torch.ops.hstu.ln_mul_dropout_fwd.default, (x, u, w, b, 1e-5, 0.25, seed))
+    mean, rstd = x.mean(1).detach(), x.var(1).add(1e-5).rsqrt().detach()
+    args = (torch.randn_like(x), x.detach(), u, w.detach(), b, mean, rstd, 0.25, seed)
+    torch.library.opcheck(torch.ops.hstu.ln_mul_dropout_bwd.default, args)

@@ -106,3 +106,14 @@ def test_presets_and_flop_accounting():
     pairs = 32 * 32 // 2 + 10 * 10 // 2
     assert flops["attention"] == layers * (2 * h * 2 * d + 2 * h * 5 * d) * pairs
     assert flops["gemm"] == 6 * 1000 * 42
+
+
+def test_whole_model_compiles_without_graph_breaks(device):
+    cfg = get_config("tiny", dropout=0.0)
+    model, _ = build(cfg, torch.device(device))
+    batch = SyntheticJaggedDataset(cfg).batch(0).to(device)
+    eager = model.loss(batch)
+    explained = torch._dynamo.explain(model.loss)(batch)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(model.loss, backend="aot_eager")(batch)
+    torch.testing.assert_close(compiled, eager)

@@ -1,4 +1,9 @@
-"""Autograd function and public entry point of the fused ``dropout(LN(x) * u)``."""
+"""Custom ops, autograd function and public entry point of the fused ``dropout(LN(x) * u)``.
+
+The Triton launches sit behind ``hstu::ln_mul_dropout_fwd/bwd`` custom ops (fake impls, and the
+autograd function registered with ``register_autograd``) so torch.compile treats them as opaque
+nodes instead of tracing into the launcher. Autograd saves the seed tensor, never the mask.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +11,53 @@ import torch
 
 from .triton_ln_mul_dropout import ln_mul_dropout_bwd, ln_mul_dropout_fwd
 
+_FWD_SCHEMA = (
+    "(Tensor x, Tensor u, Tensor weight, Tensor bias, float eps, float p, Tensor seed) -> (Tensor, Tensor, Tensor)"
+)
+_BWD_SCHEMA = (
+    "(Tensor dout, Tensor x, Tensor u, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, float p, Tensor seed)"
+    " -> (Tensor, Tensor, Tensor, Tensor)"
+)
 
-class FusedLNMulDropout(torch.autograd.Function):
-    """Saves x, u, the per-row mean/rstd and the seed; never the dropout mask."""
 
-    @staticmethod
-    def forward(ctx, x, u, weight, bias, eps: float, p: float, seed: int):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        u2 = u.reshape(-1, shape[-1])
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        if u2.stride(-1) != 1:
-            u2 = u2.contiguous()
-        out, mean, rstd = ln_mul_dropout_fwd(x2, u2, weight, bias, eps, p, seed)
-        ctx.save_for_backward(x2, u2, weight, bias, mean, rstd)
-        ctx.p, ctx.seed, ctx.shape = p, seed, shape
-        return out.view(shape)
+@torch.library.custom_op("hstu::ln_mul_dropout_fwd", mutates_args=(), schema=_FWD_SCHEMA)
+def ln_mul_dropout_fwd_op(x, u, weight, bias, eps, p, seed):
+    """(out, mean, rstd) of 2-D x, u."""
+    return ln_mul_dropout_fwd(x, u, weight, bias, eps, p, seed)
 
-    @staticmethod
-    def backward(ctx, do):
-        x2, u2, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, du, dw, db = ln_mul_dropout_bwd(do.reshape(x2.shape), x2, u2, weight, bias, mean, rstd, ctx.p, ctx.seed)
-        return dx.view(ctx.shape), du.view(ctx.shape), dw, db, None, None, None
+
+@ln_mul_dropout_fwd_op.register_fake
+def _(x, u, weight, bias, eps, p, seed):
+    rows = x.shape[0]
+    return x.new_empty(x.shape), x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32)
+
+
+@torch.library.custom_op("hstu::ln_mul_dropout_bwd", mutates_args=(), schema=_BWD_SCHEMA)
+def ln_mul_dropout_bwd_op(dout, x, u, weight, bias, mean, rstd, p, seed):
+    """(dx, du, dweight, dbias); the mask is redrawn from ``seed``."""
+    return ln_mul_dropout_bwd(dout, x, u, weight, bias, mean, rstd, p, seed)
+
+
+@ln_mul_dropout_bwd_op.register_fake
+def _(dout, x, u, weight, bias, mean, rstd, p, seed):
+    return x.new_empty(x.shape), u.new_empty(u.shape), torch.empty_like(weight), torch.empty_like(bias)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, u, weight, bias, _eps, p, seed = inputs
+    _out, mean, rstd = output
+    ctx.save_for_backward(x, u, weight, bias, mean, rstd, seed)
+    ctx.p = p
+
+
+def _backward(ctx, dout, _dmean, _drstd):
+    """Autograd of the fused op: the bwd op redraws the mask from the saved seed tensor."""
+    x, u, weight, bias, mean, rstd, seed = ctx.saved_tensors
+    dx, du, dw, db = ln_mul_dropout_bwd_op(dout.contiguous(), x, u, weight, bias, mean, rstd, ctx.p, seed)
+    return dx, du, dw, db, None, None, None
+
+
+ln_mul_dropout_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fused_ln_mul_dropout(
@@ -39,12 +68,12 @@ def fused_ln_mul_dropout(
     eps: float = 1e-5,
     p: float = 0.0,
     training: bool = True,
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``dropout(LayerNorm(x) * u)`` in one kernel each way; LN over the last dim, stats in fp32.
 
-    x and u must share a shape and dtype (cast under autocast first). The dropout seed is drawn
-    from torch's CPU generator when not given, so ``torch.manual_seed`` makes runs repeatable.
+    x and u must share a shape and dtype (cast under autocast first). The dropout seed is drawn on
+    x's device from torch's generator when not given (``torch.manual_seed`` makes runs repeatable).
     """
     if x.shape != u.shape:
         raise ValueError(f"x and u must share a shape, got {tuple(x.shape)} and {tuple(u.shape)}")
@@ -56,5 +85,20 @@ def fused_ln_mul_dropout(
         raise ValueError(f"dropout p must be in [0, 1), got {p}")
     p = float(p) if training else 0.0
     if seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if p > 0 else 0
-    return FusedLNMulDropout.apply(x, u, weight, bias, float(eps), p, int(seed))
+        seed_t = (
+            torch.randint(0, 2**31 - 1, (1,), device=x.device)
+            if p > 0
+            else torch.zeros(1, dtype=torch.int64, device=x.device)
+        )
+    elif isinstance(seed, torch.Tensor):
+        seed_t = seed.reshape(1).to(device=x.device, dtype=torch.int64)
+    else:
+        seed_t = torch.tensor([int(seed)], dtype=torch.int64, device=x.device)
+    d = x.shape[-1]
+    x2, u2 = x.reshape(-1, d), u.reshape(-1, d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if u2.stride(-1) != 1:
+        u2 = u2.contiguous()
+    out, _, _ = ln_mul_dropout_fwd_op(x2, u2, weight, bias, float(eps), p, seed_t)
+    return out.view(x.shape)

@@ -29,7 +29,7 @@ def _ln_mul_dropout_fwd_kernel(
     stride_o,
     eps,
     p,
-    seed,
+    Seed,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -50,7 +50,7 @@ def _ln_mul_dropout_fwd_kernel(
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
     out = y * u
     if HAS_DROPOUT:
-        r = tl.rand(seed, rows[:, None] * D + cols[None, :])
+        r = tl.rand(tl.load(Seed), rows[:, None] * D + cols[None, :])
         out = tl.where(r > p, out / (1.0 - p), 0.0)
     tl.store(O + rows[:, None].to(tl.int64) * stride_o + cols[None, :], out.to(O.dtype.element_ty), mask=m2)
     tl.store(Mean + rows, mean, mask=row_ok)
@@ -79,7 +79,7 @@ def _ln_mul_dropout_bwd_kernel(
     stride_dx,
     stride_du,
     p,
-    seed,
+    Seed,
     HAS_DROPOUT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -89,6 +89,10 @@ def _ln_mul_dropout_bwd_kernel(
     col_ok = cols < D
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if HAS_DROPOUT:
+        seed = tl.load(Seed)
+    else:
+        seed = 0
     dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
     db = tl.zeros((BLOCK_D,), dtype=tl.float32)
     row_start = pid * rows_per_prog
@@ -132,9 +136,13 @@ def _block_r(block_d: int) -> int:
 
 
 def ln_mul_dropout_fwd(
-    x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: float, seed: int
+    x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: float, seed: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
+    """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous).
+
+    ``seed`` is a one-element integer tensor on x's device, read by the kernel: no host sync, and
+    torch.compile sees no Python int that changes every step.
+    """
     L, D = x.shape
     out = torch.empty((L, D), dtype=x.dtype, device=x.device)
     mean = torch.empty((L,), dtype=torch.float32, device=x.device)
@@ -145,7 +153,7 @@ def ln_mul_dropout_fwd(
     block_r = _block_r(block_d)
     _ln_mul_dropout_fwd_kernel[(triton.cdiv(L, block_r),)](
         x, u, weight, bias, out, mean, rstd, L, D, x.stride(0), u.stride(0), out.stride(0),
-        float(eps), float(p), int(seed),
+        float(eps), float(p), seed,
         HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d <= 1024 else 8,
     )  # fmt: skip
     return out, mean, rstd
@@ -166,7 +174,7 @@ def ln_mul_dropout_bwd(
     mean: torch.Tensor,
     rstd: torch.Tensor,
     p: float,
-    seed: int,
+    seed: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``."""
     L, D = x.shape
@@ -184,7 +192,7 @@ def ln_mul_dropout_bwd(
     db_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
     _ln_mul_dropout_bwd_kernel[(progs,)](
         do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, L, D, rows_per_prog,
-        do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), int(seed),
+        do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), seed,
         HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if block_r * block_d >= 4096 else 4,
     )  # fmt: skip
     return dx, du, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)

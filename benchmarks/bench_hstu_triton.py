@@ -18,6 +18,7 @@ import time
 import torch
 import triton
 
+from autotune.buckets import sequence_lengths
 from kernel_templates.hstu_attention import (
     HSTUBwdConfig,
     HSTUFwdConfig,
@@ -26,7 +27,6 @@ from kernel_templates.hstu_attention import (
     hstu_attention_flops,
     hstu_attention_reference,
 )
-from autotune.buckets import sequence_lengths
 from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
 from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
 from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
@@ -73,7 +73,7 @@ def small_check(dim: int, fc: HSTUFwdConfig, bc: HSTUBwdConfig) -> None:
     rg = torch.autograd.grad(ref, leaves, do.float())
     low = hstu_attention_reference(*leaves, *args, compute_dtype=torch.bfloat16)
     lg = torch.autograd.grad(low, leaves, do)
-    for name, a, r, lo in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref, *rg), (low, *lg)):
+    for name, a, r, lo in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), (ref, *rg), (low, *lg), strict=True):
         check_tolerance(name, a, r, lo, atol=2e-3 * r.abs().max().item() + 1e-5)
 
 
@@ -85,13 +85,18 @@ def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> di
     row = dict(n=n, dim=dim, dist=dist, batch=batch, heads=heads, tokens=sum(lengths))
     if fc is not None:
         out = torch.empty_like(inp.v)
-        ms = triton.testing.do_bench(lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, fc, out=out),
-                                     warmup=50, rep=300, return_mode="median")
+        ms = triton.testing.do_bench(
+            lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, fc, out=out),
+            warmup=50,
+            rep=300,
+            return_mode="median",
+        )
         row.update(fwd_cfg=fc.to_dict(), fwd_ms=ms, fwd_tflops=fwd_flops / ms * 1e-9)
     if bc is not None:
         do = torch.randn_like(inp.v)
-        ms = triton.testing.do_bench(lambda: hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc),
-                                     warmup=50, rep=300, return_mode="median")
+        ms = triton.testing.do_bench(
+            lambda: hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc), warmup=50, rep=300, return_mode="median"
+        )
         row.update(bwd_cfg=bc.to_dict(), bwd_ms=ms, bwd_tflops=bwd_flops / ms * 1e-9)
     return row
 

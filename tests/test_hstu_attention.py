@@ -31,7 +31,9 @@ def _run_case(lengths, heads, dqk, dv, dtype, device, ctx=0, targets=False, wind
     ref_grads = torch.autograd.grad(ref, (inp.q, inp.k, inp.v), do.float())
     low = hstu_attention_reference(inp.q, inp.k, inp.v, *args, compute_dtype=dtype)
     low_grads = torch.autograd.grad(low, (inp.q, inp.k, inp.v), do)
-    for name, a, r, lo in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (low, *low_grads)):
+    for name, a, r, lo in zip(
+        ("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (low, *low_grads), strict=True
+    ):
         scale = r.float().abs().max().item() if r.numel() else 1.0
         check_tolerance(name, a, r, lo, atol=1e-5 * (1.0 + scale) if dtype == torch.float32 else 2e-3 * scale + 1e-5)
 
@@ -127,5 +129,5 @@ def test_cpu_backward_writes_every_element_of_given_buffers(mode):
     cfg = HSTUBwdConfig(16, 16, 4, 1, mode)
     grads = hstu_attention_bwd(torch.ones_like(out), inp.q, inp.k, inp.v, *args, cfg, out=bufs)
     assert torch.isfinite(out).all()
-    for g, b in zip(grads, bufs):
+    for g, b in zip(grads, bufs, strict=True):
         assert g.data_ptr() == b.data_ptr() and torch.isfinite(g).all()

@@ -139,6 +139,7 @@ def main() -> None:
         configs = [c for c in CONFIGS.get(d, []) if _feasible(c, d)]
         if not a.skip_check:
             for cfg in configs:
+                _write(a.json, result)
                 t = time.time()
                 errs = small_check(cfg, d, dtype)
                 tag = f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}"
@@ -147,11 +148,14 @@ def main() -> None:
         for n in a.lengths:
             for dist in a.dist:
                 result["rows"] += bench_shape(d, n, dist, dtype, a.batch, a.heads, configs)
-    path = a.json or (os.path.join(os.environ["OUT"], "bench_cute.json") if os.environ.get("OUT") else None)
+                _write(a.json, result)  # after every shape, so a time limit keeps what was measured
+
+
+def _write(path: str | None, result: dict) -> None:
+    path = path or (os.path.join(os.environ["OUT"], "bench_cute.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
-        print(f"wrote {path}")
 
 
 def _feasible(cfg: HSTUCuteFwdConfig, d: int) -> bool:

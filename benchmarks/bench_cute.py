@@ -20,9 +20,10 @@ import traceback
 import torch
 import triton
 
+from autotune.buckets import sequence_lengths
 from kernel_templates.cute import HSTUCuteFwdConfig, check_fwd_config, hstu_attention_cute_fwd
 from kernel_templates.hstu_attention import default_fwd_config, hstu_attention_flops, hstu_attention_reference
-from kernel_templates.hstu_attention.testing import check_tolerance, jagged_lengths, make_jagged_inputs
+from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
 from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
 
 CONFIGS = {
@@ -72,8 +73,8 @@ def small_check(cfg: HSTUCuteFwdConfig, d: int, dtype: torch.dtype) -> dict[str,
 
 
 def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads: int, configs) -> list[dict]:
-    lengths = jagged_lengths(batch, n, dist, seed=0)
-    inp = make_jagged_inputs(lengths, heads, d, d, dtype, "cuda", seed=0)
+    lengths = sequence_lengths(n, batch, dist, seed=0)  # the tuner's declared distributions
+    inp = make_jagged_inputs(lengths, heads, d, d, dtype, "cuda", seed=0, max_seq_len=n)
     args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
     fwd_flops, _ = hstu_attention_flops(inp.seq_offsets, heads, d, d)
     tcfg = default_fwd_config(d, d)

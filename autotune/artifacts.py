@@ -169,10 +169,14 @@ def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: s
     for k, v in config.items():
         if not isinstance(k, str) or not isinstance(v, (int, float, str, bool)):
             raise ArtifactError(f"{where}.config: {k!r}={v!r} is not a JSON scalar")
+    cls = None
     if backend == "triton" and kernel in ("hstu_attention_fwd", "hstu_attention_bwd"):
         from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
 
         cls = HSTUFwdConfig if kernel == "hstu_attention_fwd" else HSTUBwdConfig
+    elif backend == "cute" and kernel == "hstu_attention_fwd":
+        from kernel_templates.cute.config import HSTUCuteFwdConfig as cls  # pure Python; no cutlass import
+    if cls is not None:
         try:
             cls.from_dict(config)
         except (TypeError, ValueError) as e:

@@ -11,11 +11,13 @@ import torch
 from autotune.registry import Backend, Op, register_backend, register_op
 from autotune.tasks import MASKS
 from kernel_templates.hstu_attention import hstu_attention_flops, hstu_attention_reference
+from search_spaces.hstu_attention_cute import HSTU_FWD_CUTE
 from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON
 
 _TEMPLATE_DIR = "kernel_templates/hstu_attention"
 TRITON_FWD_FILES = tuple(f"{_TEMPLATE_DIR}/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py"))
 TRITON_BWD_FILES = (*TRITON_FWD_FILES, f"{_TEMPLATE_DIR}/triton_bwd.py")
+CUTE_FWD_FILES = tuple(f"kernel_templates/cute/{f}" for f in ("config.py", "hstu_fwd_sm90.py", "op.py"))
 
 
 def make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:
@@ -96,6 +98,31 @@ def alloc_out_fwd(inputs: dict) -> tuple:
     return (torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device=q.device),)
 
 
+def alloc_out_bwd(inputs: dict) -> tuple:
+    """NaN-filled dq, dk, dv: the correctness check then proves every element was written."""
+    return tuple(torch.full_like(inputs[n], float("nan")) for n in ("q", "k", "v"))
+
+
+def launch_cute_fwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
+    from kernel_templates.cute import hstu_attention_cute_fwd
+
+    i = inputs
+    return (hstu_attention_cute_fwd(i["q"], i["k"], i["v"], *_args(i), config, out=out[0] if out else None),)
+
+
+def cute_available() -> str | None:
+    """The CuTe DSL forward needs the package and a Hopper (sm90) GPU at run time."""
+    import importlib.util
+
+    if importlib.util.find_spec("cutlass") is None:
+        return "nvidia-cutlass-dsl not installed"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "needs an sm90 (Hopper) GPU"
+    return None
+
+
 def launch_triton_fwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
     from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
 
@@ -108,7 +135,7 @@ def launch_triton_bwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
     from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
 
     i = inputs
-    return tuple(hstu_attention_bwd(i["do"], i["q"], i["k"], i["v"], *_args(i), config))
+    return tuple(hstu_attention_bwd(i["do"], i["q"], i["k"], i["v"], *_args(i), config, out=out))
 
 
 def _jit_fwd() -> list:
@@ -146,6 +173,7 @@ register_op(
         make_inputs=lambda task, lengths, seed, device, dtype: make_inputs(task, lengths, seed, device, dtype, True),
         reference=reference_bwd,
         flops=lambda inputs: _flops(inputs, 1),
+        alloc_out=alloc_out_bwd,
         output_names=("dq", "dk", "dv"),
         direction="bwd",
     )
@@ -170,5 +198,15 @@ register_backend(
         TRITON_BWD_FILES,
         _jit_bwd,
         available=triton_available,
+    )
+)
+register_backend(
+    Backend(
+        "hstu_attention_fwd",
+        "cute",
+        HSTU_FWD_CUTE,
+        launch_cute_fwd,
+        CUTE_FWD_FILES,
+        available=cute_available,
     )
 )

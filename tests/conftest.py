@@ -10,6 +10,8 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+# The CuTe DSL drops kept PTX into the working directory unless told where.
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "hstu-cute-dump"))
 
 import pytest  # noqa: E402
 

@@ -76,7 +76,13 @@ def test_upsert_replaces_the_same_key():
         (lambda d: d["entries"][0]["config"].update(block_m=100), "HSTUFwdConfig"),
         (lambda d: d["entries"][0]["config"].update(bogus=1), "HSTUFwdConfig"),
         (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
-        (lambda d: d["entries"][0].update(backend="cute"), "no template_hash"),
+        (lambda d: d["entries"][0].update(backend="cute"), "not a valid HSTUCuteFwdConfig"),
+        (
+            lambda d: d["entries"][0].update(
+                backend="cute", config=dict(block_m=128, block_n=64, num_stages=2, intra_wg_overlap=True)
+            ),
+            "no template_hash",
+        ),
     ],
 )
 def test_invalid_artifacts_are_rejected_with_a_clear_message(tmp_path, mutate, message):

@@ -62,13 +62,16 @@ ENTRY_KEYS: dict[str, tuple] = {
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 
 # (kernel, backend) -> template source files (relative to the repo root) hashed into "template_hash".
-_TEMPLATE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
+TEMPLATE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     ("hstu_attention_fwd", "triton"): tuple(
         f"kernel_templates/hstu_attention/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py")
     ),
     ("hstu_attention_bwd", "triton"): tuple(
         f"kernel_templates/hstu_attention/{f}"
         for f in ("config.py", "triton_common.py", "triton_fwd.py", "triton_bwd.py")
+    ),
+    ("hstu_attention_fwd", "cute"): tuple(
+        f"kernel_templates/cute/{f}" for f in ("config.py", "hstu_fwd_sm90.py", "op.py")
     ),
 }
 
@@ -79,7 +82,7 @@ class ArtifactError(ValueError):
 
 def register_template_sources(kernel: str, backend: str, files: tuple[str, ...] | list[str]) -> None:
     """Declare the source files whose content defines (kernel, backend)'s template hash."""
-    _TEMPLATE_SOURCES[(kernel, backend)] = tuple(files)
+    TEMPLATE_SOURCES[(kernel, backend)] = tuple(files)
 
 
 def current_template_hash(kernel: str, backend: str = "triton") -> str:
@@ -87,7 +90,7 @@ def current_template_hash(kernel: str, backend: str = "triton") -> str:
 
     Unregistered backends hash every ``.py`` under ``kernel_templates/<backend>/`` (e.g. cute).
     """
-    files = _TEMPLATE_SOURCES.get((kernel, backend))
+    files = TEMPLATE_SOURCES.get((kernel, backend))
     if files is None:
         base = REPO_ROOT / "kernel_templates" / backend
         files = tuple(str(p.relative_to(REPO_ROOT)) for p in sorted(base.rglob("*.py"))) if base.is_dir() else ()

@@ -8,16 +8,17 @@ from typing import Any
 
 import torch
 
+from autotune.artifacts import TEMPLATE_SOURCES
 from autotune.registry import Backend, Op, register_backend, register_op
 from autotune.tasks import MASKS
 from kernel_templates.hstu_attention import hstu_attention_flops, hstu_attention_reference
 from search_spaces.hstu_attention_cute import HSTU_FWD_CUTE
 from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON
 
-_TEMPLATE_DIR = "kernel_templates/hstu_attention"
-TRITON_FWD_FILES = tuple(f"{_TEMPLATE_DIR}/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py"))
-TRITON_BWD_FILES = (*TRITON_FWD_FILES, f"{_TEMPLATE_DIR}/triton_bwd.py")
-CUTE_FWD_FILES = tuple(f"kernel_templates/cute/{f}" for f in ("config.py", "hstu_fwd_sm90.py", "op.py"))
+# The template files hashed into artifacts: one table, in autotune.artifacts, shared with dispatch.
+TRITON_FWD_FILES = TEMPLATE_SOURCES[("hstu_attention_fwd", "triton")]
+TRITON_BWD_FILES = TEMPLATE_SOURCES[("hstu_attention_bwd", "triton")]
+CUTE_FWD_FILES = TEMPLATE_SOURCES[("hstu_attention_fwd", "cute")]
 
 
 def make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:

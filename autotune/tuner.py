@@ -181,7 +181,8 @@ class _Study:
         if not self.backends:
             raise RuntimeError(f"no available backend for {task.kernel} (asked: {opts.backends or 'any'})")
         self.ctx = space_context(task, opts.interpret)
-        first = next(iter(self.backends.values()))
+        # The baseline is what runs without artifacts: the Triton heuristic default when Triton is a backend.
+        first = self.backends.get("triton") or next(iter(self.backends.values()))
         self.default_backend = first
         self.default_values = first.space.values(first.space.default(self.ctx))
         self.default_key = _key(first.name, self.default_values)

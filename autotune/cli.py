@@ -50,6 +50,14 @@ class CLIError(Exception):
     """A usage problem: printed as 'autotune: error: ...', exit status 2."""
 
 
+def _console():
+    """A console that keeps tables readable when output goes to a log file (no terminal: 80 columns)."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
 def parse_duration(text: str | None) -> float | None:
     """'90', '90s', '6m', '1.5h' -> seconds; None/'none'/'0' -> no budget."""
     if text is None or text.strip().lower() in ("", "none", "0"):
@@ -150,10 +158,9 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     _fill_defaults(args)
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -289,12 +296,11 @@ class _RichReporter:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from autotune.artifacts import ArtifactError, current_template_hash, load_artifact
 
-    console = Console()
+    console = _console()
     root = Path(args.artifacts or Path(__file__).resolve().parents[1] / "artifacts")
     gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
     if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:
@@ -347,7 +353,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time default vs tuned configs in this process on the given shapes (GPU only)."""
-    from rich.console import Console
     from rich.table import Table
 
     _fill_defaults(args)
@@ -360,7 +365,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise CLIError("bench needs a CUDA GPU")
     load_plugins(args.plugin)
-    console = Console()
+    console = _console()
     tasks = build_task_list(args, gpu)
     table = Table(title=f"autotune bench: {gpu}")
     for col in ("kernel", "dims", "dist", "bucket", "tuned config", "default TFLOP/s", "tuned TFLOP/s", "speedup"):

@@ -94,10 +94,6 @@ def attention_fwd(
         )
     launcher = dispatch.resolve(dispatch.BACKENDS[backend].fwd)
     cfg = dispatch.decode_config(backend, FWD, config)
-    if backend == "cute":
-        # The CuTe launcher's TMA descriptors share one row stride among q, k, v and its (contiguous) out;
-        # q/k/v sliced from the wider uvqk projection are compacted first.
-        q, k, v = (t.contiguous() for t in (q, k, v))
     return launcher(
         q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, cfg
     )

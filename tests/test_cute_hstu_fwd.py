@@ -170,3 +170,25 @@ def test_gpu_autograd_pairs_triton_backward():
     for g, r in zip(grads, ref_grads, strict=True):
         r = r.float()
         assert torch.allclose(g.float(), r, atol=3e-2 * r.abs().max().item() + 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+def test_gpu_strided_qkv_slices_of_one_projection():
+    """q/k/v as column slices of one (L, 4*H*D) uvqk buffer (the model's layout) need no copies."""
+    from kernel_templates.hstu_attention.reference import hstu_attention_reference
+    from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+    h, d = 2, 128
+    inp = make_jagged_inputs(LENGTHS, h, d, d, torch.bfloat16, "cuda", seed=11)
+    L = inp.q.shape[0]
+    uvqk = torch.randn(L, 4 * h * d, device="cuda", dtype=torch.bfloat16)
+    _, v, q, k = (t.view(L, h, d) for t in torch.split(uvqk, h * d, dim=1))
+    assert q.stride(0) == 4 * h * d and not q.is_contiguous()
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
+    out = hstu_attention_cute_fwd(q, k, v, *args, HSTUCuteFwdConfig(128, 64, 2, True))
+    torch.cuda.synchronize()
+    qc, kc, vc = (t.contiguous() for t in (q, k, v))
+    ref = hstu_attention_reference(qc, kc, vc, *args).float()
+    low = hstu_attention_reference(qc, kc, vc, *args, compute_dtype=torch.bfloat16)
+    check_tolerance("out", out, ref, low, atol=2e-3 * ref.abs().max().item() + 1e-5)

@@ -78,9 +78,10 @@ def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledFwd:
 
     dt = _cutlass_dtype(key.dtype)
     rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-    row_stride = cute.sym_int(64, divisibility=8)
 
     def qkv(d: int):
+        # Each tensor has its own row stride: q/k/v may be column slices of the wider uvqk projection.
+        row_stride = cute.sym_int(64, divisibility=8)
         return make_fake_tensor(dt, (rows, heads, d), stride=(row_stride, d, 1), assumed_align=16)
 
     offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)

@@ -116,6 +116,47 @@ def key_range_for_rows(
 
 
 @triton.jit
+def query_block_setup(
+    seq_offsets,
+    num_targets,
+    H,
+    num_m_blocks,
+    contextual_seq_len,
+    max_attn_len,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+):
+    """The shared prologue of the per-query-block kernels (forward, dQ): which head, sequence, rows, keys.
+
+    Grid (sequence * head, query block); query blocks run last-first so the heaviest causal tiles start
+    early. Returns (h, seq_start, n, m_id, start_m, lo, full_end, hi).
+    """
+    pid_bh = tl.program_id(0)
+    pid_m = num_m_blocks - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
+    start_m = pid_m * BLOCK_M
+    lo, full_end, hi = key_range_for_rows(
+        start_m,
+        n,
+        hist_end,
+        m_id,
+        contextual_seq_len,
+        max_attn_len,
+        BLOCK_M,
+        BLOCK_N,
+        HAS_CONTEXT,
+        HAS_TARGETS,
+        HAS_WINDOW,
+    )
+    return h, seq_start, n, m_id, start_m, lo, full_end, hi
+
+
+@triton.jit
 def row_range_for_keys(
     start_n,
     n,

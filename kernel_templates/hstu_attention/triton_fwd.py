@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .config import HSTUFwdConfig
-from .triton_common import key_range_for_rows, seq_info, valid_mask
+from .triton_common import query_block_setup, valid_mask
 
 
 @triton.jit
@@ -86,17 +86,11 @@ def _hstu_fwd_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_m = num_m_blocks - 1 - tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
-    start_m = pid_m * BLOCK_M
-    lo, full_end, hi = key_range_for_rows(
-        start_m,
-        n,
-        hist_end,
-        m_id,
+    h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
+        seq_offsets,
+        num_targets,
+        H,
+        num_m_blocks,
         contextual_seq_len,
         max_attn_len,
         BLOCK_M,

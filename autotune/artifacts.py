@@ -59,6 +59,8 @@ ENTRY_KEYS: dict[str, tuple] = {
     "trials": (int,),
     "tuning_s": _NUM,
 }
+# Keys an entry may carry beyond ENTRY_KEYS (older artifacts lack them).
+OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {"timing": (str,)}
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 
 # (kernel, backend) -> template source files (relative to the repo root) hashed into "template_hash".
@@ -190,11 +192,12 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
     if not isinstance(entry, dict):
         raise ArtifactError(f"{where} must be an object")
     missing = set(ENTRY_KEYS) - set(entry)
-    unknown = set(entry) - set(ENTRY_KEYS)
+    unknown = set(entry) - set(ENTRY_KEYS) - set(OPTIONAL_ENTRY_KEYS)
     if missing or unknown:
         raise ArtifactError(f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
-    for k, types in ENTRY_KEYS.items():
-        _check_type(entry[k], types, f"{where}.{k}")
+    for k, types in {**ENTRY_KEYS, **OPTIONAL_ENTRY_KEYS}.items():
+        if k in entry:
+            _check_type(entry[k], types, f"{where}.{k}")
     if entry["dtype"] not in DTYPES:
         raise ArtifactError(f"{where}.dtype must be one of {DTYPES}, got {entry['dtype']!r}")
     if entry["bucket"] not in BUCKETS:

@@ -195,6 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         artifacts_root=Path(args.artifacts),
         eval_timeout_s=args.eval_timeout,
         prune=not args.no_prune,
+        cuda_graph=args.cuda_graph,
         backends=args.backends,
         plugins=list(args.plugin),
         interpret=args.interpret,
@@ -443,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backends", type=_split, default=None, help="restrict to these backends, e.g. triton")
     run.add_argument("--eval-timeout", type=float, default=60.0, help="seconds per compile/check/time request")
     run.add_argument("--no-prune", action="store_true", help="fully time every correct config")
+    run.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (no launch overhead)")
     run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
     run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")
     show = sub.add_parser("show", help="print what artifacts hold")

@@ -53,6 +53,7 @@ class TuneOptions:
     plugins: list[str] = field(default_factory=list)
     interpret: bool = False
     write_artifacts: bool = True
+    cuda_graph: bool = False  # time replays of a captured CUDA graph (no launch overhead)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class TaskResult:
     statuses: dict[str, int] = field(default_factory=dict)
     kept_default: bool = False
     error: str | None = None
+    timing: str = "do_bench"  # how median_ms was measured: "do_bench" or "do_bench+cuda_graph"
 
     def entry(self) -> dict[str, Any]:
         t = self.task
@@ -93,6 +95,7 @@ class TaskResult:
             "speedup": self.speedup,
             "trials": self.trials,
             "tuning_s": round(self.tuning_s, 2),
+            "timing": self.timing,
         }
 
 
@@ -224,7 +227,8 @@ class _Study:
 
     def _call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self.worker.task_key != self.task.study_name:
-            reply = self.worker.call({"cmd": "setup", "task": self.task.to_dict()}, self.opts.setup_timeout_s)
+            setup = {"cmd": "setup", "task": self.task.to_dict(), "cuda_graph": self.opts.cuda_graph}
+            reply = self.worker.call(setup, self.opts.setup_timeout_s)
             if reply.get("status") != "ok":
                 raise RuntimeError(f"worker could not set up {self.task.label()}: {reply.get('error')}")
             self.worker.task_key = self.task.study_name
@@ -350,7 +354,7 @@ def tune_task(
     for bname, values in warm_starts:
         s.enqueue(bname, values, "neighbour")
     s.ensure_setup()
-    result = TaskResult(task)
+    result = TaskResult(task, timing="do_bench+cuda_graph" if opts.cuda_graph else "do_bench")
     asks, dup_streak, limit, size = 0, 0, 50 * opts.n_trials + 200, s.space_size()
     while s.measured < opts.n_trials and asks < limit and len(s.seen) < size and dup_streak < 40:
         if time.time() > deadline and s.default_key in s.seen:

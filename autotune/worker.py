@@ -125,6 +125,7 @@ class _Session:
         self.ref32 = self.op.reference(self.check_inputs, torch.float32)
         self.ref_lo = self.ref32 if self.dtype == torch.float32 else self.op.reference(self.check_inputs, self.dtype)
         self.flops = self.op.flops(self.inputs)
+        self.cuda_graph = bool(msg.get("cuda_graph", False))
         self.setup_s = time.perf_counter() - t0
 
     def _config(self, msg: dict[str, Any]):
@@ -171,7 +172,8 @@ class _Session:
         from autotune import measure
 
         out = self.op.alloc_out(self.inputs)
-        return measure.bench(lambda: backend.launch(self.inputs, config, out), quick=quick)
+        launch = lambda: backend.launch(self.inputs, config, out)  # noqa: E731
+        return measure.bench(launch, quick=quick, cuda_graph=self.cuda_graph)
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
         backend, config = self._config(msg)

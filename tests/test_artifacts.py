@@ -136,3 +136,14 @@ def test_save_refuses_invalid_and_keeps_the_old_file(tmp_path):
     with pytest.raises(art.ArtifactError):
         art.save_artifact(bad, path)
     assert path.read_text() == before
+
+
+def test_optional_timing_key_is_typed_and_unknown_keys_still_fail(tmp_path):
+    path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
+    art.save_artifact(_artifact([_entry(timing="do_bench+cuda_graph")]), path)
+    assert art.load_artifact(path).entries[0]["timing"] == "do_bench+cuda_graph"
+    for bad, match in ((_entry(timing=3), "timing"), (_entry(bogus=1), "unknown keys")):
+        data = _artifact().to_dict()
+        data["entries"] = [bad]
+        with pytest.raises(art.ArtifactError, match=match):
+            art.validate_artifact(data, check_stale=False)

@@ -75,6 +75,14 @@ TEMPLATE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     ("hstu_attention_fwd", "cute"): tuple(
         f"kernel_templates/cute/{f}" for f in ("config.py", "hstu_fwd_sm90.py", "op.py")
     ),
+    ("hstu_attention_bwd", "cute"): tuple(
+        f"kernel_templates/cute/{f}"
+        for f in ("config.py", "hstu_fwd_sm90.py", "op.py", "bwd_config.py", "hstu_bwd_sm90.py", "bwd_op.py")
+    ),
+    ("gemm_silu", "cute"): tuple(
+        f"kernel_templates/gemm_silu/{f}" for f in ("config.py", "gemm_silu_sm90.py", "op.py", "reference.py")
+    ),
+    ("gemm_silu", "torch"): ("kernel_templates/gemm_silu/reference.py", "autotune/gemm_ops.py"),
 }
 
 
@@ -181,6 +189,10 @@ def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: s
         cls = HSTUFwdConfig if kernel == "hstu_attention_fwd" else HSTUBwdConfig
     elif backend == "cute" and kernel == "hstu_attention_fwd":
         from kernel_templates.cute.config import HSTUCuteFwdConfig as cls  # pure Python; no cutlass import
+    elif backend == "cute" and kernel == "hstu_attention_bwd":
+        from kernel_templates.cute.bwd_config import HSTUCuteBwdConfig as cls  # pure Python; no cutlass import
+    elif backend == "cute" and kernel == "gemm_silu":
+        from kernel_templates.gemm_silu.config import GemmSiluConfig as cls  # pure Python; no cutlass import
     if cls is not None:
         try:
             cls.from_dict(config)

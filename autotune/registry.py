@@ -36,7 +36,7 @@ from typing import Any
 
 from search_spaces.base import SearchSpace
 
-PLUGIN_MODULES: list[str] = ["autotune.hstu_ops"]
+PLUGIN_MODULES: list[str] = ["autotune.hstu_ops", "autotune.gemm_ops"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,130 @@
+"""Benchmark: CuTe sm90 GEMM + bias + SiLU vs ``F.silu(F.linear(x, W, b))`` on the uvqk projection shapes.
+
+Times each config with ``triton.testing.do_bench`` (warm-up, L2 flush between repetitions, median),
+reports TFLOP/s = 2 M N K / t, and checks every timed config against the fp32 reference with the
+project's tolerance rule (error <= 2 x PyTorch-in-dtype error + 1e-3 x max|ref|) before timing it.
+
+    python benchmarks/bench_gemm_silu.py --json runs/gemm_silu.json
+    python benchmarks/bench_gemm_silu.py --m 65536 --nk 4096x1024 --configs default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernel_templates.gemm_silu import (  # noqa: E402
+    GemmSiluConfig,
+    default_gemm_silu_config,
+    gemm_silu_flops,
+    gemm_silu_fwd,
+    gemm_silu_reference,
+    gemm_silu_torch,
+)
+
+# Hand-picked alternatives to the heuristic default (the tuner searches the full space).
+EXTRA_CONFIGS = {
+    "128x256c21": GemmSiluConfig(128, 256, 64, 2, 1, 4, "n"),
+    "192x128": GemmSiluConfig(192, 128, 64, 1, 1, 4, "n"),
+    "128x128s6": GemmSiluConfig(128, 128, 64, 1, 1, 6, "n"),
+}
+
+
+def _parse_nk(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        n, k = part.lower().split("x")
+        out.append((int(n), int(k)))
+    return out
+
+
+def check(out: torch.Tensor, ref32: torch.Tensor, ref_lo: torch.Tensor) -> tuple[bool, float, float]:
+    """(ok, error, bound) under the tolerance rule (max norm, NaN never passes)."""
+    err = (out.float() - ref32).abs().max().item()
+    bound = 2.0 * (ref_lo.float() - ref32).abs().max().item() + 1e-3 * ref32.abs().max().item()
+    return bool(torch.isfinite(out).all().item()) and err <= bound, err, bound
+
+
+def bench_shape(
+    m: int, n: int, k: int, dtype: torch.dtype, names: list[str], warmup: int, rep: int
+) -> list[dict[str, Any]]:
+    import triton.testing
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
+    w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(dtype)
+    b = (torch.randn(n, generator=g, device="cuda") * 0.5).to(dtype)
+    ref32 = gemm_silu_reference(x, w, b)
+    ref_lo = gemm_silu_torch(x, w, b)
+    flops = gemm_silu_flops(m, n, k)
+    rows: list[dict[str, Any]] = []
+
+    def record(name: str, config: dict | None, fn, out: torch.Tensor) -> None:
+        ok, err, bound = check(out, ref32, ref_lo)
+        row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "name": name, "config": config}
+        row.update(correct=ok, max_err=err, bound=bound)
+        if ok:
+            ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+            row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+        rows.append(row)
+        tf = f"{row['tflops']:7.1f} TFLOP/s  {row['ms']:.3f} ms" if ok else "INCORRECT (not timed)"
+        print(f"  {name:14s} {tf}  err {err:.2e} <= {bound:.2e}", flush=True)
+
+    print(f"M={m} N={n} K={k} {dtype}", flush=True)
+    record("torch", None, lambda: gemm_silu_torch(x, w, b), ref_lo)
+    out = torch.empty(m, n, dtype=dtype, device="cuda")
+    for name in names:
+        cfg = default_gemm_silu_config(m, n, k) if name == "default" else EXTRA_CONFIGS[name]
+        out.fill_(float("nan"))
+        try:
+            t0 = time.perf_counter()
+            gemm_silu_fwd(x, w, b, cfg, out=out)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - report and go on with the other configs
+            rows.append({"m": m, "n": n, "k": k, "name": name, "config": cfg.to_dict(), "error": repr(e)[:500]})
+            print(f"  {name:14s} FAILED: {e!r}"[:300], flush=True)
+            continue
+        record(name, cfg.to_dict(), lambda cfg=cfg: gemm_silu_fwd(x, w, b, cfg, out=out), out)
+        rows[-1]["first_call_s"] = compile_s
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--m", default="32768,65536,131072", help="token counts M, comma-separated")
+    p.add_argument("--nk", default="4096x1024,1024x4096", help="N x K pairs, comma-separated")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--configs", default="default," + ",".join(EXTRA_CONFIGS), help="default and/or extra names")
+    p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up (ms)")
+    p.add_argument("--rep", type=int, default=50, help="do_bench repetitions (ms)")
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("bench_gemm_silu: needs an sm90 (Hopper) GPU", file=sys.stderr)
+        return 2
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    dtype = getattr(torch, args.dtype)
+    rows: list[dict[str, Any]] = []
+    for n, k in _parse_nk(args.nk):
+        for m in (int(v) for v in args.m.split(",")):
+            rows += bench_shape(m, n, k, dtype, names, args.warmup, args.rep)
+            torch.cuda.empty_cache()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0 if all(r.get("correct") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,352 @@
+"""CuTe DSL template: ``y = silu(x @ W^T + b)`` for Hopper (sm90), TMA + wgmma, warp-specialised.
+
+One CTA per (tile_m x tile_n) output tile. Warpgroup 0 is the producer: one warp issues TMA loads
+(cp.async.bulk.tensor, multicast across the cluster when cluster_m/cluster_n > 1) of the x and W
+k-tiles into a ``num_stages`` shared-memory ring guarded by mbarriers. The other warpgroups are the
+consumers: they run wgmma on the ring into an fp32 accumulator (one wgmma group in flight, the
+previous stage released as soon as its group retires), then the epilogue adds the bias (staged once
+per tile in shared memory as fp32) and applies SiLU in fp32 on the accumulator fragment, converts to
+the input dtype, writes (tile_m x 32) sub-tiles to shared memory with stmatrix and drains them to
+global memory with TMA stores (double-buffered).
+
+Ragged shapes: M (jagged token count) is dynamic and needs no tile multiple: TMA loads zero-fill rows
+past M and TMA stores clip them; the same holds for N and K tails (multiples of 8 for 16-byte rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from .config import EPI_N, EPI_STAGES, REGS, GemmSiluConfig
+
+LOG2E = math.log2(math.e)
+EPI_BARRIER = 1  # named barrier id of the MMA warpgroups (0 is __syncthreads)
+
+
+class GemmSiluSm90:
+    """Builds and launches the kernel for one (config, dtype, bias or not); N and K are static."""
+
+    def __init__(self, config: GemmSiluConfig, dtype: type[cutlass.Numeric], has_bias: bool) -> None:
+        self.cfg = config
+        self.dtype = dtype
+        self.has_bias = has_bias
+        self.tile_m, self.tile_n, self.tile_k = config.tile_m, config.tile_n, config.tile_k
+        self.cluster_mn = (config.cluster_m, config.cluster_n)
+        self.num_stages = config.num_stages
+        self.num_wg = config.mma_warpgroups
+        self.num_mma_threads = 128 * self.num_wg
+        self.num_threads = 128 * (self.num_wg + 1)
+        self.mma_regs, self.producer_regs = REGS[self.num_wg]
+        self.epi_tile = (self.tile_m, EPI_N)
+        self.raster_n = config.raster == "n"
+
+    # ------------------------------------------------------------------ host side (tracing)
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mBias: cute.Tensor, mC: cute.Tensor, stream: cuda.CUstream):
+        tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.K,
+            Float32,
+            (self.num_wg, 1, 1),
+            (64, self.tile_n),
+        )
+        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_mnk, self.dtype, self.num_stages)
+        sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, self.dtype, self.num_stages)
+        sC_layout = sm90_utils.make_smem_layout_epi(self.dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, EPI_STAGES)
+        cm, cn = self.cluster_mn
+        # x tiles are shared by the cluster_n CTAs of a cluster row, W tiles by the cluster_m CTAs of a column.
+        op_a = cpasync.CopyBulkTensorTileG2SMulticastOp() if cn > 1 else cpasync.CopyBulkTensorTileG2SOp()
+        op_b = cpasync.CopyBulkTensorTileG2SMulticastOp() if cm > 1 else cpasync.CopyBulkTensorTileG2SOp()
+        sA_one = cute.slice_(sA_layout, (None, None, 0))
+        sB_one = cute.slice_(sB_layout, (None, None, 0))
+        tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(op_a, mA, sA_one, (self.tile_m, self.tile_k), num_multicast=cn)
+        tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(op_b, mB, sB_one, (self.tile_n, self.tile_k), num_multicast=cm)
+        tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), self.epi_tile
+        )
+        self.tx_bytes = cute.size_in_bytes(self.dtype, sA_one) + cute.size_in_bytes(self.dtype, sB_one)
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sBias: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_n], 16]
+            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sB_layout)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sC_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        m = cute.size(mA, mode=[0])
+        n = cute.size(mB, mode=[0])
+        tiles_m = (m + self.tile_m - 1) // self.tile_m
+        tiles_n = (n + self.tile_n - 1) // self.tile_n
+        # Whole clusters: CTAs past M or N only load zeros (TMA fill) and store nothing (TMA clip).
+        grid_m = (tiles_m + cm - 1) // cm * cm
+        grid_n = (tiles_n + cn - 1) // cn * cn
+        self.kernel(
+            tma_atom_a,
+            tma_a,
+            tma_atom_b,
+            tma_b,
+            tma_atom_c,
+            tma_c,
+            mBias,
+            tiled_mma,
+            cute.make_layout((cm, cn, 1)),
+            sA_layout,
+            sB_layout,
+            sC_layout,
+        ).launch(
+            grid=[grid_m, grid_n, 1],
+            block=[self.num_threads, 1, 1],
+            cluster=[cm, cn, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC: cute.Tensor,
+        mBias: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        cta_layout_mnk: cute.Layout,
+        sA_layout: cute.ComposedLayout,
+        sB_layout: cute.ComposedLayout,
+        sC_layout: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_c)
+        pid_m, pid_n = self.tile_coords(cute.size(mA, mode=[0]), cute.size(mB, mode=[0]))
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        cm, cn = self.cluster_mn
+        # Each consumer warp releases a stage to every CTA that multicast into it (its row and column).
+        mcast_size = cm + cn - 1
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * (self.num_mma_threads // 32))
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
+
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sBias = storage.sBias.get_tensor(cute.make_layout(self.tile_n))
+        gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (pid_m, None))
+        gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (pid_n, None))
+        gC = cute.local_tile(mC, (self.tile_m, self.tile_n), (pid_m, pid_n))
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(tma_atom_a, tma_atom_b, gA, gB, sA, sB, pipe, cta_layout_mnk, cluster_coord)
+        else:
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            mma_tidx = tidx - 128
+            self.stage_bias(mBias, sBias, pid_n, cute.size(mB, mode=[0]), mma_tidx)
+            acc = self.mainloop(tiled_mma, sA, sB, pipe, mma_tidx, cute.size(gA, mode=[2]))
+            self.epilogue(tiled_mma, acc, sBias, sC, gC, tma_atom_c, mma_tidx, warp_idx == 4)
+
+    @cute.jit
+    def tile_coords(self, m: Int32, n: Int32):
+        """(pid_m, pid_n) of this CTA; clusters are walked in the raster order ("n": N tiles fastest)."""
+        bidx, bidy, _ = cute.arch.block_idx()
+        cm, cn = self.cluster_mn
+        pid_m = bidx
+        pid_n = bidy
+        if const_expr(self.raster_n):
+            clusters_m = ((m + self.tile_m - 1) // self.tile_m + cm - 1) // cm
+            clusters_n = ((n + self.tile_n - 1) // self.tile_n + cn - 1) // cn
+            linear = bidx // cm + clusters_m * (bidy // cn)
+            pid_m = (linear // clusters_n) * cm + bidx % cm
+            pid_n = (linear % clusters_n) * cn + bidy % cn
+        return pid_m, pid_n
+
+    @cute.jit
+    def load(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        tma_atom_b: cute.CopyAtom,
+        gA: cute.Tensor,
+        gB: cute.Tensor,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        pipe: pipeline.PipelineTmaAsync,
+        cta_layout_mnk: cute.Layout,
+        cluster_coord: tuple,
+    ):
+        """Producer warp: TMA (multicast) loads of the x and W k-tiles into the stage ring."""
+        cm, cn = self.cluster_mn
+        a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
+        b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, cluster_coord[1], a_cta_layout, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, cluster_coord[0], b_cta_layout, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for kt in cutlass.range(cute.size(gA, mode=[2]), unroll=1):
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            if const_expr(cn > 1):
+                mask_a = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1)
+                cute.copy(tma_atom_a, tAgA[None, kt], tAsA[None, state.index], tma_bar_ptr=bar, mcast_mask=mask_a)
+            else:
+                cute.copy(tma_atom_a, tAgA[None, kt], tAsA[None, state.index], tma_bar_ptr=bar)
+            if const_expr(cm > 1):
+                mask_b = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0)
+                cute.copy(tma_atom_b, tBgB[None, kt], tBsB[None, state.index], tma_bar_ptr=bar, mcast_mask=mask_b)
+            else:
+                cute.copy(tma_atom_b, tBgB[None, kt], tBsB[None, state.index], tma_bar_ptr=bar)
+            pipe.producer_commit(state)
+            state.advance()
+        # Stay resident until every consumer (local and remote) released every stage.
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def stage_bias(self, mBias: cute.Tensor, sBias: cute.Tensor, pid_n: Int32, n: Int32, mma_tidx: Int32):
+        """bias[n0 : n0 + tile_n] as fp32 in shared memory (zeros past N or without bias)."""
+        n0 = pid_n * self.tile_n
+        for i in cutlass.range_constexpr((self.tile_n + self.num_mma_threads - 1) // self.num_mma_threads):
+            j = mma_tidx + i * self.num_mma_threads
+            if j < self.tile_n:
+                v = Float32(0.0)
+                if const_expr(self.has_bias):  # noqa: SIM102 (compile-time test around a staged one)
+                    if n0 + j < n:
+                        v = mBias[n0 + j].to(Float32)
+                sBias[j] = v
+
+    @cute.jit
+    def mainloop(
+        self,
+        tiled_mma: cute.TiledMma,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        pipe: pipeline.PipelineTmaAsync,
+        mma_tidx: Int32,
+        k_tiles: cutlass.Constexpr,
+    ) -> cute.Tensor:
+        """acc = x_tile @ W_tile^T over all k-tiles; one wgmma group in flight, stages released in order."""
+        wg_idx = cute.arch.make_warp_uniform(mma_tidx // 128)
+        wg_mma = tiled_mma.get_slice(wg_idx * 128)
+        tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(wg_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        # Zero-filled once, ACCUMULATE always on: field updates inside staged loops are not threaded out.
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        num_kb = cute.size(tCrA, mode=[2])
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        pipe.consumer_wait(read)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(num_kb):
+            cute.gemm(tiled_mma, acc, tCrA[None, None, kb, read.index], tCrB[None, None, kb, read.index], acc)
+        warpgroup.commit_group()
+        read.advance()
+        for _kt in cutlass.range(1, k_tiles, unroll=1):
+            pipe.consumer_wait(read)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(num_kb):
+                cute.gemm(tiled_mma, acc, tCrA[None, None, kb, read.index], tCrB[None, None, kb, read.index], acc)
+            warpgroup.commit_group()
+            # The previous k-tile's group has retired: its stage can be refilled.
+            warpgroup.wait_group(1)
+            pipe.consumer_release(release)
+            release.advance()
+            read.advance()
+        warpgroup.wait_group(0)
+        pipe.consumer_release(release)
+        return acc
+
+    @cute.jit
+    def epilogue(
+        self,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        sBias: cute.Tensor,
+        sC: cute.Tensor,
+        gC: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mma_tidx: Int32,
+        is_store_warp: cutlass.Boolean,
+    ):
+        """acc + bias, SiLU in fp32, convert, stmatrix to smem, TMA-store (tile_m x 32) sub-tiles."""
+        cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)  # sBias is staged
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            # silu(v) = v sigmoid(v) = h + h tanh(h), h = v / 2: one MUFU op (tanh.approx) per element.
+            h = (acc[i] + sBias[tCcC[i][1]]) * Float32(0.5)
+            acc[i] = h + h * cute.math.tanh(h, fastmath=True)
+
+        copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
+            LayoutEnum.ROW_MAJOR, elem_ty_d=self.dtype, elem_ty_acc=Float32
+        )
+        copy_atom_c = cute.make_copy_atom(warp.StMatrix8x8x16bOp(False, 4), self.dtype)
+        tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
+        thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
+        tRS_sD = thr_copy_r2s.partition_D(sC)
+        tRS_rAcc = tiled_copy_r2s.retile(acc)
+        rD_layout = cute.make_layout(cute.shape(thr_copy_r2s.partition_S(sC))[:3])
+        tRS_rD = cute.make_rmem_tensor_like(rD_layout, Float32)
+        size_rD = cute.size(tRS_rD)
+
+        gC_epi = cute.zipped_divide(gC, self.epi_tile)
+        bSG_sD, bSG_gD = cpasync.tma_partition(tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi)
+        epi_shape = gC_epi.shape[1]
+        epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=EPI_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+        )
+        for e in cutlass.range_constexpr(cute.size(gC_epi, mode=[1])):
+            for v in cutlass.range_constexpr(size_rD):
+                tRS_rD[v] = tRS_rAcc[e * size_rD + v]
+            rOut = cute.make_rmem_tensor_like(rD_layout, self.dtype)
+            rOut.store(tRS_rD.load().to(self.dtype))
+            buf = e % EPI_STAGES
+            cute.copy(tiled_copy_r2s, rOut, tRS_sD[None, None, None, buf])
+            # Make the generic-proxy smem writes visible to the TMA (async proxy), then one warp stores.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+            if is_store_warp:
+                cute.copy(tma_atom_c, bSG_sD[None, buf], bSG_gD[None, epi_order.get_hier_coord(e)])
+                store_pipe.producer_commit()
+                store_pipe.producer_acquire()
+            cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+        if is_store_warp:
+            store_pipe.producer_tail()

@@ -1,0 +1,287 @@
+"""CuTe DSL GEMM + bias + SiLU (sm90): compiles on CPU (CUTE_DSL_ARCH=sm_90a), matches the reference on GPU.
+
+CPU: a grid of configs (tiles, k-tiles, clusters with TMA multicast, rasters, dtypes, no bias, K and N
+tails) compiles from fake tensors; the PTX must hold wgmma, TMA loads/stores and tanh.approx (the
+fused SiLU) so a slow fallback cannot slip in; bad configs and bad inputs fail with ValueErrors that
+name the culprit, before compiling; the search space admits only configs the launcher accepts; the
+tuner op is registered. GPU: against the fp32 reference with the project's tolerance rule, M not a
+tile multiple, M = 1, bf16 and fp16, several configs, and the autograd gradients.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_ptx_"))
+
+from kernel_templates.gemm_silu import (  # noqa: E402
+    GemmSiluConfig,
+    GemmSiluKey,
+    check_gemm_silu_config,
+    default_gemm_silu_config,
+    gemm_silu,
+    gemm_silu_reference,
+    smem_bytes,
+    validate_gemm_silu_inputs,
+)
+from kernel_templates.gemm_silu.op import _CACHE  # noqa: E402
+from kernel_templates.gemm_silu.reference import silu_grad  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+C = GemmSiluConfig
+BF16 = torch.bfloat16
+
+# (config, dtype, N, K, bias): the CPU compile grid (~1 s per compile).
+COMPILE_GRID = [
+    (C(128, 256, 64, 1, 1, 4, "n"), "bfloat16", 4096, 1024, True),
+    (C(128, 256, 64, 2, 1, 4, "n"), "bfloat16", 4096, 1024, True),
+    (C(128, 128, 64, 1, 2, 5, "m"), "float16", 4096, 1024, True),
+    (C(128, 128, 64, 2, 2, 4, "n"), "bfloat16", 1024, 4096, False),
+    (C(64, 128, 64, 1, 1, 6, "n"), "bfloat16", 4096, 1024, True),
+    (C(192, 128, 64, 1, 1, 4, "n"), "bfloat16", 4096, 1024, True),
+    (C(128, 192, 32, 1, 1, 6, "n"), "bfloat16", 4096, 1000, True),
+    (C(128, 96, 128, 1, 1, 3, "n"), "float16", 1000, 1024, True),
+    (C(192, 64, 64, 1, 2, 6, "m"), "float16", 1024, 512, True),
+]
+
+
+def _id(case) -> str:
+    c, dt, n, k, b = case
+    tile = f"{c.tile_m}x{c.tile_n}x{c.tile_k}c{c.cluster_m}{c.cluster_n}s{c.num_stages}{c.raster}"
+    return f"{tile}-{dt}-n{n}k{k}b{int(b)}"
+
+
+@pytest.mark.parametrize("case", COMPILE_GRID, ids=_id)
+def test_compiles_with_tma_and_wgmma(case):
+    pytest.importorskip("cutlass")
+    from kernel_templates.gemm_silu import compile_gemm_silu
+
+    cfg, dtype, n, k, bias = case
+    compiled = compile_gemm_silu(GemmSiluKey(cfg, dtype, n, k, bias), keep_ptx=True)
+    ptx = compiled.ptx
+    assert ptx, "no PTX was produced"
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx  # TMA loads and the TMA store of the epilogue
+    assert "tanh.approx" in ptx  # SiLU fused in the epilogue
+    assert "setmaxnreg" in ptx  # warp-specialised register split
+    if cfg.cluster_size > 1:
+        assert "multicast" in ptx
+    assert compile_gemm_silu(GemmSiluKey(cfg, dtype, n, k, bias)) is compiled
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(tile_m=96), "tile_m"),
+        (dict(tile_m=256), "tile_m"),
+        (dict(tile_n=48), "tile_n"),
+        (dict(tile_k=16), "tile_k"),
+        (dict(cluster_m=4), "cluster_m"),
+        (dict(cluster_n=0), "cluster_n"),
+        (dict(num_stages=1), "num_stages"),
+        (dict(num_stages=True), "num_stages"),
+        (dict(raster="x"), "raster"),
+    ],
+)
+def test_config_rejects_bad_fields(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        GemmSiluConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "cfg, n, k, match",
+    [
+        (C(192, 256, 128, 1, 1, 4), 4096, 1024, "shared memory"),
+        (C(192, 256, 64, 1, 1, 2), 4096, 1024, "registers"),
+        (C(), 4100, 1024, "N"),
+        (C(), 4096, 1020, "K"),
+    ],
+)
+def test_infeasible_configs_fail_before_compiling(cfg, n, k, match):
+    before = len(_CACHE)
+    with pytest.raises(ValueError, match=match):
+        check_gemm_silu_config(cfg, n, k)
+    from kernel_templates.gemm_silu import compile_gemm_silu
+
+    with pytest.raises(ValueError, match=match):
+        compile_gemm_silu(GemmSiluKey(cfg, "bfloat16", n, k, True))
+    assert len(_CACHE) == before
+
+
+def test_config_round_trip_and_default():
+    cfg = C(64, 128, 32, 2, 1, 6, "m")
+    assert GemmSiluConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown fields"):
+        GemmSiluConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+    for m, n, k in [(131072, 4096, 1024), (65536, 1024, 4096), (1, 4096, 1024), (300, 96, 64)]:
+        d = default_gemm_silu_config(m, n, k)
+        check_gemm_silu_config(d, n, k)
+        assert smem_bytes(d) <= 227 * 1024
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: (torch.zeros(4, 64), torch.zeros(64, 64), None), "x must be bfloat16 or float16"),
+        (lambda: (torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.float16), None), "weight"),
+        (lambda: (torch.zeros(4, 64, 1, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), None), "x"),
+        (lambda: (torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 32, dtype=torch.bfloat16), None), "weight"),
+        (lambda: (torch.zeros(4, 60, dtype=torch.bfloat16), torch.zeros(64, 60, dtype=torch.bfloat16), None), "K"),
+        (lambda: (torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(60, 64, dtype=torch.bfloat16), None), "N"),
+        (lambda: (torch.zeros(4, 64, dtype=BF16), torch.zeros(64, 64, dtype=BF16), torch.zeros(8)), "bias"),
+    ],
+)
+def test_bad_inputs_raise_naming_the_argument(make, match):
+    x, w, b = make()
+    with pytest.raises(ValueError, match=match):
+        validate_gemm_silu_inputs(x, w, b)
+    with pytest.raises(ValueError, match=match):
+        gemm_silu(x, w, b)
+
+
+def test_bad_out_and_config_raise():
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    w = torch.zeros(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out"):
+        gemm_silu(x, w, None, out=torch.zeros(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="config"):
+        gemm_silu(x, w, None, config={"tile_m": 128})
+
+
+def test_reference_matches_definition_and_grad():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(33, 64, generator=g, dtype=torch.float64)
+    w = torch.randn(48, 64, generator=g, dtype=torch.float64) / 8
+    b = torch.randn(48, generator=g, dtype=torch.float64)
+    pre = x @ w.t() + b
+    want = pre / (1 + torch.exp(-pre))
+    got = gemm_silu_reference(x, w, b)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    low = gemm_silu_reference(x.bfloat16(), w.bfloat16(), b.bfloat16(), torch.bfloat16)
+    assert low.dtype == torch.bfloat16 and torch.allclose(low.double(), want, atol=0.1)
+    p = pre.clone().requires_grad_(True)
+    torch.nn.functional.silu(p).sum().backward()
+    assert torch.allclose(silu_grad(pre).double(), p.grad, atol=1e-6)
+
+
+def test_search_space_admits_only_valid_configs():
+    from autotune.gpus import GPUS
+    from search_spaces.base import SpaceContext
+    from search_spaces.gemm_silu_cute import GEMM_SILU_CUTE, gemm_dims
+
+    for d in (128, 256):
+        ctx = SpaceContext(GPUS["h100"], "bfloat16", d, d, 4096)
+        feasible = GEMM_SILU_CUTE.prune(ctx)
+        assert feasible
+        assert GEMM_SILU_CUTE.why_infeasible(GEMM_SILU_CUTE.default(ctx), ctx) is None
+        n, k = gemm_dims(ctx)
+        for c in feasible:
+            check_gemm_silu_config(c, 4 * n, 4 * k)
+    assert GEMM_SILU_CUTE.prune(SpaceContext(GPUS["a100"], "bfloat16", 256, 256, 4096)) == []
+    assert GEMM_SILU_CUTE.prune(SpaceContext(GPUS["h100"], "float32", 256, 256, 4096)) == []
+
+
+def test_tuner_op_is_registered():
+    from autotune.registry import backends_for, get_op, load_plugins
+    from autotune.tasks import Task
+
+    load_plugins()
+    op = get_op("gemm_silu")
+    assert {b.name for b in backends_for("gemm_silu", available_only=False)} == {"cute", "torch"}
+    task = Task("gemm_silu", "h100", "float32", 32, 32, 2, 256, "uniform", batch=2, seq_cap=16)
+    inputs = op.make_inputs(task, [16, 5], 0, "cpu", torch.float32)
+    assert inputs["x"].shape == (21, 64) and inputs["weight"].shape == (256, 64) and inputs["bias"].shape == (256,)
+    assert op.flops(inputs) == 2 * 21 * 256 * 64
+    torch_backend = next(b for b in backends_for("gemm_silu", available_only=False) if b.name == "torch")
+    out = op.alloc_out(inputs)
+    (y,) = torch_backend.launch(inputs, torch_backend.space.default(None), out)
+    assert torch.allclose(y, op.reference(inputs, torch.float32)[0], atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0, bias: bool = True):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to("cuda", dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.5).to("cuda", dtype) if bias else None
+    return x, w, b
+
+
+def _check(m, n, k, dtype, cfg, bias=True, seed=0):
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    x, w, b = _inputs(m, n, k, dtype, seed, bias)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    gemm_silu(x, w, b, config=cfg, out=out)
+    torch.cuda.synchronize()
+    ref = gemm_silu_reference(x, w, b)
+    low = gemm_silu_reference(x, w, b, compute_dtype=dtype)
+    scale = ref.abs().max().item() if ref.numel() else 1.0
+    check_tolerance("out", out, ref, low, atol=1e-3 * scale + 1e-5)
+
+
+gpu = pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m", [1, 77, 1000, 4096 + 45])
+def test_gpu_default_config(m, dtype):
+    _check(m, 4096, 1024, dtype, None)
+
+
+GPU_GRID = [
+    (C(128, 256, 64, 2, 1, 4, "n"), "bfloat16", 4096, 1024, True),
+    (C(128, 128, 64, 1, 2, 5, "m"), "bfloat16", 1024, 4096, True),
+    (C(128, 128, 64, 2, 2, 4, "n"), "bfloat16", 1024, 1024, False),
+    (C(64, 128, 64, 1, 1, 6, "n"), "bfloat16", 512, 256, True),
+    (C(192, 128, 64, 1, 1, 4, "n"), "bfloat16", 1024, 512, True),
+    (C(192, 64, 64, 1, 2, 6, "m"), "float16", 1024, 512, True),
+    (C(128, 192, 32, 1, 1, 6, "n"), "bfloat16", 1000, 1000, True),
+    (C(128, 96, 128, 1, 1, 3, "n"), "bfloat16", 520, 1032, True),
+]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", GPU_GRID, ids=_id)
+def test_gpu_configs(case):
+    cfg, dtype, n, k, bias = case
+    _check(1337, n, k, getattr(torch, dtype), cfg, bias=bias, seed=3)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_empty_m():
+    x, w, b = _inputs(0, 256, 128, torch.bfloat16)
+    assert gemm_silu(x, w, b).shape == (0, 256)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpu_autograd(bias):
+    x, w, b = _inputs(300, 512, 256, torch.bfloat16, seed=5, bias=bias)
+    leaves = [t.requires_grad_(True) for t in (x, w, b) if t is not None]
+    y = gemm_silu(x, w, b)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    ref_leaves = [t.detach().float().requires_grad_(True) for t in leaves]
+    ref = gemm_silu_reference(*ref_leaves, *([] if bias else [None]))
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dy.float())
+    low_leaves = [t.detach().requires_grad_(True) for t in leaves]
+    low = gemm_silu_reference(*low_leaves, *([] if bias else [None]), compute_dtype=torch.bfloat16)
+    low_grads = torch.autograd.grad(low, low_leaves, dy)
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    for name, g, r, lo in zip(("dx", "dw", "db"), grads, ref_grads, low_grads, strict=False):
+        check_tolerance(name, g, r, lo, atol=1e-2 * r.abs().max().item() + 1e-4)

@@ -56,11 +56,12 @@ BACKENDS: dict[str, Backend] = {
         fwd_config="kernel_templates.hstu_attention.config:HSTUFwdConfig",
         bwd_config="kernel_templates.hstu_attention.config:HSTUBwdConfig",
     ),
-    # CuTe DSL forward; launcher signature as the Triton one plus ``sm_count``. Backward: Triton.
+    # CuTe DSL forward and backward; launcher signatures as the Triton ones (fwd: plus ``sm_count``).
     "cute": Backend(
         fwd="kernel_templates.cute:hstu_attention_cute_fwd",
-        bwd=None,
+        bwd="kernel_templates.cute:hstu_attention_cute_bwd",
         fwd_config="kernel_templates.cute:HSTUCuteFwdConfig",
+        bwd_config="kernel_templates.cute:HSTUCuteBwdConfig",
         requires=("cutlass",),
         needs_cuda=True,
     ),

@@ -12,13 +12,14 @@ from autotune.artifacts import TEMPLATE_SOURCES
 from autotune.registry import Backend, Op, register_backend, register_op
 from autotune.tasks import MASKS
 from kernel_templates.hstu_attention import hstu_attention_flops, hstu_attention_reference
-from search_spaces.hstu_attention_cute import HSTU_FWD_CUTE
+from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE, HSTU_FWD_CUTE
 from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON
 
 # The template files hashed into artifacts: one table, in autotune.artifacts, shared with dispatch.
 TRITON_FWD_FILES = TEMPLATE_SOURCES[("hstu_attention_fwd", "triton")]
 TRITON_BWD_FILES = TEMPLATE_SOURCES[("hstu_attention_bwd", "triton")]
 CUTE_FWD_FILES = TEMPLATE_SOURCES[("hstu_attention_fwd", "cute")]
+CUTE_BWD_FILES = TEMPLATE_SOURCES[("hstu_attention_bwd", "cute")]
 
 
 def make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:
@@ -111,8 +112,16 @@ def launch_cute_fwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
     return (hstu_attention_cute_fwd(i["q"], i["k"], i["v"], *_args(i), config, out=out[0] if out else None),)
 
 
+def launch_cute_bwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
+    from kernel_templates.cute import hstu_attention_cute_bwd
+
+    i = inputs
+    args = (i["do"], i["q"], i["k"], i["v"], *_args(i))
+    return tuple(hstu_attention_cute_bwd(*args, config=config, out=out, validate=False))
+
+
 def cute_available() -> str | None:
-    """The CuTe DSL forward needs the package and a Hopper (sm90) GPU at run time."""
+    """The CuTe DSL kernels need the package and a Hopper (sm90) GPU at run time."""
     import importlib.util
 
     if importlib.util.find_spec("cutlass") is None:
@@ -208,6 +217,16 @@ register_backend(
         HSTU_FWD_CUTE,
         launch_cute_fwd,
         CUTE_FWD_FILES,
+        available=cute_available,
+    )
+)
+register_backend(
+    Backend(
+        "hstu_attention_bwd",
+        "cute",
+        HSTU_BWD_CUTE,
+        launch_cute_bwd,
+        CUTE_BWD_FILES,
         available=cute_available,
     )
 )

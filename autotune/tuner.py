@@ -143,6 +143,17 @@ def space_context(task: Task, interpret: bool) -> SpaceContext:
     return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret)
 
 
+def study_name(task: Task, backends: list[str]) -> str:
+    """The task's study name plus a digest of what its trials measured (backends, template sources, spaces).
+
+    A resumed run reuses the study only while the measured code is the same; an edited template or
+    space starts a fresh study instead of trusting timings of code that no longer exists.
+    """
+    parts = [search_space_hash(task.kernel)]
+    parts += [f"{b}:{art.current_template_hash(task.kernel, b)}" for b in sorted(backends)]
+    return f"{task.study_name}|src{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:12]}"
+
+
 def search_space_hash(kernel: str) -> str:
     """One hash over every registered backend's space of ``kernel``."""
     parts = [f"{b.name}:{b.space.hash()}" for b in backends_for(kernel, available_only=False)]
@@ -193,7 +204,7 @@ class _Study:
             n: _choices(b, self.ctx, self.default_values if b is first else {}) for n, b in self.backends.items()
         }
         self.study = optuna.create_study(
-            study_name=task.study_name,
+            study_name=study_name(task, list(self.backends)),
             storage=storage,
             sampler=make_sampler(opts.sampler, opts.seed, opts.n_trials),
             pruner=optuna.pruners.PercentilePruner(opts.prune_percentile, n_startup_trials=3, n_warmup_steps=0),

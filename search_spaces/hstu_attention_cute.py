@@ -1,14 +1,24 @@
-"""Search space of the CuTe DSL (sm90, TMA + wgmma) HSTU attention forward.
+"""Search spaces of the CuTe DSL (sm90, TMA + wgmma) HSTU attention forward and backward.
 
 Rules reject, before any compile: non-Hopper targets, head dims the template does not take, shared
 memory over the GPU's per-block limit (Q tile + stages x (K + V) tiles), register budgets the
 setmaxnreg split cannot give the MMA warpgroups, and wgmma shape violations (N multiple of 16 for
 the P V k-steps, M of 64 per warpgroup). ``kernel_templates.cute.config.check_fwd_config`` is the
-same check used by the launcher, so a config the space admits never fails there.
+same check used by the launcher, so a config the space admits never fails there. The backward space
+(``HSTU_BWD_CUTE``) mirrors ``kernel_templates.cute.bwd_config.check_bwd_config`` the same way.
 """
 
 from __future__ import annotations
 
+from kernel_templates.cute.bwd_config import (
+    BWD_MMA_REGS,
+    BWD_REG_OVERHEAD,
+    HSTUCuteBwdConfig,
+    bwd_accumulator_regs,
+    bwd_smem_bytes,
+    default_cute_bwd_config,
+    wgmma_split,
+)
 from kernel_templates.cute.config import (
     CUTE_HEAD_DIMS,
     SMEM_RESERVED_BYTES,
@@ -96,3 +106,63 @@ def _default(ctx: SpaceContext) -> HSTUCuteFwdConfig:
 
 FWD_RULES = (hopper_only, head_dims_supported, wgmma_shapes, tile_fits_length, fits_smem, fits_registers, pipelined)
 HSTU_FWD_CUTE = SearchSpace("hstu_attention_fwd/cute", HSTUCuteFwdConfig, FWD_PARAMS, FWD_RULES, _default)
+
+
+# --------------------------------------------------------------------------------------------------
+# Backward (one CTA per key block; dK/dV in registers, dQ by TMA reduce-add)
+# --------------------------------------------------------------------------------------------------
+BWD_PARAMS: dict[str, tuple] = {
+    "block_m": (64, 128),
+    "block_n": (64, 128),
+    "num_stages": (1, 2, 3),
+}
+
+
+def bwd_wgmma_shapes(c, ctx: SpaceContext) -> str | None:
+    """64-row wgmma slices split over the MMA warpgroups; N a multiple of 16 and at most 256."""
+    for (m_split, n_split), n_total in zip(wgmma_split(c), (c.block_n, ctx.dqk, ctx.dqk), strict=True):
+        if m_split * n_split != c.mma_warpgroups or n_total % n_split or (n_total // n_split) % 16:
+            return f"tile {c.block_m}x{c.block_n} breaks wgmma shapes for D={ctx.dqk}"
+        if n_total // n_split > 256:
+            return f"wgmma N {n_total // n_split} > 256"
+    return None
+
+
+def bwd_fits_smem(c, ctx: SpaceContext) -> str | None:
+    """Q/dO stages + K/V + P/dS (16 bit) + the fp32 dQ partial tile."""
+    need = bwd_smem_bytes(c, ctx.dqk, ctx.dv, ctx.elem_bytes)
+    if need > ctx.gpu.smem_per_block:
+        return f"shared memory {need // 1024} KB > {ctx.gpu.smem_per_block // 1024} KB"
+    return None
+
+
+def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
+    """dK + dV (fp32, whole CTA) + max(S/dsilu + dP + P, dQ partial) + addressing, per MMA thread."""
+    regs = bwd_accumulator_regs(c, ctx.dqk, ctx.dv) + BWD_REG_OVERHEAD
+    budget = BWD_MMA_REGS[c.mma_warpgroups]
+    if regs > budget:
+        return f"~{regs} registers per MMA thread > {budget}"
+    return None
+
+
+def bwd_pipelined(c, ctx: SpaceContext) -> str | None:
+    """One Q/dO stage only where two do not fit (the producer cannot run ahead with one)."""
+    if c.num_stages == 1 and bwd_fits_smem(HSTUCuteBwdConfig(c.block_m, c.block_n, 2), ctx) is None:
+        return "num_stages=1 while 2 stages fit"
+    return None
+
+
+def _bwd_default(ctx: SpaceContext) -> HSTUCuteBwdConfig:
+    return default_cute_bwd_config(ctx.dqk, ctx.dv)
+
+
+BWD_RULES = (
+    hopper_only,
+    head_dims_supported,
+    tile_fits_length,
+    bwd_wgmma_shapes,
+    bwd_fits_smem,
+    bwd_fits_registers,
+    bwd_pipelined,
+)
+HSTU_BWD_CUTE = SearchSpace("hstu_attention_bwd/cute", HSTUCuteBwdConfig, BWD_PARAMS, BWD_RULES, _bwd_default)

@@ -32,7 +32,9 @@ def _opts(tmp_path, **kw) -> TuneOptions:
 
 
 def _trials(tmp_path, task: Task) -> list[optuna.trial.FrozenTrial]:
-    study = optuna.load_study(study_name=task.study_name, storage=make_storage(None, task.gpu, tmp_path))
+    names = optuna.get_all_study_names(make_storage(None, task.gpu, tmp_path))
+    name = next(n for n in names if n.startswith(task.study_name + "|src"))
+    study = optuna.load_study(study_name=name, storage=make_storage(None, task.gpu, tmp_path))
     return study.get_trials(deepcopy=False)
 
 
@@ -98,3 +100,15 @@ def test_interrupted_study_resumes_where_it_stopped(tmp_path):
     for t in measured:  # every compiled trial carries its report and check
         assert {"status", "n_regs", "n_spills", "shared", "compile_s"} <= set(t.user_attrs)
     assert art.load_artifact(art.artifact_path("h100", task.kernel, tmp_path)).entries[0]["trials"] == 4
+
+
+def test_edited_template_starts_a_fresh_study(monkeypatch):
+    from autotune import artifacts as art
+    from autotune.tuner import study_name
+
+    task = _fake_task()
+    before = study_name(task, ["triton"])
+    assert before.startswith(task.study_name + "|src") and study_name(task, ["triton"]) == before
+    assert study_name(task, ["triton", "cute"]) != before
+    monkeypatch.setattr(art, "current_template_hash", lambda kernel, backend="triton": "edited")
+    assert study_name(task, ["triton"]) != before

@@ -1,0 +1,138 @@
+"""Tile configuration of the CuTe DSL HSTU attention backward (Hopper sm90).
+
+Frozen and hashable: it keys the compile cache and serialises to artifacts as plain JSON. Structural
+checks live in ``__post_init__``; resource checks that depend on head dims and dtype (shared memory,
+registers, wgmma shapes) live in ``check_bwd_config``, which the launcher and the search space share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .config import CUTE_HEAD_DIMS, SMEM_BYTES_SM90, SMEM_RESERVED_BYTES
+
+BWD_DTYPES = ("bfloat16", "float16")
+# setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
+BWD_MMA_REGS = {2: 240}
+# Registers per MMA thread for addressing, mask state and loop counters besides the fragments.
+BWD_REG_OVERHEAD = 24
+
+
+@dataclass(frozen=True)
+class HSTUCuteBwdConfig:
+    """Backward tiles of the warp-specialised TMA + wgmma kernel (one CTA per key block).
+
+    ``block_n`` keys per CTA (dK and dV stay in registers), ``block_m`` query rows per step of the
+    loop over query blocks, ``num_stages`` Q/dO buffers in flight. ``mma_warpgroups`` MMA warpgroups
+    (2; a producer warpgroup besides: one TMA load warp and one dQ reduce warp). ``dq_mode``: "tma"
+    writes each dQ partial dS K to shared memory and a dedicated warp adds it to the fp32 dQ buffer
+    with a TMA reduce-add (cp.reduce.async.bulk.tensor).
+    """
+
+    kind: ClassVar[str] = "hstu_attention_bwd_cute"
+    block_m: int = 64
+    block_n: int = 64
+    num_stages: int = 1
+    mma_warpgroups: int = 2
+    dq_mode: str = "tma"
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (64, 128):
+            raise ValueError(f"HSTUCuteBwdConfig.block_m must be 64 or 128, got {self.block_m!r}")
+        if self.block_n not in (64, 128):
+            raise ValueError(f"HSTUCuteBwdConfig.block_n must be 64 or 128, got {self.block_n!r}")
+        if not isinstance(self.num_stages, int) or isinstance(self.num_stages, bool) or not 1 <= self.num_stages <= 3:
+            raise ValueError(f"HSTUCuteBwdConfig.num_stages must be an int in [1, 3], got {self.num_stages!r}")
+        if self.mma_warpgroups not in BWD_MMA_REGS:
+            raise ValueError(
+                f"HSTUCuteBwdConfig.mma_warpgroups must be one of {tuple(BWD_MMA_REGS)}, got {self.mma_warpgroups!r}"
+            )
+        if self.dq_mode not in ("tma",):
+            raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HSTUCuteBwdConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"HSTUCuteBwdConfig: unknown fields {sorted(unknown)}; expected {sorted(names)}")
+        return cls(**d)
+
+
+def bwd_smem_bytes(config: HSTUCuteBwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:
+    """Shared memory: Q/dO stages, the K/V tiles, P and dS tiles, and the fp32 dQ partial tile."""
+    qdo = config.num_stages * config.block_m * (dqk + dv)
+    kv = config.block_n * (dqk + dv)
+    pds = 2 * config.block_m * config.block_n
+    dq = 4 * config.block_m * dqk
+    return (qdo + kv + pds) * elem_bytes + dq + SMEM_RESERVED_BYTES
+
+
+def bwd_accumulator_regs(config: HSTUCuteBwdConfig, dqk: int, dv: int) -> int:
+    """Peak 32-bit registers per MMA thread held by fragments: dK + dV always, then either
+    S/dsilu + dP + 16-bit P, or the dQ partial."""
+    threads = 128 * config.mma_warpgroups
+    dkv = config.block_n * (dqk + dv) // threads
+    s = config.block_m * config.block_n // threads
+    dq = config.block_m * dqk // threads
+    return dkv + max(2 * s + s // 2, dq)
+
+
+def wgmma_split(config: HSTUCuteBwdConfig) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """Warpgroup layouts (M-split, N-split) of the S/dP, dK/dV and dQ products (64 rows per wgmma)."""
+    wg = config.mma_warpgroups
+    am = config.block_m // 64
+    bm = config.block_n // 64
+    return (am, wg // max(am, 1)), (bm, wg // max(bm, 1)), (am, wg // max(am, 1))
+
+
+def check_bwd_config(
+    config: HSTUCuteBwdConfig,
+    dtype: str,
+    dqk: int,
+    dv: int,
+    smem_limit: int = SMEM_BYTES_SM90,
+    max_regs: int | None = None,
+) -> None:
+    """Raise ``ValueError`` saying why ``config`` cannot run for this dtype and these head dims."""
+    if not isinstance(config, HSTUCuteBwdConfig):
+        raise ValueError(f"config must be an HSTUCuteBwdConfig, got {type(config).__name__}")
+    if dtype not in BWD_DTYPES:
+        raise ValueError(f"dtype: CuTe HSTU backward supports {BWD_DTYPES}, got {dtype!r}")
+    if dqk not in CUTE_HEAD_DIMS or dv not in CUTE_HEAD_DIMS:
+        raise ValueError(f"CuTe HSTU backward supports head dims {CUTE_HEAD_DIMS}, got Dqk={dqk}, Dv={dv}")
+    if dqk != dv:
+        raise ValueError(f"CuTe HSTU backward needs Dqk == Dv, got Dqk={dqk}, Dv={dv}")
+    wg = config.mma_warpgroups
+    for name, (m_split, n_split), n_total in zip(
+        ("S/dP", "dK/dV", "dQ"), wgmma_split(config), (config.block_n, dqk, dqk), strict=True
+    ):
+        if m_split * n_split != wg or n_total % n_split or (n_total // n_split) % 16 or n_total // n_split > 256:
+            raise ValueError(
+                f"config {config.to_dict()}: the {name} wgmma cannot be split over {wg} warpgroups "
+                f"(wgmma shapes: 64-row slices, N multiple of 16 and at most 256)"
+            )
+    need = bwd_smem_bytes(config, dqk, dv)
+    if need > smem_limit:
+        raise ValueError(
+            f"config {config.to_dict()} needs {need} bytes of shared memory for D={dqk}, above the {smem_limit} limit"
+        )
+    if max_regs is None:
+        max_regs = BWD_MMA_REGS[wg]
+    regs = bwd_accumulator_regs(config, dqk, dv) + BWD_REG_OVERHEAD
+    if regs > max_regs:
+        raise ValueError(
+            f"config {config.to_dict()} needs about {regs} registers per MMA thread for D={dqk}, above {max_regs}"
+        )
+
+
+def default_cute_bwd_config(dqk: int, dv: int) -> HSTUCuteBwdConfig:
+    """Heuristic default before tuning (FA3-like tiles): 64 x 64 at D=256, 64 x 128 below."""
+    if max(dqk, dv) >= 256:
+        return HSTUCuteBwdConfig(block_m=64, block_n=64, num_stages=1)
+    return HSTUCuteBwdConfig(block_m=64, block_n=128, num_stages=2)

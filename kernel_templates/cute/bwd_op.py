@@ -1,0 +1,234 @@
+"""Compile cache and launcher of the CuTe DSL HSTU attention backward (Hopper sm90).
+
+Kernels are compiled once per (config, dtype, head dims, mask flags) from fake tensors with dynamic
+L, H, B and row strides, so compiling never touches a GPU (CUTE_DSL_ARCH=sm_90a on CPU-only
+machines). With ``tvm_ffi`` installed the kernel takes torch tensors directly; otherwise DLPack.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
+from .op import _DTYPES, _cutlass_dtype, _has_tvm_ffi
+
+
+@dataclass(frozen=True)
+class BwdKey:
+    """Everything a compiled backward specialises on."""
+
+    config: HSTUCuteBwdConfig
+    dtype: str
+    dqk: int
+    dv: int
+    has_context: bool
+    has_targets: bool
+    has_window: bool
+
+
+@dataclass
+class CompiledBwd:
+    key: BwdKey
+    fn: Any
+    tvm_ffi: bool
+    ptx: str | None
+
+
+_CACHE: dict[BwdKey, CompiledBwd] = {}
+_LOCK = threading.Lock()
+
+
+def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledBwd:
+    """Compile (or fetch from the cache) the backward kernel for ``key``; rejects bad configs first."""
+    check_bwd_config(key.config, key.dtype, key.dqk, key.dv)
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and (hit.ptx is not None or not keep_ptx):
+            return hit
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .hstu_bwd_sm90 import HSTUBwdSm90
+
+    dt = _cutlass_dtype(key.dtype)
+    rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+
+    def jagged(d: int, elem=dt, div: int = 8):
+        stride = cute.sym_int(64, divisibility=div)
+        return make_fake_tensor(elem, (rows, heads, d), stride=(stride, d, 1), assumed_align=16)
+
+    offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+    targets = make_fake_tensor(cutlass.Int32, (batch,), stride=(1,), assumed_align=4)
+    kernel = HSTUBwdSm90(key.config, dt, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
+    tvm = _has_tvm_ffi()
+    args = (
+        kernel,
+        jagged(key.dqk),
+        jagged(key.dqk),
+        jagged(key.dv),
+        jagged(key.dv),
+        jagged(key.dqk, cutlass.Float32, 4),
+        jagged(key.dqk),
+        jagged(key.dv),
+        offsets,
+        targets,
+        cutlass.Float32(1.0),
+        cutlass.Float32(1.0),
+        cutlass.Int32(0),
+        cutlass.Int32(0),
+        cutlass.Int32(1),
+        make_fake_stream(use_tvm_ffi_env_stream=tvm),
+    )
+    flags = ["--enable-tvm-ffi"] if tvm else []
+    if keep_ptx:
+        dump = os.environ.get("CUTE_DSL_DUMP_DIR")
+        if dump:
+            os.makedirs(dump, exist_ok=True)
+        flags.append("--keep-ptx")
+    fn = cute.compile(*args, options=" ".join(flags)) if flags else cute.compile(*args)
+    ptx = fn.__ptx__ if keep_ptx else None
+    compiled = CompiledBwd(key, fn, tvm, ptx)
+    with _LOCK:
+        _CACHE[key] = compiled
+    return compiled
+
+
+def bwd_key(
+    q: torch.Tensor,
+    v: torch.Tensor,
+    num_targets: torch.Tensor | None,
+    contextual_seq_len: int,
+    max_attn_len: int,
+    config: HSTUCuteBwdConfig,
+) -> BwdKey:
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
+    return BwdKey(
+        config=config,
+        dtype=_DTYPES[q.dtype],
+        dqk=int(q.shape[2]),
+        dv=int(v.shape[2]),
+        has_context=contextual_seq_len > 0,
+        has_targets=num_targets is not None,
+        has_window=max_attn_len > 0,
+    )
+
+
+def _validate(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_len, scaling_seqlen, check_offsets):
+    """ValueErrors naming the argument: shapes, dtypes, devices (and the offsets when ``check_offsets``)."""
+    from kernel_templates.hstu_attention.op import validate_hstu_inputs
+
+    validate_hstu_inputs(
+        q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_len, scaling_seqlen, check_offsets=check_offsets
+    )
+    if not isinstance(do, torch.Tensor):
+        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
+    if do.shape != (q.shape[0], q.shape[1], v.shape[2]):
+        raise ValueError(f"do must have shape {(q.shape[0], q.shape[1], v.shape[2])}, got {tuple(do.shape)}")
+    if do.dtype != q.dtype:
+        raise ValueError(f"do must have q's dtype {q.dtype}, got {do.dtype}")
+    if do.device != q.device:
+        raise ValueError(f"do must be on q's device {q.device}, got {do.device}")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """(L, H, D) with contiguous heads and 16-byte aligned rows, as TMA needs (copies otherwise)."""
+    ok = t.stride(2) == 1 and t.stride(1) == t.shape[2] and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
+    return t if ok else t.contiguous()
+
+
+def hstu_attention_cute_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    alpha: float,
+    num_targets: torch.Tensor | None = None,
+    contextual_seq_len: int = 0,
+    max_attn_len: int = 0,
+    scaling_seqlen: int | None = None,
+    config: HSTUCuteBwdConfig | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    validate: bool = True,
+    check_offsets: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of jagged HSTU attention in the inputs' dtype (argument order of the Triton launcher).
+
+    dQ accumulates in fp32 and is converted once at the end. ``out=(dq, dk, dv)`` receives the results;
+    every row of every sequence is written (the offsets cover [0, L), as HSTU.md requires). ``validate``
+    checks shapes, dtypes and devices without a host sync; ``check_offsets`` also reads the offsets and
+    targets on the host (one sync) to check them against L and ``max_seq_len``.
+    """
+    if validate:
+        _validate(
+            do, q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+            check_offsets,
+        )  # fmt: skip
+    config = config or default_cute_bwd_config(q.shape[2], v.shape[2])
+    key = bwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config)
+    check_bwd_config(config, key.dtype, key.dqk, key.dv)
+    L, H, dqk = q.shape
+    batch = seq_offsets.numel() - 1
+    dq_out, dk, dv = out if out is not None else (None, torch.empty_like(k), torch.empty_like(v))
+    if L == 0 or batch == 0 or max_seq_len == 0:
+        return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
+    q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
+    dk_buf, dv_buf = (_tma_ready(t) for t in (dk, dv))
+    offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
+    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
+    compiled = compile_bwd(key)
+    targets = offsets if num_targets is None else num_targets.to(torch.int32)
+    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
+    inv_scale = 1.0 / float(scale)
+    num_n_blocks = math.ceil(max_seq_len / config.block_n)
+    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks)
+    tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets)
+    if compiled.tvm_ffi:
+        compiled.fn(*tensors, *scalars)
+    else:
+        _launch_dlpack(compiled, tensors, scalars)
+    dq_acc.mul_(float(alpha) * inv_scale)
+    if dq_out is None:
+        dq_out = dq_acc.to(q.dtype)
+    else:
+        dq_out.copy_(dq_acc)
+    if dk_buf is not dk:
+        dk.copy_(dk_buf)
+    if dv_buf is not dv:
+        dv.copy_(dv_buf)
+    return dq_out, dk, dv
+
+
+def _launch_dlpack(compiled: CompiledBwd, tensors: tuple, scalars: tuple) -> None:
+    """Fallback without TVM FFI: wrap the tensors through DLPack with dynamic rows and heads."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    from cutlass.cute.runtime import from_dlpack
+
+    def wrap(t: torch.Tensor, align: int):
+        return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
+
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    alpha, inv_scale, ctx, w, nnb = scalars
+    wrapped = [wrap(t, 16) for t in tensors[:7]] + [wrap(t, 4) for t in tensors[7:]]
+    compiled.fn(
+        *wrapped,
+        cutlass.Float32(alpha),
+        cutlass.Float32(inv_scale),
+        cutlass.Int32(ctx),
+        cutlass.Int32(w),
+        cutlass.Int32(nnb),
+        stream,
+    )

@@ -1,0 +1,616 @@
+"""CuTe DSL template: jagged HSTU attention backward for Hopper (sm90), TMA + wgmma.
+
+One CTA per (head, sequence, key block); the grid's slowest axis walks key blocks from the first
+(heaviest under causal masks: every later query sees it) to the last. The K and V tiles are loaded
+once by TMA; warp 0 of the producer warpgroup streams Q and dO tiles of the query blocks that can
+see this key block through a ``num_stages`` mbarrier ring. Two MMA warpgroups then, per query block:
+
+    S = Q K^T, dP = dO V^T                     (wgmma, operands in shared memory)
+    P = M silu(alpha S), D = M silu'(alpha S)  (fp32 fragments; no softmax, so no LSE / dPsum)
+    dS = dP * D                                (P and dS go to shared memory as 16-bit tiles)
+    dV += P^T dO, dK += dS^T Q                 (fp32 in registers for the whole CTA)
+    dQ_partial = dS K                          (fp32, to shared memory)
+
+and warp 1 of the producer warpgroup adds each dQ partial to an fp32 (L, H, Dqk) buffer with a TMA
+reduce-add (cp.reduce.async.bulk.tensor), guarded by two named barriers (buffer empty / full).
+Scalings are folded in at the end: dV *= 1/S, dK *= alpha/S, and the launcher scales dQ by alpha/S
+when converting it to the input dtype. Unscaled 16-bit dS keeps fp16 clear of subnormals.
+
+Jagged sequences: Q/K/V/dO are 3-D (row, dim, head) TMA views over the packed buffers with the row
+coordinate offset by the sequence start, so a tile may hold rows of the next sequence. Those rows
+and keys are masked (P = dS = 0) on every block that can hold them (the last query block, and every
+block of a key tile that crosses the sequence end); a zero dS row adds exactly 0 to the next
+sequence's dQ, and dK/dV rows past the end are never stored. Query-block ranges follow
+``triton_common.row_range_for_keys``: [lo, full_start) masked, [full_start, hi) mask-free.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
+from .hstu_fwd_sm90 import _position_id
+
+LOG2E = math.log2(math.e)
+PRODUCER_REGS = 24
+# Named barriers (0 is __syncthreads): P/dS tile handoff among MMA threads, dQ buffer full / empty.
+BAR_PDS, BAR_DQ_FULL, BAR_DQ_EMPTY = 1, 2, 3
+
+
+def _row_major_smem(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int):
+    """Swizzled (rows, cols, stages) tile, cols contiguous; serves as K-major and (transposed) MN-major."""
+    atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols)
+    atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def _transpose(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a staged smem tensor (same bytes, e.g. Q -> Q^T)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+class HSTUBwdSm90:
+    """Builds and launches the backward kernel for one (config, dtype, head dims, mask flags)."""
+
+    def __init__(
+        self,
+        config: HSTUCuteBwdConfig,
+        dtype: type[cutlass.Numeric],
+        dqk: int,
+        dv: int,
+        has_context: bool,
+        has_targets: bool,
+        has_window: bool,
+    ) -> None:
+        self.cfg = config
+        self.dtype = dtype
+        self.dqk = dqk
+        self.dv = dv
+        self.has_context = has_context
+        self.has_targets = has_targets
+        self.has_window = has_window
+        self.tile_m = config.block_m
+        self.tile_n = config.block_n
+        self.num_stages = config.num_stages
+        self.num_wg = config.mma_warpgroups
+        self.num_mma_threads = 128 * self.num_wg
+        self.num_threads = 128 * (self.num_wg + 1)
+        self.mma_regs = BWD_MMA_REGS[self.num_wg]
+        # setmaxnreg.inc only draws on registers this CTA released: the launch gives every thread
+        # 64K / threads (rounded down to 8); the producer's release must cover the MMA increase, or
+        # the MMA warpgroups block forever in setmaxnreg.inc.
+        launch_regs = (65536 // self.num_threads) // 8 * 8
+        freed = (launch_regs - PRODUCER_REGS) * 128
+        if (self.mma_regs - launch_regs) * self.num_mma_threads > freed:
+            raise ValueError(
+                f"setmaxnreg budget: {self.num_wg} MMA warpgroups at {self.mma_regs} registers need more than "
+                f"the producer warpgroup releases ({freed} registers at {PRODUCER_REGS} per thread)"
+            )
+        self.split_sdp, self.split_dkv, self.split_dq = wgmma_split(config)
+
+    def _tiled_mma(self, a_major, b_major, split: tuple[int, int], n_total: int):
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, a_major, b_major, Float32, (split[0], split[1], 1), (64, n_total // split[1])
+        )
+
+    # ------------------------------------------------------------------ host side (tracing)
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mOffsets: cute.Tensor,
+        mTargets: cute.Tensor,
+        alpha: Float32,
+        inv_scale: Float32,
+        ctx_len: Int32,
+        max_attn_len: Int32,
+        num_n_blocks: Int32,
+        stream: cuda.CUstream,
+    ):
+        # (L, H, D) -> (L, D, H): rows and the contiguous head dim first, heads as the batch mode.
+        mQ, mK, mV, mdO, mdQ, mdK, mdV = [
+            cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
+            for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)
+        ]
+        K_, MN_ = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        tiled_mma_sdp = self._tiled_mma(K_, K_, self.split_sdp, self.tile_n)
+        tiled_mma_dk = self._tiled_mma(MN_, MN_, self.split_dkv, self.dqk)
+        tiled_mma_dv = self._tiled_mma(MN_, MN_, self.split_dkv, self.dv)
+        tiled_mma_dq = self._tiled_mma(K_, MN_, self.split_dq, self.dqk)
+
+        sQ_layout = _row_major_smem(self.dtype, self.tile_m, self.dqk, self.num_stages)
+        sdO_layout = _row_major_smem(self.dtype, self.tile_m, self.dv, self.num_stages)
+        sK_layout = _row_major_smem(self.dtype, self.tile_n, self.dqk, 1)
+        sV_layout = _row_major_smem(self.dtype, self.tile_n, self.dv, 1)
+        sPdS_layout = _row_major_smem(self.dtype, self.tile_m, self.tile_n, 1)
+        sdQ_layout = _row_major_smem(Float32, self.tile_m, self.dqk, 1)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        first = (None, None, 0)
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, first), (self.tile_m, self.dqk))
+        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(
+            g2s, mdO, cute.slice_(sdO_layout, first), (self.tile_m, self.dv)
+        )
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sK_layout, first), (self.tile_n, self.dqk))
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sV_layout, first), (self.tile_n, self.dv))
+        tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, cute.slice_(sdQ_layout, first), (self.tile_m, self.dqk)
+        )
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, first))
+        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sdO_layout, first))
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, first)) + cute.size_in_bytes(
+            self.dtype, cute.slice_(sV_layout, first)
+        )
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_heads = cute.size(mQ.shape[2])
+        batch = cute.size(mOffsets.shape[0]) - 1
+        self.kernel(
+            tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
+            mdK, mdV, mOffsets, mTargets, alpha, inv_scale, ctx_len, max_attn_len,
+            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
+        ).launch(
+            grid=[num_heads, batch, num_n_blocks],
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_atom_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_atom_dq: cute.CopyAtom,
+        mdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mOffsets: cute.Tensor,
+        mTargets: cute.Tensor,
+        alpha: Float32,
+        inv_scale: Float32,
+        ctx_len: Int32,
+        max_attn_len: Int32,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sPdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        head, bid_b, n_block = cute.arch.block_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_q, tma_atom_do, tma_atom_k, tma_atom_v, tma_atom_dq):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)  # as the forward does
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(),
+            num_stages=1,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.kv_bytes,
+            defer_sync=True,
+        )
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.q_bytes,
+            defer_sync=True,
+        )
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_do.data_ptr(),
+            num_stages=self.num_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.do_bytes,
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+
+        seq_start = mOffsets[bid_b]
+        n = mOffsets[bid_b + 1] - seq_start
+        num_t = Int32(0)
+        if const_expr(self.has_targets):
+            num_t = Int32(mTargets[bid_b])
+        hist_end = n - num_t
+        m_id = n - ctx_len + 1 - num_t
+        start_n = n_block * self.tile_n
+        lo, full_start, hi = self.row_range(start_n, n, hist_end, m_id, ctx_len, max_attn_len)
+        blk_lo = lo // self.tile_m
+        blk_hi = (hi + self.tile_m - 1) // self.tile_m
+        blk_full = full_start // self.tile_m
+        if start_n + self.tile_n > n:
+            # The key tile crosses the sequence end: its last keys belong to the next sequence.
+            blk_full = blk_hi
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if start_n < n:
+            if warp_idx < 4:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+                if warp_idx == 0:
+                    self.load(
+                        tma_atom_q, mQ, tma_atom_do, mdO, tma_atom_k, mK, tma_atom_v, mV, sQ, sdO, sK, sV,
+                        pipe_kv, pipe_q, pipe_do, seq_start, head, n_block, blk_lo, blk_hi,
+                    )  # fmt: skip
+                if warp_idx == 1:
+                    self.store_dq(tma_atom_dq, mdQ, sdQ, seq_start, head, blk_lo, blk_hi)
+            else:
+                cute.arch.setmaxregister_increase(self.mma_regs)
+                self.mma(
+                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+                    sQ, sdO, sK, sV, sP, sdS, sdQ, mdK, mdV, pipe_kv, pipe_q, pipe_do,
+                    tidx - 128, seq_start, n, head, n_block, start_n, blk_lo, blk_full, blk_hi,
+                    alpha, inv_scale, ctx_len, max_attn_len, m_id,
+                )  # fmt: skip
+
+    @cute.jit
+    def row_range(self, start_n: Int32, n: Int32, hist_end: Int32, m_id: Int32, ctx: Int32, w: Int32):
+        """Rows that may see keys [start_n, start_n + block_n): (lo, full_start, hi), as in triton_common.
+
+        [lo, full_start) needs the mask, [full_start, hi) does not (rows < n). Caller ensures start_n < n.
+        """
+        end_n = cutlass.min(start_n + self.tile_n, n)
+        lo = (start_n // self.tile_m) * self.tile_m
+        if const_expr(self.has_context):  # noqa: SIM102 (compile-time test around a staged one)
+            if (start_n < hist_end) & (ctx > 0):
+                lo = Int32(0)
+        hi = n
+        full_start = Int32(0)
+        if const_expr(self.has_window):
+            limit_id = _position_id(end_n - 1, ctx, m_id, self.has_context, self.has_targets) + w
+            hi_w = cutlass.min(n, limit_id + ctx)
+            if const_expr(self.has_targets):  # noqa: SIM102
+                if m_id <= limit_id:
+                    hi_w = n
+            hi = hi_w
+            full_start = (hi + self.tile_m - 1) // self.tile_m * self.tile_m
+        else:
+            full_start = (end_n + self.tile_m - 1) // self.tile_m * self.tile_m
+            if end_n > hist_end:
+                full_start = (hi + self.tile_m - 1) // self.tile_m * self.tile_m
+            if const_expr(self.has_targets):  # noqa: SIM102
+                if m_id < 1:
+                    full_start = (hi + self.tile_m - 1) // self.tile_m * self.tile_m
+        full_start = cutlass.max(full_start, lo)
+        return lo, full_start, hi
+
+    @cute.jit
+    def load(
+        self,
+        tma_atom_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_atom_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        pipe_kv: pipeline.PipelineTmaAsync,
+        pipe_q: pipeline.PipelineTmaAsync,
+        pipe_do: pipeline.PipelineTmaAsync,
+        seq_start: Int32,
+        head: Int32,
+        n_block: Int32,
+        blk_lo: Int32,
+        blk_hi: Int32,
+    ):
+        """Producer warp: K and V once, then Q and dO tiles of query blocks [blk_lo, blk_hi)."""
+        one = cute.make_layout(1)
+
+        def part(atom, m, s, tile, coord):
+            g = cute.local_tile(cute.domain_offset((seq_start, 0), m[None, None, head]), tile, coord)
+            return cpasync.tma_partition(atom, 0, one, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
+
+        tKsK, tKgK = part(tma_atom_k, mK, sK, (self.tile_n, self.dqk), (n_block, 0))
+        tVsV, tVgV = part(tma_atom_v, mV, sV, (self.tile_n, self.dv), (n_block, 0))
+        tQsQ, tQgQ = part(tma_atom_q, mQ, sQ, (self.tile_m, self.dqk), (None, 0))
+        tOsO, tOgO = part(tma_atom_do, mdO, sdO, (self.tile_m, self.dv), (None, 0))
+        if blk_lo < blk_hi:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_kv.producer_acquire(kv_state)
+            bar_kv = pipe_kv.producer_get_barrier(kv_state)
+            cute.copy(tma_atom_k, tKgK, tKsK[None, 0], tma_bar_ptr=bar_kv)
+            cute.copy(tma_atom_v, tVgV, tVsV[None, 0], tma_bar_ptr=bar_kv)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                pipe_q.producer_acquire(state)
+                cute.copy(
+                    tma_atom_q, tQgQ[None, blk], tQsQ[None, state.index], tma_bar_ptr=pipe_q.producer_get_barrier(state)
+                )
+                pipe_do.producer_acquire(state)
+                cute.copy(
+                    tma_atom_do,
+                    tOgO[None, blk],
+                    tOsO[None, state.index],
+                    tma_bar_ptr=pipe_do.producer_get_barrier(state),
+                )
+                state.advance()
+
+    @cute.jit
+    def store_dq(
+        self,
+        tma_atom_dq: cute.CopyAtom,
+        mdQ: cute.Tensor,
+        sdQ: cute.Tensor,
+        seq_start: Int32,
+        head: Int32,
+        blk_lo: Int32,
+        blk_hi: Int32,
+    ):
+        """dQ warp: TMA reduce-add of each dQ partial tile into the fp32 dQ buffer."""
+        gdQ = cute.local_tile(
+            cute.domain_offset((seq_start, 0), mdQ[None, None, head]), (self.tile_m, self.dqk), (None, 0)
+        )
+        tsdQ, tgdQ = cpasync.tma_partition(
+            tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2)
+        )
+        sync_threads = self.num_mma_threads + 32
+        for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_threads)
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
+            cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk])
+            cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0)
+
+    @cute.jit
+    def gemm(
+        self,
+        tiled_mma: cute.TiledMma,
+        acc: cute.Tensor,
+        tA: cute.Tensor,
+        tB: cute.Tensor,
+        ia,
+        ib,
+        zero_init: cutlass.Constexpr[bool],
+    ):
+        """acc (+)= A[ia] B[ib] over the k-blocks; commits one wgmma group (no wait).
+
+        A fresh MMA atom per call carries the ACCUMULATE field (off for the first k-block when
+        ``zero_init``): zero-filling the accumulator instead makes ptxas serialise the wgmmas.
+        """
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            cute.gemm(atom, acc, tA[None, None, kb, ia], tB[None, None, kb, ib], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def mma(
+        self,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        sP: cute.Tensor,
+        sdS: cute.Tensor,
+        sdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        pipe_kv: pipeline.PipelineTmaAsync,
+        pipe_q: pipeline.PipelineTmaAsync,
+        pipe_do: pipeline.PipelineTmaAsync,
+        tidx: Int32,
+        seq_start: Int32,
+        n: Int32,
+        head: Int32,
+        n_block: Int32,
+        start_n: Int32,
+        blk_lo: Int32,
+        blk_full: Int32,
+        blk_hi: Int32,
+        alpha: Float32,
+        inv_scale: Float32,
+        ctx: Int32,
+        w: Int32,
+        m_id: Int32,
+    ):
+        """MMA warpgroups: the five products per query block, dK/dV in registers, dQ partials to smem."""
+        wg = cute.arch.make_warp_uniform(tidx // 128) * 128
+        wg_sdp = tiled_mma_sdp.get_slice(wg)
+        wg_dk = tiled_mma_dk.get_slice(wg)
+        wg_dv = tiled_mma_dv.get_slice(wg)
+        wg_dq = tiled_mma_dq.get_slice(wg)
+        tSrQ = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
+        tSrK = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sK))
+        tPrdO = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
+        tPrV = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sV))
+        tVrPt = tiled_mma_dv.make_fragment_A(wg_dv.partition_A(_transpose(sP)))
+        tVrdOt = tiled_mma_dv.make_fragment_B(wg_dv.partition_B(_transpose(sdO)))
+        tKrdSt = tiled_mma_dk.make_fragment_A(wg_dk.partition_A(_transpose(sdS)))
+        tKrQt = tiled_mma_dk.make_fragment_B(wg_dk.partition_B(_transpose(sQ)))
+        tQrdS = tiled_mma_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tQrKt = tiled_mma_dq.make_fragment_B(wg_dq.partition_B(_transpose(sK)))
+
+        acc_S = cute.make_rmem_tensor(wg_sdp.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_dP = cute.make_rmem_tensor(wg_sdp.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_dV = cute.make_rmem_tensor(wg_dv.partition_shape_C((self.tile_n, self.dv)), Float32)
+        acc_dK = cute.make_rmem_tensor(wg_dk.partition_shape_C((self.tile_n, self.dqk)), Float32)
+        acc_dQ = cute.make_rmem_tensor(wg_dq.partition_shape_C((self.tile_m, self.dqk)), Float32)
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
+
+        # Thread-level partitions of the P / dS / dQ smem tiles and of the dK / dV outputs.
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        tPsP = thr_sdp.partition_C(sP[None, None, 0])
+        tdSsdS = thr_sdp.partition_C(sdS[None, None, 0])
+        tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ[None, None, 0])
+        thr_dk = tiled_mma_dk.get_slice(tidx)
+        thr_dv = tiled_mma_dv.get_slice(tidx)
+        gdK = cute.local_tile(
+            cute.domain_offset((seq_start, 0), mdK[None, None, head]), (self.tile_n, self.dqk), (n_block, 0)
+        )
+        gdV = cute.local_tile(
+            cute.domain_offset((seq_start, 0), mdV[None, None, head]), (self.tile_n, self.dv), (n_block, 0)
+        )
+        tdKgdK = thr_dk.partition_C(gdK)
+        tdKcdK = thr_dk.partition_C(cute.make_identity_tensor((self.tile_n, self.dqk)))
+        tdVgdV = thr_dv.partition_C(gdV)
+        tdVcdV = thr_dv.partition_C(cute.make_identity_tensor((self.tile_n, self.dv)))
+
+        rP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        rdS = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        sync_dq = self.num_mma_threads + 32
+        if blk_lo < blk_hi:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipe_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+            start_m = blk * self.tile_m
+            masked = (blk < blk_full) | (start_m + self.tile_m > n)
+            pipe_q.consumer_wait(state)
+            self.gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, state.index, 0, True)
+            pipe_do.consumer_wait(state)
+            self.gemm(tiled_mma_sdp, acc_dP, tPrdO, tPrV, state.index, 0, True)
+            warpgroup.wait_group(1)
+            self.activate(acc_S, rP, tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id)
+            # Every warpgroup has finished the previous block's reads of sP / sdS.
+            cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
+            cute.autovec_copy(rP, tPsP)
+            warpgroup.wait_group(0)
+            for i in cutlass.range_constexpr(cute.size(acc_dP)):
+                acc_dP[i] = acc_dP[i] * acc_S[i]
+            rdS.store(acc_dP.load().to(self.dtype))
+            cute.autovec_copy(rdS, tdSsdS)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
+            self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, state.index, False)
+            self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+            self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, state.index, False)
+            warpgroup.wait_group(1)
+            pipe_do.consumer_release(state)
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_dq)
+            cute.autovec_copy(acc_dQ, tdQsdQ)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=sync_dq)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
+            state.advance()
+        self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
+        self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
+
+    @cute.jit
+    def activate(
+        self,
+        acc_S: cute.Tensor,
+        rP: cute.Tensor,
+        tScS: cute.Tensor,
+        masked: cutlass.Boolean,
+        start_m: Int32,
+        start_n: Int32,
+        n: Int32,
+        alpha: Float32,
+        ctx: Int32,
+        w: Int32,
+        m_id: Int32,
+    ):
+        """rP = M silu(alpha S) in 16 bit; acc_S becomes M silu'(alpha S) (fp32) for dS = dP * silu'."""
+        neg_log2e = Float32(-LOG2E)
+        if masked:
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                r, c = tScS[i]
+                ok = self.valid(start_m + r, start_n + c, n, ctx, w, m_id)
+                s = acc_S[i] * alpha
+                sig = cute.arch.rcp_approx(cute.math.exp2(s * neg_log2e, fastmath=True) + Float32(1.0))
+                acc_S[i] = cutlass.select_(ok, sig * (Float32(1.0) + s * (Float32(1.0) - sig)), Float32(0.0))
+                rP[i] = Float32(cutlass.select_(ok, s * sig, Float32(0.0))).to(self.dtype)
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                s = acc_S[i] * alpha
+                sig = cute.arch.rcp_approx(cute.math.exp2(s * neg_log2e, fastmath=True) + Float32(1.0))
+                acc_S[i] = sig * (Float32(1.0) + s * (Float32(1.0) - sig))
+                rP[i] = (s * sig).to(self.dtype)
+
+    @cute.jit
+    def valid(self, row: Int32, col: Int32, n: Int32, ctx: Int32, w: Int32, m_id: Int32) -> cutlass.Boolean:
+        """The HSTU mask M[row, col] (HSTU.md), false for rows or keys past the sequence end."""
+        ok = (col < n) & (row < n)
+        if const_expr(not (self.has_context or self.has_targets or self.has_window)):
+            ok = ok & (col <= row)
+        else:
+            id_i = _position_id(row, ctx, m_id, self.has_context, self.has_targets)
+            id_j = _position_id(col, ctx, m_id, self.has_context, self.has_targets)
+            v = (row == col) | (id_i > id_j)
+            if const_expr(self.has_window):
+                v = v & (id_i - id_j <= w)
+            if const_expr(self.has_context):
+                v = v | ((id_i == 0) & (id_j < m_id))
+            ok = ok & v
+        return ok
+
+    @cute.jit
+    def epilogue(self, acc: cute.Tensor, tg: cute.Tensor, tc: cute.Tensor, n: Int32, start_n: Int32, scale: Float32):
+        """Scale, convert, and store key rows < n straight from registers (no other sequence is touched)."""
+        r = cute.make_rmem_tensor(acc.layout, self.dtype)
+        r.store((acc.load() * scale).to(self.dtype))
+        for i in cutlass.range_constexpr(cute.size(r)):
+            if start_n + tc[i][0] < n:
+                tg[i] = r[i]

@@ -1,0 +1,234 @@
+"""CuTe DSL HSTU backward (sm90): compiles on CPU (CUTE_DSL_ARCH=sm_90a) and matches the reference on GPU.
+
+CPU: a small grid of configs compiles from fake tensors; the PTX must hold wgmma, TMA loads and the
+TMA reduce-add of dQ (cp.reduce.async.bulk.tensor) so a slow fallback cannot slip in; bad configs and
+bad inputs fail with ValueError before compiling. GPU: dq/dk/dv against the fp32 reference on jagged
+batches with empty, length-1 and non-tile-multiple sequences, every mask option, bf16 and fp16,
+D = 128 and 256, with the project's tolerance rule (2x PyTorch-in-dtype error + atol).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+
+import pytest
+import torch
+
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_ptx_"))
+cutlass = pytest.importorskip("cutlass")
+
+from kernel_templates.cute import (  # noqa: E402
+    BwdKey,
+    HSTUCuteBwdConfig,
+    check_bwd_config,
+    compile_bwd,
+    default_cute_bwd_config,
+    hstu_attention_cute_bwd,
+)
+from kernel_templates.cute.bwd_op import _CACHE  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+
+# (config, head dim, dtype, (context, targets, window)): the CPU compile grid (~2-3 s per compile).
+COMPILE_GRID = [
+    (HSTUCuteBwdConfig(64, 64, 1), 256, "bfloat16", (False, False, False)),
+    (HSTUCuteBwdConfig(64, 128, 2), 128, "float16", (True, True, True)),
+    (HSTUCuteBwdConfig(128, 64, 1), 128, "bfloat16", (False, True, False)),
+    (HSTUCuteBwdConfig(64, 128, 2), 64, "bfloat16", (True, False, True)),
+]
+
+
+@pytest.mark.parametrize("case", COMPILE_GRID, ids=lambda c: f"{c[0].block_m}x{c[0].block_n}s{c[0].num_stages}-d{c[1]}")
+def test_compiles_with_tma_and_wgmma(case):
+    cfg, d, dtype, flags = case
+    compiled = compile_bwd(BwdKey(cfg, dtype, d, d, *flags), keep_ptx=True)
+    ptx = compiled.ptx
+    assert ptx, "no PTX was produced"
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "cp.reduce.async.bulk.tensor" in ptx
+    assert "setmaxnreg" in ptx
+    # setmaxnreg.inc only draws on registers the producer released (a shortfall hangs every CTA).
+    dec = int(re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx).group(1))
+    inc = int(re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx).group(1))
+    threads = 128 * (cfg.mma_warpgroups + 1)
+    launch = (65536 // threads) // 8 * 8
+    assert (inc - launch) * (threads - 128) <= (launch - dec) * 128, (dec, inc, launch)
+    assert compile_bwd(BwdKey(cfg, dtype, d, d, *flags)) is compiled
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(block_m=96),
+        dict(block_n=32),
+        dict(num_stages=0),
+        dict(num_stages=True),
+        dict(mma_warpgroups=3),
+        dict(dq_mode="bogus"),
+    ],
+)
+def test_config_rejects_bad_fields(kwargs):
+    field = next(iter(kwargs))
+    with pytest.raises(ValueError, match=field):
+        HSTUCuteBwdConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "cfg, dtype, dqk, dv, match",
+    [
+        (HSTUCuteBwdConfig(), "bfloat16", 96, 96, "head dims"),
+        (HSTUCuteBwdConfig(), "bfloat16", 128, 64, "Dqk == Dv"),
+        (HSTUCuteBwdConfig(), "float32", 128, 128, "dtype"),
+        (HSTUCuteBwdConfig(64, 64, 2), "bfloat16", 256, 256, "shared memory"),
+        (HSTUCuteBwdConfig(64, 128, 1), "bfloat16", 256, 256, "shared memory|registers"),
+        (HSTUCuteBwdConfig(128, 128, 1), "bfloat16", 128, 128, "shared memory|registers"),
+    ],
+)
+def test_infeasible_configs_fail_before_compiling(cfg, dtype, dqk, dv, match):
+    before = len(_CACHE)
+    with pytest.raises(ValueError, match=match):
+        check_bwd_config(cfg, dtype, dqk, dv)
+    with pytest.raises(ValueError, match=match):
+        compile_bwd(BwdKey(cfg, dtype, dqk, dv, False, False, False))
+    assert len(_CACHE) == before
+
+
+def test_config_round_trip_and_defaults():
+    cfg = HSTUCuteBwdConfig(64, 128, 2)
+    assert HSTUCuteBwdConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="bogus"):
+        HSTUCuteBwdConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+    for d in (64, 128, 256):
+        check_bwd_config(default_cute_bwd_config(d, d), "bfloat16", d, d)
+
+
+def test_search_space_admits_only_valid_configs():
+    from autotune.gpus import GPUS
+    from search_spaces.base import SpaceContext
+    from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE
+
+    for d in (64, 128, 256):
+        ctx = SpaceContext(GPUS["h100"], "bfloat16", d, d, 4096)
+        feasible = HSTU_BWD_CUTE.prune(ctx)
+        assert feasible, d
+        assert HSTU_BWD_CUTE.why_infeasible(HSTU_BWD_CUTE.default(ctx), ctx) is None
+        for c in feasible:
+            check_bwd_config(c, "bfloat16", d, d)
+    assert HSTU_BWD_CUTE.prune(SpaceContext(GPUS["h100"], "bfloat16", 128, 64, 4096)) == []
+
+
+def _inputs(device: str = "cpu", dtype=torch.bfloat16, d: int = 128):
+    from kernel_templates.hstu_attention.testing import make_jagged_inputs
+
+    inp = make_jagged_inputs([3, 0, 5], 2, d, d, dtype, device, seed=0)
+    return inp, torch.randn_like(inp.v)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda a: a.update(do=a["do"][:, :1]), "do"),
+        (lambda a: a.update(do=a["do"].float()), "do"),
+        (lambda a: a.update(q=a["q"].float(), k=a["k"].float(), v=a["v"].float(), do=a["do"].float()), "q"),
+        (lambda a: a.update(seq_offsets=a["seq_offsets"].flip(0)), "seq_offsets"),
+        (lambda a: a.update(max_seq_len=-1), "max_seq_len"),
+        (lambda a: a.update(k=a["k"][:, :, :64]), "k"),
+    ],
+)
+def test_bad_inputs_raise(mutate, match):
+    inp, do = _inputs()
+    a = dict(do=do, q=inp.q, k=inp.k, v=inp.v, seq_offsets=inp.seq_offsets, max_seq_len=inp.max_seq_len)
+    mutate(a)
+    with pytest.raises(ValueError, match=match):
+        hstu_attention_cute_bwd(
+            a["do"], a["q"], a["k"], a["v"], a["seq_offsets"], a["max_seq_len"], 0.1, check_offsets=True
+        )
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+MASKS = {
+    "causal": dict(ctx=0, targets=False, window=0),
+    "targets": dict(ctx=0, targets=True, window=0),
+    "context": dict(ctx=5, targets=False, window=0),
+    "window": dict(ctx=0, targets=False, window=37),
+    "all": dict(ctx=3, targets=True, window=50),
+}
+# Empty and length-1 sequences, lengths that are not tile multiples, one longer than two tiles.
+LENGTHS = [0, 1, 70, 129, 0, 257, 64, 3, 300]
+
+
+def _ref_grads(inp, do, args, compute_dtype):
+    from kernel_templates.hstu_attention.reference import hstu_attention_reference
+
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (inp.q, inp.k, inp.v))
+    out = hstu_attention_reference(q, k, v, *args, compute_dtype=compute_dtype)
+    return torch.autograd.grad(out, (q, k, v), do.to(out.dtype))
+
+
+def check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0, scaling=None) -> dict[str, float]:
+    """Run the CuTe backward into NaN-poisoned buffers and apply the tolerance rule to dq, dk, dv."""
+    from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+    inp = make_jagged_inputs(lengths, heads, d, d, dtype, "cuda", seed=seed, targets=targets)
+    g = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(inp.v.shape, generator=g).to(device="cuda", dtype=dtype)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, inp.num_targets, ctx, window, scaling)
+    bufs = tuple(torch.full_like(t, float("nan")) for t in (inp.q, inp.k, inp.v))
+    grads = hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg, out=bufs)
+    torch.cuda.synchronize()
+    ref = _ref_grads(inp, do, args, torch.float32)
+    low = _ref_grads(inp, do, args, dtype)
+    errs = {}
+    for name, a, r, lo in zip(("dq", "dk", "dv"), grads, ref, low, strict=True):
+        scale = r.float().abs().max().item() if r.numel() else 1.0
+        errs[name], _ = check_tolerance(name, a, r.float(), lo, atol=2e-3 * scale + 1e-5)
+    return errs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [128, 256])
+def test_gpu_matches_reference(mask, dtype, d):
+    check_case(LENGTHS, 2, d, dtype, default_cute_bwd_config(d, d), **MASKS[mask])
+
+
+# Non-default configs the GPU runs (at d256 only the default 64x64 s1 fits in shared memory).
+GPU_CONFIGS = [
+    (HSTUCuteBwdConfig(64, 64, 2), 128),
+    (HSTUCuteBwdConfig(128, 64, 1), 128),
+    (HSTUCuteBwdConfig(64, 128, 2), 64),
+    (HSTUCuteBwdConfig(128, 64, 2), 64),
+]
+
+
+@pytest.mark.parametrize("cfg, d", GPU_CONFIGS)
+def test_gpu_test_configs_are_feasible(cfg, d):
+    """Checked on CPU, so a GPU run never spends device time on a config the launcher must reject."""
+    check_bwd_config(cfg, "bfloat16", d, d)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.parametrize(
+    "cfg, d",
+    GPU_CONFIGS,
+    ids=lambda x: f"{x.block_m}x{x.block_n}s{x.num_stages}" if isinstance(x, HSTUCuteBwdConfig) else f"d{x}",
+)
+@pytest.mark.parametrize("mask", ["causal", "all"])
+def test_gpu_configs(cfg, d, mask):
+    check_case(LENGTHS, 3, d, torch.bfloat16, cfg, seed=3, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+def test_gpu_scaling_seqlen_and_long_sequence():
+    """scaling_seqlen instead of N, and one sequence long enough for many key and query blocks."""
+    check_case([5, 130, 77], 2, 128, torch.bfloat16, None, ctx=0, targets=False, window=0, scaling=300)
+    check_case([1000, 17, 600], 1, 256, torch.bfloat16, None, ctx=0, targets=False, window=0, seed=9)

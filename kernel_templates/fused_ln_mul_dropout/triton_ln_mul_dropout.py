@@ -13,7 +13,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The row count changes with every jagged batch: specialising on it (L % 16 == 0, L == 1) would compile
+# new variants mid-training, so it stays a plain runtime int (the seed is read from a device tensor).
+@triton.jit(do_not_specialize=["L"])
 def _ln_mul_dropout_fwd_kernel(
     X,
     U,
@@ -57,7 +59,7 @@ def _ln_mul_dropout_fwd_kernel(
     tl.store(Rstd + rows, rstd, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "rows_per_prog"])
 def _ln_mul_dropout_bwd_kernel(
     DO,
     X,

@@ -11,14 +11,10 @@ used: the check is |cute - triton| <= 2e-3 max|triton| + 1e-5). Timing: ``triton
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
 import traceback
 
 import torch
-import triton
+from cute_bench_common import CHECK_LENGTHS, MASKS, feasible, parse_args, run, time_row
 
 from autotune.buckets import sequence_lengths
 from kernel_templates.cute import HSTUCuteFwdConfig, check_fwd_config, hstu_attention_cute_fwd
@@ -40,20 +36,13 @@ CONFIGS = {
         HSTUCuteFwdConfig(128, 128, 2, False),
     ],
 }
-MASKS = {
-    "causal": (0, False, 0),
-    "targets": (0, True, 0),
-    "context": (7, False, 0),
-    "window": (0, False, 100),
-    "all": (5, True, 60),
-}
 
 
 def small_check(cfg: HSTUCuteFwdConfig, d: int, dtype: torch.dtype) -> dict[str, float]:
     """Max error vs the fp32 reference per mask, on a jagged batch with empty/short/odd sequences."""
     errs = {}
     for name, (ctx, targets, window) in MASKS.items():
-        inp = make_jagged_inputs([0, 1, 77, 300, 129, 0, 513], 2, d, d, dtype, "cuda", seed=1, targets=targets)
+        inp = make_jagged_inputs(CHECK_LENGTHS, 2, d, d, dtype, "cuda", seed=1, targets=targets)
         args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, inp.num_targets, ctx, window, None)
         out = torch.full_like(inp.v, float("nan"))
         hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg, out=out)
@@ -80,26 +69,10 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
     tcfg = default_fwd_config(d, d)
     ref = hstu_attention_fwd(inp.q, inp.k, inp.v, *args, tcfg)
     rows = []
+    shape = dict(dqk=d, dv=d, len=n, dist=dist, batch=batch, heads=heads, dtype=str(dtype).split(".")[-1])
 
     def record(backend: str, cfg, fn) -> None:
-        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-        tf = fwd_flops / ms / 1e9
-        rows.append(
-            dict(
-                backend=backend,
-                config=cfg.to_dict(),
-                dqk=d,
-                dv=d,
-                len=n,
-                dist=dist,
-                batch=batch,
-                heads=heads,
-                dtype=str(dtype).split(".")[-1],
-                median_ms=ms,
-                tflops=tf,
-            )  # fmt: skip
-        )
-        print(f"  {backend:6s} d={d} n={n:5d} {dist:7s} {cfg.to_dict()}: {ms:.3f} ms {tf:6.1f} TFLOP/s", flush=True)
+        time_row(rows, backend, cfg, fn, fwd_flops, **shape)
 
     record("triton", tcfg, lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, tcfg))
     for cfg in configs:
@@ -122,50 +95,13 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--dims", type=int, nargs="+", default=[256, 128])
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--dist", nargs="+", default=["uniform", "jagged"])
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--skip-check", action="store_true")
-    p.add_argument("--json", default=None)
-    a = p.parse_args()
-    dtype = getattr(torch, a.dtype)
-    dev = torch.cuda.get_device_name()
-    print(f"device: {dev}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    result = dict(device=dev, checks={}, rows=[])
-    for d in a.dims:
-        configs = [c for c in CONFIGS.get(d, []) if _feasible(c, d)]
-        if not a.skip_check:
-            for cfg in configs:
-                _write(a.json, result)
-                t = time.time()
-                errs = small_check(cfg, d, dtype)
-                tag = f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}"
-                result["checks"][tag] = errs
-                print(f"check d={d} {cfg.to_dict()}: {errs} ({time.time() - t:.1f}s)", flush=True)
-        for n in a.lengths:
-            for dist in a.dist:
-                result["rows"] += bench_shape(d, n, dist, dtype, a.batch, a.heads, configs)
-                _write(a.json, result)  # after every shape, so a time limit keeps what was measured
+    def configs_for(d: int, dtype: str) -> list[HSTUCuteFwdConfig]:
+        return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_fwd_config(c, d, d), c, d)]
 
+    def tag(cfg: HSTUCuteFwdConfig, d: int) -> str:
+        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}"
 
-def _write(path: str | None, result: dict) -> None:
-    path = path or (os.path.join(os.environ["OUT"], "bench_cute.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-
-
-def _feasible(cfg: HSTUCuteFwdConfig, d: int) -> bool:
-    try:
-        check_fwd_config(cfg, d, d)
-    except ValueError as e:
-        print(f"skip {cfg.to_dict()} d={d}: {e}")
-        return False
-    return True
+    run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute.json")
 
 
 if __name__ == "__main__":

@@ -12,14 +12,10 @@ the project's tolerance rule), then on every benchmark shape against the Triton 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import time
 import traceback
 
 import torch
-import triton
+from cute_bench_common import CHECK_LENGTHS, MASKS, feasible, parse_args, run, time_row
 
 from autotune.buckets import sequence_lengths
 from kernel_templates.cute import HSTUCuteBwdConfig, check_bwd_config, hstu_attention_cute_bwd
@@ -31,13 +27,6 @@ CONFIGS = {
     256: [HSTUCuteBwdConfig(64, 64, 1), HSTUCuteBwdConfig(128, 64, 1)],
     128: [HSTUCuteBwdConfig(64, 128, 2), HSTUCuteBwdConfig(64, 64, 2), HSTUCuteBwdConfig(128, 64, 1)],
     64: [HSTUCuteBwdConfig(64, 128, 2), HSTUCuteBwdConfig(128, 64, 2)],
-}
-MASKS = {
-    "causal": (0, False, 0),
-    "targets": (0, True, 0),
-    "context": (7, False, 0),
-    "window": (0, False, 100),
-    "all": (5, True, 60),
 }
 
 
@@ -51,7 +40,7 @@ def small_check(cfg: HSTUCuteBwdConfig, d: int, dtype: torch.dtype) -> dict[str,
     """Max error of dq/dk/dv vs the fp32 reference per mask, on a jagged batch with empty/short/odd sequences."""
     errs = {}
     for name, (ctx, targets, window) in MASKS.items():
-        inp = make_jagged_inputs([0, 1, 77, 300, 129, 0, 513], 2, d, d, dtype, "cuda", seed=1, targets=targets)
+        inp = make_jagged_inputs(CHECK_LENGTHS, 2, d, d, dtype, "cuda", seed=1, targets=targets)
         do = torch.randn_like(inp.v)
         args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, inp.num_targets, ctx, window, None)
         bufs = tuple(torch.full_like(t, float("nan")) for t in (inp.q, inp.k, inp.v))
@@ -81,15 +70,10 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
     tcfg = default_bwd_config(d, d)
     ref = hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, tcfg)
     rows = []
+    shape = dict(dqk=d, dv=d, len=n, dist=dist, batch=batch, heads=heads, dtype=str(dtype).split(".")[-1])
 
     def record(backend: str, cfg, fn) -> None:
-        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-        tf = bwd_flops / ms / 1e9
-        rows.append(
-            dict(backend=backend, config=cfg.to_dict(), dqk=d, dv=d, len=n, dist=dist, batch=batch, heads=heads,
-                 dtype=str(dtype).split(".")[-1], median_ms=ms, tflops=tf)
-        )  # fmt: skip
-        print(f"  {backend:6s} d={d} n={n:5d} {dist:7s} {cfg.to_dict()}: {ms:.3f} ms {tf:6.1f} TFLOP/s", flush=True)
+        time_row(rows, backend, cfg, fn, bwd_flops, **shape)
 
     record("triton", tcfg, lambda: hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, tcfg))
     for cfg in configs:
@@ -113,50 +97,13 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--dims", type=int, nargs="+", default=[256, 128])
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--dist", nargs="+", default=["uniform", "jagged"])
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--configs", type=int, default=None, help="time only the first N configs per head dim")
-    p.add_argument("--skip-check", action="store_true")
-    p.add_argument("--json", default=None)
-    a = p.parse_args()
-    dtype = getattr(torch, a.dtype)
-    dev = torch.cuda.get_device_name()
-    print(f"device: {dev}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    result = dict(device=dev, checks={}, rows=[])
-    for d in a.dims:
-        configs = [c for c in CONFIGS.get(d, []) if _feasible(c, d, a.dtype)][: a.configs]
-        if not a.skip_check:
-            for cfg in configs:
-                t = time.time()
-                errs = small_check(cfg, d, dtype)
-                result["checks"][f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}"] = errs
-                print(f"check d={d} {cfg.to_dict()}: {errs} ({time.time() - t:.1f}s)", flush=True)
-                _write(a.json, result)
-        for n in a.lengths:
-            for dist in a.dist:
-                result["rows"] += bench_shape(d, n, dist, dtype, a.batch, a.heads, configs)
-                _write(a.json, result)  # after every shape, so a time limit keeps what was measured
+    def configs_for(d: int, dtype: str) -> list[HSTUCuteBwdConfig]:
+        return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_bwd_config(c, dtype, d, d), c, d)]
 
+    def tag(cfg: HSTUCuteBwdConfig, d: int) -> str:
+        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}"
 
-def _write(path: str | None, result: dict) -> None:
-    path = path or (os.path.join(os.environ["OUT"], "bench_cute_bwd.json") if os.environ.get("OUT") else None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-
-
-def _feasible(cfg: HSTUCuteBwdConfig, d: int, dtype: str) -> bool:
-    try:
-        check_bwd_config(cfg, dtype, d, d)
-    except ValueError as e:
-        print(f"skip {cfg.to_dict()} d={d}: {e}")
-        return False
-    return True
+    run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute_bwd.json")
 
 
 if __name__ == "__main__":

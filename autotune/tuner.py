@@ -151,7 +151,8 @@ def study_name(task: Task, backends: list[str]) -> str:
     """
     parts = [search_space_hash(task.kernel)]
     parts += [f"{b}:{art.current_template_hash(task.kernel, b)}" for b in sorted(backends)]
-    return f"{task.study_name}|src{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:12]}"
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return f"{task.study_name}|src{digest}"
 
 
 def search_space_hash(kernel: str) -> str:

@@ -172,7 +172,7 @@ class _Session:
         from autotune import measure
 
         out = self.op.alloc_out(self.inputs)
-        launch = lambda: backend.launch(self.inputs, config, out)  # noqa: E731
+        launch = lambda: backend.launch(self.inputs, config, out)
         return measure.bench(launch, quick=quick, cuda_graph=self.cuda_graph)
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:

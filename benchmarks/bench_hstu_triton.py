@@ -11,6 +11,7 @@ FLOPs follow HSTU.md: fwd = 2H(Dqk+Dv)P, bwd = 2H(3Dqk+2Dv)P.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -110,6 +111,9 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--sweep", action="store_true", help="time the sweep configs at --sweep-len first")
     p.add_argument("--sweep-len", type=int, default=4096)
+    p.add_argument(
+        "--l2-groups", type=int, nargs="+", default=None, help="time the defaults with each launch-order l2_group"
+    )
     p.add_argument("--json", default=None)
     a = p.parse_args()
     rows: list[dict] = []
@@ -132,17 +136,21 @@ def main() -> None:
                 except Exception as e:
                     print(f"sweep bwd d{dim} {bc}: FAILED {type(e).__name__}: {str(e)[:120]}", flush=True)
     for dim in a.dims:
-        fc, bc = default_fwd_config(dim, dim), default_bwd_config(dim, dim)
-        small_check(dim, fc, bc)
-        for dist in a.dist:
-            for n in a.lengths:
-                r = bench_one(n, dim, dist, fc, bc, a.batch, a.heads)
-                rows.append(dict(r, kind="default"))
-                print(
-                    f"default d{dim} {dist:8s} n={n:5d}: fwd {r['fwd_tflops']:6.1f} TFLOP/s ({r['fwd_ms']:.3f} ms)"
-                    f"  bwd {r['bwd_tflops']:6.1f} TFLOP/s ({r['bwd_ms']:.3f} ms)",
-                    flush=True,
-                )
+        fc0, bc0 = default_fwd_config(dim, dim), default_bwd_config(dim, dim)
+        for group in a.l2_groups or [None]:
+            fc, bc = fc0, bc0
+            if group is not None:
+                fc, bc = dataclasses.replace(fc0, l2_group=group), dataclasses.replace(bc0, l2_group=group)
+            small_check(dim, fc, bc)
+            for dist in a.dist:
+                for n in a.lengths:
+                    r = bench_one(n, dim, dist, fc, bc, a.batch, a.heads)
+                    rows.append(dict(r, kind="default"))
+                    print(
+                        f"default d{dim} l2_group={fc.l2_group} {dist:8s} n={n:5d}: fwd {r['fwd_tflops']:6.1f} TFLOP/s"
+                        f" ({r['fwd_ms']:.3f} ms)  bwd {r['bwd_tflops']:6.1f} TFLOP/s ({r['bwd_ms']:.3f} ms)",
+                        flush=True,
+                    )
     print(f"total {time.time() - t0:.0f} s")
     path = a.json or (os.path.join(os.environ["OUT"], "bench_triton.json") if os.environ.get("OUT") else None)
     if path:

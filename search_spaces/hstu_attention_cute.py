@@ -33,6 +33,7 @@ FWD_PARAMS: dict[str, tuple] = {
     "block_n": (64, 96, 128, 160, 192),
     "num_stages": (1, 2, 3, 4),
     "intra_wg_overlap": (False, True),
+    "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
 # setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
 MMA_REGS = {1: 256, 2: 240, 3: 160}
@@ -115,6 +116,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "block_m": (64, 128),
     "block_n": (64, 128),
     "num_stages": (1, 2, 3),
+    "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
 
 

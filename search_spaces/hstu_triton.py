@@ -23,6 +23,7 @@ FWD_PARAMS: dict[str, tuple] = {
     "block_n": (16, 32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
+    "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
 BWD_PARAMS: dict[str, tuple] = {
     "block_m": (16, 32, 64, 128),
@@ -31,6 +32,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "num_stages": (1, 2, 3),
     "dq_mode": ("atomic", "separate"),
     "dq_block_m": (0, 32, 64, 128),  # query rows of the separate dQ kernel; 0 = block_m
+    "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
 # Largest S tile the interpreter is allowed (it runs numpy per program: big tiles only cost CI time).
 INTERPRET_MAX_TILE = 64 * 64
@@ -71,9 +73,11 @@ def enough_work_per_thread(c, ctx: SpaceContext) -> str | None:
 
 
 def interpreter_limits(c, ctx: SpaceContext) -> str | None:
-    """The interpreter ignores warps and stages; vary only tiles, small ones, to keep CI fast."""
-    if ctx.interpret and (c.num_warps != 4 or c.num_stages != 1 or c.block_m * c.block_n > INTERPRET_MAX_TILE):
-        return "interpreter: num_warps=4, num_stages=1, tile <= 64x64 only"
+    """The interpreter ignores warps, stages and launch order; vary only tiles, small ones, to keep CI fast."""
+    if ctx.interpret and (
+        c.num_warps != 4 or c.num_stages != 1 or c.l2_group != 8 or c.block_m * c.block_n > INTERPRET_MAX_TILE
+    ):
+        return "interpreter: num_warps=4, num_stages=1, l2_group=8 (order is moot), tile <= 64x64 only"
     return None
 
 

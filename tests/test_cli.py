@@ -65,7 +65,7 @@ def test_dry_run_lists_tasks_and_space_sizes_without_a_gpu(capsys, monkeypatch):
     rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run")
     assert rc == 0
     assert text.count("hstu_attention_fwd bfloat16") == 16 and text.count("hstu_attention_bwd bfloat16") == 16
-    assert "triton 160 -> 65" in text  # fwd d256 on h100: full space -> feasible
+    assert "triton 640 -> 260" in text  # fwd d256 on h100: full space -> feasible
     assert "d128/128" in text and "8K jagged" in text
 
 

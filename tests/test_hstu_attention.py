@@ -72,6 +72,14 @@ def test_cpu_configs_and_mixed_head_dims(fc, bc):
     _run_case([33, 1, 0, 17], 2, 64, 32, torch.float32, "cpu", ctx=1, targets=True, fc=fc, bc=bc, seed=5)
 
 
+@pytest.mark.parametrize("group", [1, 4, 16])
+def test_cpu_l2_grouped_launch_order(group):
+    """5 sequences x 2 heads = 10 sequence-heads: groups of 4 leave a partial last group of 2."""
+    fc = HSTUFwdConfig(32, 16, 4, 1, l2_group=group)
+    bc = HSTUBwdConfig(16, 32, 4, 1, "separate", 16, l2_group=group)
+    _run_case([33, 1, 0, 47, 9], 2, 32, 32, torch.float32, "cpu", ctx=1, window=20, fc=fc, bc=bc, seed=17)
+
+
 def test_cpu_scaling_seqlen_and_max_len_above_lengths():
     inp = make_jagged_inputs([9, 4], 1, 32, 32, torch.float32, "cpu", seed=7, max_seq_len=40)
     args = (inp.seq_offsets, inp.max_seq_len, 0.3, None, 0, 0, 11)
@@ -109,8 +117,9 @@ def test_gpu_default_configs(case, dtype):
         (HSTUFwdConfig(64, 32, 4, 2), HSTUBwdConfig(32, 64, 4, 2, "separate", 64)),
         (HSTUFwdConfig(128, 128, 8, 3), HSTUBwdConfig(64, 128, 8, 1, "atomic")),
         (HSTUFwdConfig(64, 64, 4, 4), HSTUBwdConfig(128, 64, 8, 2, "atomic")),
+        (HSTUFwdConfig(128, 64, 8, 2, l2_group=2), HSTUBwdConfig(64, 64, 8, 2, "separate", l2_group=4)),
     ],
-    ids=["small", "large", "mixed"],
+    ids=["small", "large", "mixed", "l2-grouped"],
 )
 def test_gpu_other_configs(fc, bc):
     _run_case([400, 3, 0, 131], 2, 128, 128, torch.bfloat16, "cuda", ctx=2, targets=True, fc=fc, bc=bc, seed=13)

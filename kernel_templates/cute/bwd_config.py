@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .config import CUTE_HEAD_DIMS, SMEM_BYTES_SM90, SMEM_RESERVED_BYTES
+from .config import CUTE_HEAD_DIMS, L2_GROUPS, SMEM_BYTES_SM90, SMEM_RESERVED_BYTES
 
 BWD_DTYPES = ("bfloat16", "float16")
 # setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
@@ -28,7 +28,8 @@ class HSTUCuteBwdConfig:
     loop over query blocks, ``num_stages`` Q/dO buffers in flight. ``mma_warpgroups`` MMA warpgroups
     (2; a producer warpgroup besides: one TMA load warp and one dQ reduce warp). ``dq_mode``: "tma"
     writes each dQ partial dS K to shared memory and a dedicated warp adds it to the fp32 dQ buffer
-    with a TMA reduce-add (cp.reduce.async.bulk.tensor).
+    with a TMA reduce-add (cp.reduce.async.bulk.tensor). ``l2_group`` sequence-heads launch together
+    so their Q/dO is re-read from L2 (see ``schedule.py``).
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -37,6 +38,7 @@ class HSTUCuteBwdConfig:
     num_stages: int = 1
     mma_warpgroups: int = 2
     dq_mode: str = "tma"
+    l2_group: int = 8
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -49,6 +51,8 @@ class HSTUCuteBwdConfig:
             raise ValueError(
                 f"HSTUCuteBwdConfig.mma_warpgroups must be one of {tuple(BWD_MMA_REGS)}, got {self.mma_warpgroups!r}"
             )
+        if self.l2_group not in L2_GROUPS:
+            raise ValueError(f"HSTUCuteBwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
         if self.dq_mode not in ("tma",):
             raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
 

@@ -15,6 +15,9 @@ CUTE_HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES_SM90 = 227 * 1024
 # Bytes the kernel keeps in shared memory besides the Q/K/V tiles (mbarriers, alignment padding).
 SMEM_RESERVED_BYTES = 2048
+# Launch order (kernel_templates/cute/schedule.py): 0 = one block index across all sequence-heads at a
+# time; g = every block of g sequence-heads at a time, so CTAs in flight share operands in L2.
+L2_GROUPS = (0, 1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,8 @@ class HSTUCuteFwdConfig:
     ``block_m`` query rows per CTA, split over ``block_m // 64`` MMA warpgroups (wgmma M is 64 per
     warpgroup); one extra producer warpgroup issues the TMA loads. ``block_n`` keys per pipeline
     step, ``num_stages`` K/V buffers in flight. ``intra_wg_overlap`` issues the next Q K^T before
-    the current P V so the SiLU math overlaps the tensor cores.
+    the current P V so the SiLU math overlaps the tensor cores. ``l2_group`` sequence-heads launch
+    together so their K/V is re-read from L2 (see ``schedule.py``).
     """
 
     kind: ClassVar[str] = "hstu_attention_fwd_cute"
@@ -32,6 +36,7 @@ class HSTUCuteFwdConfig:
     block_n: int = 64
     num_stages: int = 2
     intra_wg_overlap: bool = True
+    l2_group: int = 8
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128, 192):
@@ -44,6 +49,8 @@ class HSTUCuteFwdConfig:
             )
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 6:
             raise ValueError(f"HSTUCuteFwdConfig.num_stages must be an int in [1, 6], got {self.num_stages!r}")
+        if self.l2_group not in L2_GROUPS:
+            raise ValueError(f"HSTUCuteFwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
         for name in ("intra_wg_overlap",):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteFwdConfig.{name} must be a bool, got {getattr(self, name)!r}")

@@ -1,7 +1,8 @@
 """CuTe DSL template: jagged HSTU attention backward for Hopper (sm90), TMA + wgmma.
 
-One CTA per (head, sequence, key block); the grid's slowest axis walks key blocks from the first
-(heaviest under causal masks: every later query sees it) to the last. The K and V tiles are loaded
+One CTA per (head, sequence, key block); key blocks of a sequence-head launch from the first
+(heaviest under causal masks: every later query sees it) to the last, and ``l2_group`` sequence-heads
+run together so their Q/dO stay in L2 (``schedule.grouped_block_order``). The K and V tiles are loaded
 once by TMA; warp 0 of the producer warpgroup streams Q and dO tiles of the query blocks that can
 see this key block through a ``num_stages`` mbarrier ring. Two MMA warpgroups then, per query block:
 
@@ -38,6 +39,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
 from .hstu_fwd_sm90 import _position_id
+from .schedule import grouped_block_order
 
 LOG2E = math.log2(math.e)
 PRODUCER_REGS = 24
@@ -221,7 +223,7 @@ class HSTUBwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        head, bid_b, n_block = cute.arch.block_idx()
+        head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
         if warp_idx == 0:
             for atom in (tma_atom_q, tma_atom_do, tma_atom_k, tma_atom_v, tma_atom_dq):
                 cpasync.prefetch_descriptor(atom)

@@ -1,7 +1,8 @@
 """CuTe DSL template: jagged HSTU attention forward for Hopper (sm90), TMA + wgmma.
 
-One CTA per (head, sequence, query block); the grid's slowest axis walks query blocks from the
-last (heaviest under causal masks) to the first, so long tiles start early. Warpgroup 0 is the producer:
+One CTA per (head, sequence, query block); query blocks of a sequence-head launch from the last
+(heaviest under causal masks) to the first, so long tiles start early, and ``l2_group``
+sequence-heads run together so their K/V stay in L2 (``schedule.grouped_block_order``). Warpgroup 0 is the producer:
 one warp issues TMA loads (cp.async.bulk.tensor) of the Q tile and of K/V tiles into a multi-stage
 shared-memory ring guarded by mbarriers. The other ``block_m // 64`` warpgroups compute
 S = Q K^T with wgmma (operands in shared memory), apply SiLU and the HSTU mask on the fp32
@@ -28,6 +29,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .config import HSTUCuteFwdConfig
+from .schedule import grouped_block_order
 
 LOG2E = math.log2(math.e)
 # (MMA warpgroups) -> (registers per MMA thread, registers per producer thread) after setmaxnreg.
@@ -205,7 +207,7 @@ class HSTUFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        head, bid_b, bid_m = cute.arch.block_idx()
+        head, bid_b, bid_m = grouped_block_order(self.cfg.l2_group)
         m_block = num_m_blocks - 1 - bid_m
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)

@@ -13,6 +13,9 @@ from typing import Any, ClassVar
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 DQ_MODES = ("atomic", "separate")
+# Launch order: 0 = one block index across all sequence-heads at a time; g = all blocks of g
+# sequence-heads at a time, so CTAs in flight share K/V (fwd) or Q/dO (bwd) in L2.
+L2_GROUPS = (0, 1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -42,17 +45,21 @@ class _ConfigBase:
             raise ValueError(f"{type(self).__name__}.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"{type(self).__name__}.num_stages must be an int in [1, 8], got {self.num_stages!r}")
+        if self.l2_group not in L2_GROUPS:
+            raise ValueError(f"{type(self).__name__}.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
 
 
 @dataclass(frozen=True)
 class HSTUFwdConfig(_ConfigBase):
-    """Forward tiles: BLOCK_M query rows per program, BLOCK_N keys per inner step."""
+    """Forward tiles: BLOCK_M query rows per program, BLOCK_N keys per inner step; ``l2_group``
+    sequence-heads launch together so their K/V stays in L2 (see ``triton_common.grouped_block_order``)."""
 
     kind: ClassVar[str] = "hstu_attention_fwd"
     block_m: int = 128
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 2
+    l2_group: int = 8
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class HSTUBwdConfig(_ConfigBase):
     num_stages: int = 2
     dq_mode: str = "atomic"
     dq_block_m: int = 0
+    l2_group: int = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,7 +101,8 @@ def default_fwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUFwdCon
         return HSTUFwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
     d = max(dqk, dv)
     if d >= 256:
-        # H100, b32 h4 d256 4K uniform: 303 TFLOP/s (128x64 w8 s3 and 128x128 s2 exceed 227 KB smem).
+        # H100, b32 h4 d256 4K uniform: 303 TFLOP/s (128x64 w8 s3 and 128x128 s2 exceed 227 KB smem);
+        # l2_group=8 (the dataclass default) lifts it to 370 (session 3, docs/RESULTS.md).
         return HSTUFwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
     # H100, d128 4K: 64x64 w4 s3 282 TFLOP/s vs 128x64 w8 s3 274.
     return HSTUFwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
@@ -106,7 +115,7 @@ def default_bwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUBwdCon
     d = max(dqk, dv)
     if d >= 256:
         # H100, d256 4K: fp32 dQ atomics of 64x256 tiles throttle the key-block kernel (45-66 TFLOP/s);
-        # the separate dQ pass reached 139 TFLOP/s.
+        # the separate dQ pass reached 139 TFLOP/s, 155 with l2_group=8.
         return HSTUBwdConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, dq_mode="separate")
-    # H100, d128 4K: 64x128 w8 s2 atomic 238 TFLOP/s.
+    # H100, d128 4K: 64x128 w8 s2 atomic 238 TFLOP/s, 287 with l2_group=8.
     return HSTUBwdConfig(block_m=64, block_n=128, num_warps=8, num_stages=2, dq_mode="atomic")

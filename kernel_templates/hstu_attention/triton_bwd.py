@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .config import HSTUBwdConfig
-from .triton_common import query_block_setup, row_range_for_keys, seq_info, valid_mask
+from .triton_common import grouped_block_order, query_block_setup, row_range_for_keys, seq_info, valid_mask
 from .triton_fwd import dot_precision
 
 
@@ -110,9 +110,10 @@ def _hstu_bwd_kv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    L2_GROUP: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # Key blocks run first-first: under causal masks the first ones see the most query rows.
+    pid_bh, pid_n = grouped_block_order(L2_GROUP)
     b = pid_bh // H
     h = pid_bh % H
     seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
@@ -265,7 +266,8 @@ def _bwd_q_tile(
     return dq
 
 
-@triton.jit
+# num_m_blocks follows max_seq_len, which may change every batch: no recompiles for it.
+@triton.jit(do_not_specialize=["num_m_blocks"])
 def _hstu_bwd_q_kernel(
     Q,
     K,
@@ -298,6 +300,7 @@ def _hstu_bwd_q_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    L2_GROUP: tl.constexpr,
 ):
     h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
         seq_offsets,
@@ -311,6 +314,7 @@ def _hstu_bwd_q_kernel(
         HAS_CONTEXT,
         HAS_TARGETS,
         HAS_WINDOW,
+        L2_GROUP,
     )
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -429,6 +433,7 @@ def hstu_attention_bwd(
         PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        L2_GROUP=config.l2_group,
     )
     nt = num_targets if num_targets is not None else seq_offsets
     grid = (batch * H, triton.cdiv(max_seq_len, config.block_n))

@@ -116,6 +116,31 @@ def key_range_for_rows(
 
 
 @triton.jit
+def grouped_block_order(L2_GROUP: tl.constexpr):
+    """Map the (sequence*head, block) grid to (bh, i): i = 0 is launched first within its bh.
+
+    ``L2_GROUP == 0`` walks all sequence-heads at one block index before the next index (heaviest
+    level first everywhere, but the concurrent CTAs share no K/V). ``L2_GROUP == g`` launches every
+    block of g sequence-heads before the next g, so the CTAs in flight re-read the same K/V (or Q/dO)
+    from L2 instead of HBM.
+    """
+    num_bh = tl.num_programs(0)
+    num_blocks = tl.num_programs(1)
+    if L2_GROUP == 0:
+        bh = tl.program_id(0)
+        i = tl.program_id(1)
+    else:
+        lin = tl.program_id(1) * num_bh + tl.program_id(0)
+        per_group = L2_GROUP * num_blocks
+        g = lin // per_group
+        r = lin % per_group
+        g_size = tl.minimum(num_bh - g * L2_GROUP, L2_GROUP)
+        i = r // g_size
+        bh = g * L2_GROUP + r % g_size
+    return bh, i
+
+
+@triton.jit
 def query_block_setup(
     seq_offsets,
     num_targets,
@@ -128,14 +153,15 @@ def query_block_setup(
     HAS_CONTEXT: tl.constexpr,
     HAS_TARGETS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    L2_GROUP: tl.constexpr,
 ):
     """The shared prologue of the per-query-block kernels (forward, dQ): which head, sequence, rows, keys.
 
     Grid (sequence * head, query block); query blocks run last-first so the heaviest causal tiles start
-    early. Returns (h, seq_start, n, m_id, start_m, lo, full_end, hi).
+    early, grouped by ``grouped_block_order``. Returns (h, seq_start, n, m_id, start_m, lo, full_end, hi).
     """
-    pid_bh = tl.program_id(0)
-    pid_m = num_m_blocks - 1 - tl.program_id(1)
+    pid_bh, i = grouped_block_order(L2_GROUP)
+    pid_m = num_m_blocks - 1 - i
     b = pid_bh // H
     h = pid_bh % H
     seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)

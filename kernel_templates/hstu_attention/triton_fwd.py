@@ -55,7 +55,8 @@ def _fwd_tile(
     return acc
 
 
-@triton.jit
+# num_m_blocks follows max_seq_len, which may change every batch: no recompiles for it.
+@triton.jit(do_not_specialize=["num_m_blocks"])
 def _hstu_fwd_kernel(
     Q,
     K,
@@ -85,6 +86,7 @@ def _hstu_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    L2_GROUP: tl.constexpr,
 ):
     h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
         seq_offsets,
@@ -98,6 +100,7 @@ def _hstu_fwd_kernel(
         HAS_CONTEXT,
         HAS_TARGETS,
         HAS_WINDOW,
+        L2_GROUP,
     )
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -223,5 +226,6 @@ def hstu_attention_fwd(
         PRECISION=dot_precision(q.dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        L2_GROUP=config.l2_group,
     )
     return out

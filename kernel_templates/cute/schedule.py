@@ -1,0 +1,36 @@
+"""Launch order shared by the CuTe DSL HSTU kernels: which (head, sequence, block) a CTA owns.
+
+The grid is (heads, sequences, blocks); the hardware launches CTAs x-fastest. With ``l2_group == 0``
+the CTAs in flight are every sequence-head at one block index, and none of them share K/V (forward)
+or Q/dO (backward), so each re-reads its operands from HBM. With ``l2_group == g`` all blocks of g
+sequence-heads launch before the next g, and the CTAs in flight re-read the same operands from L2.
+Within a sequence-head, block index 0 launches first (callers map it to the heaviest block).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+
+
+@cute.jit
+def grouped_block_order(l2_group: cutlass.Constexpr):
+    """(head, sequence, i) of this CTA; i = 0 is the first block launched for its sequence-head."""
+    bid_x, bid_y, bid_z = cute.arch.block_idx()
+    num_heads, num_seqs, num_blocks = cute.arch.grid_dim()
+    head = Int32(bid_x)
+    seq = Int32(bid_y)
+    i = Int32(bid_z)
+    if const_expr(l2_group > 0):
+        num_bh = Int32(num_heads) * Int32(num_seqs)
+        lin = (Int32(bid_z) * Int32(num_seqs) + Int32(bid_y)) * Int32(num_heads) + Int32(bid_x)
+        per_group = Int32(num_blocks) * l2_group
+        grp = lin // per_group
+        r = lin - grp * per_group
+        g_size = cutlass.min(num_bh - grp * l2_group, Int32(l2_group))
+        i = r // g_size
+        bh = grp * l2_group + (r - i * g_size)
+        seq = bh // Int32(num_heads)
+        head = bh - seq * Int32(num_heads)
+    return head, seq, i

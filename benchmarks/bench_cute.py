@@ -99,7 +99,7 @@ def main() -> None:
         return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_fwd_config(c, d, d), c, d)]
 
     def tag(cfg: HSTUCuteFwdConfig, d: int) -> str:
-        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}"
+        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}g{cfg.l2_group}"
 
     run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute.json")
 

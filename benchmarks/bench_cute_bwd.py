@@ -101,7 +101,7 @@ def main() -> None:
         return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_bwd_config(c, dtype, d, d), c, d)]
 
     def tag(cfg: HSTUCuteBwdConfig, d: int) -> str:
-        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}"
+        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}g{cfg.l2_group}"
 
     run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute_bwd.json")
 

@@ -9,6 +9,7 @@ its small check and its per-shape timing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -39,6 +40,7 @@ def parse_args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--configs", type=int, default=None, help="time only the first N configs per head dim")
+    p.add_argument("--l2-groups", type=int, nargs="+", default=None, help="time each config with each l2_group")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--json", default=None)
     if extra is not None:
@@ -87,6 +89,8 @@ def run(
     result = dict(device=dev, checks={}, rows=[])
     for d in a.dims:
         configs = configs_for(d, a.dtype)[: a.configs]
+        if a.l2_groups:
+            configs = [dataclasses.replace(c, l2_group=g) for c in configs for g in a.l2_groups]
         if not a.skip_check:
             for cfg in configs:
                 t = time.time()

@@ -1,8 +1,8 @@
 """GPU benchmark of the CuTe DSL HSTU forward (sm90) beside the Triton forward with its default config.
 
 Each CuTe config is first checked against the reference on a small jagged batch (all masks), then on
-every benchmark shape against the Triton forward (same tolerance rule, Triton as the "low" side is not
-used: the check is |cute - triton| <= 2e-3 max|triton| + 1e-5). Timing: ``triton.testing.do_bench``
+every benchmark shape against the Triton forward (|cute - triton| <= one ulp of max|triton| + 1e-5, as
+two low-precision kernels may round differently). Timing: ``triton.testing.do_bench``
 (warm-up, L2 flush between reps, median). FLOPs follow HSTU.md (fwd = 2H(Dqk+Dv)P).
 
     python benchmarks/bench_cute.py [--dims 256 128] [--lengths 1024 2048 4096 8192] \
@@ -79,7 +79,8 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
         try:
             out = hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg)
             diff = (out.float() - ref.float()).abs().max().item()
-            tol = 2e-3 * ref.float().abs().max().item() + 1e-5
+            # Two bf16/fp16 kernels may round differently: allow one ulp of the largest output.
+            tol = (2**-7 if dtype == torch.bfloat16 else 2**-10) * ref.float().abs().max().item() + 1e-5
             if not diff <= tol:
                 print(f"  MISMATCH cute vs triton {cfg.to_dict()} d={d} n={n} {dist}: {diff:.3e} > {tol:.3e}")
             buf = torch.empty_like(out)

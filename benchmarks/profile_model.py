@@ -1,0 +1,124 @@
+"""Where a training step of the HSTU model spends its GPU time, per kernel (torch.profiler).
+
+    python benchmarks/profile_model.py --preset seed --kernels default tuned --steps 3
+
+Trains ``--warmup`` untimed steps (compilation, allocator growth), then profiles ``--steps`` steps
+and prints, per kernel source, the CUDA kernels with the most total device time (per step) and the
+share of the step they take, grouped into attention / GEMM / other. Writes JSON to ``--json`` or
+``$OUT/profile_model_<preset>.json``. The totals are device-busy time: they do not include host gaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from autotune import dispatch  # noqa: E402
+from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
+from models.data import make_loader  # noqa: E402
+from models.train import autocast_context, build, parse_overrides, train_step  # noqa: E402
+
+# Substrings of kernel names -> group (first match wins).
+GROUPS = (
+    ("attention", ("hstu_fwd", "hstu_bwd", "HSTUFwd", "HSTUBwd")),
+    ("gemm", ("gemm", "Gemm", "sm90_xmma", "nvjet", "cutlass")),
+)
+
+
+def group_of(name: str) -> str:
+    for group, keys in GROUPS:
+        if any(k in name for k in keys):
+            return group
+    return "other"
+
+
+def profile_source(preset: str, kernels: str, steps: int, warmup: int, artifacts: str, overrides: dict) -> dict:
+    """Per-kernel device time (ms per step) for one kernel source."""
+    cfg = get_config(preset, **{**overrides, "kernels": kernels})
+    device = torch.device("cuda")
+    if kernels == "tuned":
+        import autotune
+
+        autotune.load(artifacts)
+    model, opt = build(cfg, device)
+    amp = autocast_context(device, "bf16")
+    loader = iter(make_loader(cfg, warmup + steps, pin=True))
+    for _ in range(warmup):
+        train_step(model, opt, next(loader).to(device), amp)
+    batches = [next(loader).to(device) for _ in range(steps)]
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for batch in batches:
+            train_step(model, opt, batch, amp)
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dev_us = getattr(ev, "self_device_time_total", 0.0)
+        if dev_us > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append(dict(name=ev.key, ms_per_step=dev_us / 1e3 / steps, calls=ev.count // steps))
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    total = sum(r["ms_per_step"] for r in rows)
+    groups: dict[str, float] = {}
+    for r in rows:
+        r["group"] = group_of(r["name"])
+        groups[r["group"]] = groups.get(r["group"], 0.0) + r["ms_per_step"]
+    del model, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    dispatch.reset()
+    return dict(kernels=kernels, device_ms_per_step=total, groups=groups, top=rows[:40])
+
+
+def show(result: dict, console: Console, top: int) -> None:
+    total = result["device_ms_per_step"]
+    groups = ", ".join(f"{g} {ms:.1f} ms ({ms / total:.0%})" for g, ms in sorted(result["groups"].items()))
+    t = Table(title=f"{result['kernels']}: {total:.1f} ms of device time per step; {groups}")
+    for col in ("ms/step", "share", "calls/step", "group", "kernel"):
+        t.add_column(col, justify="right" if col != "kernel" else "left")
+    for r in result["top"][:top]:
+        name = r["name"] if len(r["name"]) < 90 else r["name"][:87] + "..."
+        t.add_row(f"{r['ms_per_step']:.2f}", f"{r['ms_per_step'] / total:.1%}", str(r["calls"]), r["group"], name)
+    console.print(t)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="seed", help=f"one of: {', '.join(PRESETS)}")
+    p.add_argument("--kernels", nargs="+", default=["default", "tuned"], choices=KERNEL_SOURCES)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_model.py needs a CUDA GPU")
+    console = Console(width=160)
+    results = []
+    for kernels in args.kernels:
+        res = profile_source(args.preset, kernels, args.steps, args.warmup, args.artifacts, parse_overrides(args.set))
+        show(res, console, args.top)
+        results.append(res)
+    out = args.json or (
+        os.path.join(os.environ["OUT"], f"profile_model_{args.preset}.json") if os.environ.get("OUT") else None
+    )
+    if out:
+        Path(out).write_text(json.dumps({"preset": args.preset, "results": results}, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

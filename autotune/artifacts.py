@@ -72,15 +72,20 @@ TEMPLATE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
         f"kernel_templates/hstu_attention/{f}"
         for f in ("config.py", "triton_common.py", "triton_fwd.py", "triton_bwd.py")
     ),
-    ("hstu_attention_fwd", "cute"): tuple(
-        f"kernel_templates/cute/{f}" for f in ("config.py", "hstu_fwd_sm90.py", "op.py")
+    ("hstu_attention_fwd", "cute"): (
+        *(f"kernel_templates/cute/{f}" for f in ("config.py", "schedule.py", "hstu_fwd_sm90.py", "op.py")),
+        "kernel_templates/cute_runtime.py",
     ),
-    ("hstu_attention_bwd", "cute"): tuple(
-        f"kernel_templates/cute/{f}"
-        for f in ("config.py", "hstu_fwd_sm90.py", "op.py", "bwd_config.py", "hstu_bwd_sm90.py", "bwd_op.py")
+    ("hstu_attention_bwd", "cute"): (
+        *(
+            f"kernel_templates/cute/{f}"
+            for f in ("config.py", "schedule.py", "hstu_fwd_sm90.py", "bwd_config.py", "hstu_bwd_sm90.py", "bwd_op.py")
+        ),
+        "kernel_templates/cute_runtime.py",
     ),
-    ("gemm_silu", "cute"): tuple(
-        f"kernel_templates/gemm_silu/{f}" for f in ("config.py", "gemm_silu_sm90.py", "op.py", "reference.py")
+    ("gemm_silu", "cute"): (
+        *(f"kernel_templates/gemm_silu/{f}" for f in ("config.py", "gemm_silu_sm90.py", "op.py", "reference.py")),
+        "kernel_templates/cute_runtime.py",
     ),
     ("gemm_silu", "torch"): ("kernel_templates/gemm_silu/reference.py", "autotune/gemm_ops.py"),
 }

@@ -8,15 +8,20 @@ machines). With ``tvm_ffi`` installed the kernel takes torch tensors directly; o
 from __future__ import annotations
 
 import math
-import os
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from kernel_templates.cute_runtime import (
+    TORCH_DTYPE_NAMES,
+    CompiledKernel,
+    KernelCache,
+    current_stream,
+    cutlass_dtype,
+    dlpack_args,
+)
+
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
-from .op import _DTYPES, _cutlass_dtype, _has_tvm_ffi
 
 
 @dataclass(frozen=True)
@@ -32,33 +37,24 @@ class BwdKey:
     has_window: bool
 
 
-@dataclass
-class CompiledBwd:
-    key: BwdKey
-    fn: Any
-    tvm_ffi: bool
-    ptx: str | None
+_CACHE: KernelCache[BwdKey] = KernelCache()
 
 
-_CACHE: dict[BwdKey, CompiledBwd] = {}
-_LOCK = threading.Lock()
-
-
-def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledBwd:
+def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledKernel[BwdKey]:
     """Compile (or fetch from the cache) the backward kernel for ``key``; rejects bad configs first."""
     check_bwd_config(key.config, key.dtype, key.dqk, key.dv)
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and (hit.ptx is not None or not keep_ptx):
-            return hit
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    return _CACHE.get(key, lambda tvm: _compile_args(key, tvm), keep_ptx)
+
+
+def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
+    """Arguments of ``cute.compile``: fake tensors with dynamic L, H, B and row strides."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .hstu_bwd_sm90 import HSTUBwdSm90
 
-    dt = _cutlass_dtype(key.dtype)
+    dt = cutlass_dtype(key.dtype)
     rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
 
     def jagged(d: int, elem=dt, div: int = 8):
@@ -68,8 +64,7 @@ def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledBwd:
     offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
     targets = make_fake_tensor(cutlass.Int32, (batch,), stride=(1,), assumed_align=4)
     kernel = HSTUBwdSm90(key.config, dt, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
-    tvm = _has_tvm_ffi()
-    args = (
+    return (
         kernel,
         jagged(key.dqk),
         jagged(key.dqk),
@@ -85,20 +80,8 @@ def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledBwd:
         cutlass.Int32(0),
         cutlass.Int32(0),
         cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=tvm),
+        make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi),
     )
-    flags = ["--enable-tvm-ffi"] if tvm else []
-    if keep_ptx:
-        dump = os.environ.get("CUTE_DSL_DUMP_DIR")
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-        flags.append("--keep-ptx")
-    fn = cute.compile(*args, options=" ".join(flags)) if flags else cute.compile(*args)
-    ptx = fn.__ptx__ if keep_ptx else None
-    compiled = CompiledBwd(key, fn, tvm, ptx)
-    with _LOCK:
-        _CACHE[key] = compiled
-    return compiled
 
 
 def bwd_key(
@@ -109,11 +92,11 @@ def bwd_key(
     max_attn_len: int,
     config: HSTUCuteBwdConfig,
 ) -> BwdKey:
-    if q.dtype not in _DTYPES:
+    if q.dtype not in TORCH_DTYPE_NAMES:
         raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
     return BwdKey(
         config=config,
-        dtype=_DTYPES[q.dtype],
+        dtype=TORCH_DTYPE_NAMES[q.dtype],
         dqk=int(q.shape[2]),
         dv=int(v.shape[2]),
         has_context=contextual_seq_len > 0,
@@ -137,7 +120,7 @@ def _validate(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_
         raise ValueError(f"do must have q's dtype {q.dtype}, got {do.dtype}")
     if do.device != q.device:
         raise ValueError(f"do must be on q's device {q.device}, got {do.device}")
-    if q.dtype not in _DTYPES:
+    if q.dtype not in TORCH_DTYPE_NAMES:
         raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
 
 
@@ -211,18 +194,13 @@ def hstu_attention_cute_bwd(
     return dq_out, dk, dv
 
 
-def _launch_dlpack(compiled: CompiledBwd, tensors: tuple, scalars: tuple) -> None:
-    """Fallback without TVM FFI: wrap the tensors through DLPack with dynamic rows and heads."""
-    import cuda.bindings.driver as cuda
+def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tuple) -> None:
+    """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
-    from cutlass.cute.runtime import from_dlpack
 
-    def wrap(t: torch.Tensor, align: int):
-        return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
-
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     alpha, inv_scale, ctx, w, nnb = scalars
-    wrapped = [wrap(t, 16) for t in tensors[:7]] + [wrap(t, 4) for t in tensors[7:]]
+    # q, k, v, do, dq_acc, dk, dv are TMA operands (16-byte aligned); offsets and targets are int32.
+    wrapped = dlpack_args([(t, 16) for t in tensors[:7]] + [(t, 4) for t in tensors[7:]])
     compiled.fn(
         *wrapped,
         cutlass.Float32(alpha),
@@ -230,5 +208,5 @@ def _launch_dlpack(compiled: CompiledBwd, tensors: tuple, scalars: tuple) -> Non
         cutlass.Int32(ctx),
         cutlass.Int32(w),
         cutlass.Int32(nnb),
-        stream,
+        current_stream(),
     )

@@ -1,32 +1,32 @@
-"""Compile cache, launcher and autograd entry of the CuTe DSL HSTU attention (Hopper sm90).
+"""Forward launcher and autograd entry of the CuTe DSL HSTU attention (Hopper sm90).
 
 Kernels are compiled once per (config, dtype, head dims, mask flags) from fake tensors with dynamic
 L, H and B, so compiling never touches a GPU (CUTE_DSL_ARCH=sm_90a on CPU-only machines). When the
 ``tvm_ffi`` package is present the kernel is compiled with TVM FFI and called with torch tensors
-directly (low launch overhead, stream taken from torch's current stream).
+directly (low launch overhead, stream taken from torch's current stream). The compile cache and the
+DLPack fallback are shared with the other CuTe launchers (``kernel_templates.cute_runtime``); the
+autograd entry pairs this forward with the CuTe backward of ``bwd_op.py``.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from kernel_templates.cute_runtime import (
+    TORCH_DTYPE_NAMES,
+    CompiledKernel,
+    KernelCache,
+    current_stream,
+    cutlass_dtype,
+    dlpack_args,
+)
+
+from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
+from .bwd_op import hstu_attention_cute_bwd
 from .config import HSTUCuteFwdConfig, check_fwd_config
-
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _has_tvm_ffi() -> bool:
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -42,41 +42,26 @@ class FwdKey:
     has_window: bool
 
 
-@dataclass
-class CompiledFwd:
-    key: FwdKey
-    fn: Any
-    tvm_ffi: bool
-    ptx: str | None
+_CACHE: KernelCache[FwdKey] = KernelCache()
 
 
-_CACHE: dict[FwdKey, CompiledFwd] = {}
-_LOCK = threading.Lock()
-
-
-def _cutlass_dtype(name: str):
-    import cutlass
-
-    return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[name]
-
-
-def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledFwd:
+def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledKernel[FwdKey]:
     """Compile (or fetch from the cache) the forward kernel for ``key``; rejects bad configs first."""
     check_fwd_config(key.config, key.dqk, key.dv)
-    if key.dtype not in _DTYPES.values():
+    if key.dtype not in TORCH_DTYPE_NAMES.values():
         raise ValueError(f"CuTe HSTU forward supports bfloat16 and float16, got {key.dtype}")
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and (hit.ptx is not None or not keep_ptx):
-            return hit
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    return _CACHE.get(key, lambda tvm: _compile_args(key, tvm), keep_ptx)
+
+
+def _compile_args(key: FwdKey, tvm_ffi: bool) -> tuple:
+    """Arguments of ``cute.compile``: fake tensors with dynamic L, H, B and row strides."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .hstu_fwd_sm90 import HSTUFwdSm90
 
-    dt = _cutlass_dtype(key.dtype)
+    dt = cutlass_dtype(key.dtype)
     rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
 
     def qkv(d: int):
@@ -87,8 +72,7 @@ def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledFwd:
     offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
     targets = make_fake_tensor(cutlass.Int32, (batch,), stride=(1,), assumed_align=4)
     kernel = HSTUFwdSm90(key.config, dt, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
-    tvm = _has_tvm_ffi()
-    args = (
+    return (
         kernel,
         qkv(key.dqk),
         qkv(key.dqk),
@@ -101,20 +85,8 @@ def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledFwd:
         cutlass.Int32(0),
         cutlass.Int32(0),
         cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=tvm),
+        make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi),
     )
-    flags = ["--enable-tvm-ffi"] if tvm else []
-    if keep_ptx:
-        dump = os.environ.get("CUTE_DSL_DUMP_DIR")
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-        flags.append("--keep-ptx")
-    fn = cute.compile(*args, options=" ".join(flags)) if flags else cute.compile(*args)
-    ptx = fn.__ptx__ if keep_ptx else None
-    compiled = CompiledFwd(key, fn, tvm, ptx)
-    with _LOCK:
-        _CACHE[key] = compiled
-    return compiled
 
 
 def fwd_key(
@@ -125,11 +97,11 @@ def fwd_key(
     max_attn_len: int,
     config: HSTUCuteFwdConfig,
 ) -> FwdKey:
-    if q.dtype not in _DTYPES:
+    if q.dtype not in TORCH_DTYPE_NAMES:
         raise ValueError(f"CuTe HSTU forward supports bfloat16 and float16, got {q.dtype}")
     return FwdKey(
         config=config,
-        dtype=_DTYPES[q.dtype],
+        dtype=TORCH_DTYPE_NAMES[q.dtype],
         dqk=int(q.shape[2]),
         dv=int(v.shape[2]),
         has_context=contextual_seq_len > 0,
@@ -182,35 +154,25 @@ def hstu_attention_cute_fwd(
     return out
 
 
-def _launch_dlpack(compiled: CompiledFwd, q, k, v, out, offsets, targets, scalars) -> None:
-    """Fallback without TVM FFI: wrap the tensors through DLPack with dynamic rows and heads."""
-    import cuda.bindings.driver as cuda
+def _launch_dlpack(compiled: CompiledKernel[FwdKey], q, k, v, out, offsets, targets, scalars) -> None:
+    """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
-    from cutlass.cute.runtime import from_dlpack
 
-    def wrap(t: torch.Tensor, align: int):
-        return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
-
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     alpha, inv_scale, ctx, w, nmb = scalars
+    tensors = dlpack_args([(q, 16), (k, 16), (v, 16), (out, 16), (offsets, 4), (targets, 4)])
     compiled.fn(
-        wrap(q, 16),
-        wrap(k, 16),
-        wrap(v, 16),
-        wrap(out, 16),
-        wrap(offsets, 4),
-        wrap(targets, 4),
+        *tensors,
         cutlass.Float32(alpha),
         cutlass.Float32(inv_scale),
         cutlass.Int32(ctx),
         cutlass.Int32(w),
         cutlass.Int32(nmb),
-        stream,
+        current_stream(),
     )
 
 
 class HSTUAttentionCuteFunction(torch.autograd.Function):
-    """CuTe forward, Triton backward (the CuTe backward is not written yet)."""
+    """CuTe DSL forward and backward; inputs and both configs are checked by ``hstu_attention_cute``."""
 
     @staticmethod
     def forward(
@@ -238,13 +200,12 @@ class HSTUAttentionCuteFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
-
         q, k, v, seq_offsets, num_targets = ctx.saved_tensors
         max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen, bwd_config = ctx.args
-        dq, dk, dv = hstu_attention_bwd(
-            do.contiguous(), q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len,
-            max_attn_len, scaling_seqlen, bwd_config,
+        # The launcher copies do only if its layout is not TMA-ready; inputs were validated in forward.
+        dq, dk, dv = hstu_attention_cute_bwd(
+            do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+            scaling_seqlen, config=bwd_config, validate=False,
         )  # fmt: skip
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
@@ -261,15 +222,16 @@ def hstu_attention_cute(
     max_attn_len: int = 0,
     scaling_seqlen: int | None = None,
     fwd_config: HSTUCuteFwdConfig | None = None,
-    bwd_config=None,
+    bwd_config: HSTUCuteBwdConfig | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Jagged HSTU attention: CuTe DSL (TMA + wgmma) forward paired with the Triton backward.
+    """Jagged HSTU attention with the CuTe DSL (TMA + wgmma) kernels in both directions.
 
-    The backward is ``kernel_templates.hstu_attention.triton_bwd.hstu_attention_bwd`` with
-    ``default_bwd_config`` unless ``bwd_config`` is given: no CuTe backward exists yet.
+    Forward: ``hstu_attention_cute_fwd`` with ``fwd_config`` (default ``default_cute_fwd_config``).
+    Backward: ``hstu_attention_cute_bwd`` (``bwd_op.py``) with ``bwd_config`` (default
+    ``default_cute_bwd_config``). Both configs are checked for these head dims and this dtype before
+    anything runs, so an infeasible backward config fails here rather than after the forward.
     """
-    from kernel_templates.hstu_attention.config import default_bwd_config
     from kernel_templates.hstu_attention.op import validate_hstu_inputs
 
     if validate:
@@ -280,11 +242,25 @@ def hstu_attention_cute(
         alpha = 1.0 / math.sqrt(q.shape[2])
     fwd_config = fwd_config or default_cute_fwd_config(q.shape[2], v.shape[2])
     check_fwd_config(fwd_config, q.shape[2], v.shape[2])
-    bwd_config = bwd_config or default_bwd_config(q.shape[2], v.shape[2])
+    if bwd_config is None:
+        bwd_config = default_cute_bwd_config(q.shape[2], v.shape[2])
+    _check_bwd_config_arg(bwd_config, q.dtype, q.shape[2], v.shape[2])
     return HSTUAttentionCuteFunction.apply(
         q, k, v, seq_offsets, max_seq_len, float(alpha), num_targets, contextual_seq_len, max_attn_len,
         scaling_seqlen, fwd_config, bwd_config,
     )  # fmt: skip
+
+
+def _check_bwd_config_arg(bwd_config: object, dtype: torch.dtype, dqk: int, dv: int) -> None:
+    """``check_bwd_config`` with errors that name the ``bwd_config`` argument of ``hstu_attention_cute``."""
+    if not isinstance(bwd_config, HSTUCuteBwdConfig):
+        raise ValueError(f"bwd_config must be an HSTUCuteBwdConfig, got {type(bwd_config).__name__}")
+    if dtype not in TORCH_DTYPE_NAMES:
+        raise ValueError(f"CuTe HSTU forward supports bfloat16 and float16, got {dtype}")
+    try:
+        check_bwd_config(bwd_config, TORCH_DTYPE_NAMES[dtype], dqk, dv)
+    except ValueError as e:
+        raise ValueError(f"bwd_config: {e}") from e
 
 
 def default_cute_fwd_config(dqk: int, dv: int) -> HSTUCuteFwdConfig:

@@ -13,25 +13,21 @@ bf16, ~20 % of the fused kernel's time) and keep that tensor alive until backwar
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from kernel_templates.cute_runtime import (
+    TORCH_DTYPE_NAMES,
+    CompiledKernel,
+    KernelCache,
+    current_stream,
+    cutlass_dtype,
+    dlpack_args,
+)
+
 from .config import GemmSiluConfig, check_gemm_silu_config, default_gemm_silu_config
 from .reference import silu_grad
-
-_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _has_tvm_ffi() -> bool:
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -45,59 +41,32 @@ class GemmSiluKey:
     has_bias: bool
 
 
-@dataclass
-class CompiledGemmSilu:
-    key: GemmSiluKey
-    fn: Any
-    tvm_ffi: bool
-    ptx: str | None
+_CACHE: KernelCache[GemmSiluKey] = KernelCache()
 
 
-_CACHE: dict[GemmSiluKey, CompiledGemmSilu] = {}
-_LOCK = threading.Lock()
-
-
-def _cutlass_dtype(name: str):
-    import cutlass
-
-    return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[name]
-
-
-def compile_gemm_silu(key: GemmSiluKey, keep_ptx: bool = False) -> CompiledGemmSilu:
+def compile_gemm_silu(key: GemmSiluKey, keep_ptx: bool = False) -> CompiledKernel[GemmSiluKey]:
     """Compile (or fetch from the cache) the kernel for ``key``; rejects bad configs before compiling."""
     check_gemm_silu_config(key.config, key.n, key.k)
-    if key.dtype not in _DTYPES.values():
+    if key.dtype not in TORCH_DTYPE_NAMES.values():
         raise ValueError(f"CuTe GEMM+SiLU supports bfloat16 and float16, got {key.dtype}")
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None and (hit.ptx is not None or not keep_ptx):
-            return hit
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    return _CACHE.get(key, lambda tvm: _compile_args(key, tvm), keep_ptx)
+
+
+def _compile_args(key: GemmSiluKey, tvm_ffi: bool) -> tuple:
+    """Arguments of ``cute.compile``: fake tensors with a dynamic M (and bias length)."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .gemm_silu_sm90 import GemmSiluSm90
 
-    dt = _cutlass_dtype(key.dtype)
+    dt = cutlass_dtype(key.dtype)
     rows, bias_len = cute.sym_int(), cute.sym_int()
     x = make_fake_tensor(dt, (rows, key.k), stride=(key.k, 1), assumed_align=16)
     w = make_fake_tensor(dt, (key.n, key.k), stride=(key.k, 1), assumed_align=16)
     b = make_fake_tensor(dt, (bias_len,), stride=(1,), assumed_align=2)
     out = make_fake_tensor(dt, (rows, key.n), stride=(key.n, 1), assumed_align=16)
-    tvm = _has_tvm_ffi()
     kernel = GemmSiluSm90(key.config, dt, key.has_bias)
-    args = (kernel, x, w, b, out, make_fake_stream(use_tvm_ffi_env_stream=tvm))
-    flags = ["--enable-tvm-ffi"] if tvm else []
-    if keep_ptx:
-        dump = os.environ.get("CUTE_DSL_DUMP_DIR")
-        if dump:
-            os.makedirs(dump, exist_ok=True)
-        flags.append("--keep-ptx")
-    fn = cute.compile(*args, options=" ".join(flags)) if flags else cute.compile(*args)
-    compiled = CompiledGemmSilu(key, fn, tvm, fn.__ptx__ if keep_ptx else None)
-    with _LOCK:
-        _CACHE[key] = compiled
-    return compiled
+    return (kernel, x, w, b, out, make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 
 
 def validate_gemm_silu_inputs(
@@ -109,7 +78,7 @@ def validate_gemm_silu_inputs(
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPES:
+        if t.dtype not in TORCH_DTYPE_NAMES:
             raise ValueError(f"{name} must be bfloat16 or float16, got {t.dtype}")
     if weight.dtype != x.dtype:
         raise ValueError(f"weight dtype {weight.dtype} must match x dtype {x.dtype}")
@@ -160,7 +129,7 @@ def gemm_silu_fwd(
     if x.device.type != "cuda":
         raise ValueError(f"x must be on a CUDA device for the CuTe kernel, got {x.device}")
     config = config or default_gemm_silu_config(m, n, k)
-    key = GemmSiluKey(config, _DTYPES[x.dtype], n, k, bias is not None)
+    key = GemmSiluKey(config, TORCH_DTYPE_NAMES[x.dtype], n, k, bias is not None)
     check_gemm_silu_config(config, n, k)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -176,16 +145,9 @@ def gemm_silu_fwd(
     return out
 
 
-def _launch_dlpack(compiled: CompiledGemmSilu, x, weight, b, out) -> None:
-    """Fallback without TVM FFI: DLPack wrappers with a dynamic M (and bias length)."""
-    import cuda.bindings.driver as cuda
-    from cutlass.cute.runtime import from_dlpack
-
-    def wrap(t: torch.Tensor, align: int):
-        return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
-
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compiled.fn(wrap(x, 16), wrap(weight, 16), wrap(b, 2), wrap(out, 16), stream)
+def _launch_dlpack(compiled: CompiledKernel[GemmSiluKey], x, weight, b, out) -> None:
+    """Fallback without TVM FFI: DLPack views with a dynamic M (and bias length), torch's current stream."""
+    compiled.fn(*dlpack_args([(x, 16), (weight, 16), (b, 2), (out, 16)]), current_stream())
 
 
 class GemmSiluFunction(torch.autograd.Function):

@@ -69,6 +69,7 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(num_stages=True),
         dict(mma_warpgroups=3),
         dict(dq_mode="bogus"),
+        dict(l2_group=32),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):

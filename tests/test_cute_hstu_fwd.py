@@ -55,7 +55,7 @@ def test_compiles_with_tma_and_wgmma(case):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(block_m=96), dict(block_n=48), dict(num_stages=0), dict(intra_wg_overlap=1)],
+    [dict(block_m=96), dict(block_n=48), dict(num_stages=0), dict(intra_wg_overlap=1), dict(l2_group=5)],
 )
 def test_config_rejects_bad_fields(kwargs):
     with pytest.raises(ValueError):

@@ -71,6 +71,8 @@ def test_tensors_on_different_devices_meta():
         (lambda: HSTUFwdConfig(num_warps=3), "num_warps"),
         (lambda: HSTUFwdConfig(num_stages=0), "num_stages"),
         (lambda: HSTUBwdConfig(dq_mode="fast"), "dq_mode"),
+        (lambda: HSTUFwdConfig(l2_group=3), "l2_group must be one of"),
+        (lambda: HSTUBwdConfig(l2_group=-1), "l2_group must be one of"),
         (lambda: HSTUFwdConfig.from_dict({"block_m": 64}), "missing fields"),
         (lambda: HSTUFwdConfig.from_dict({**HSTUFwdConfig().to_dict(), "x": 1}), "unknown fields"),
     ],

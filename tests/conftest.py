@@ -15,11 +15,16 @@ os.environ.setdefault("CUTE_DSL_DUMP_DIR", os.path.join(os.environ.get("TMPDIR",
 
 import pytest  # noqa: E402
 
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_sm90 = pytest.mark.skip(reason="needs an sm90 GPU")
     for item in items:
-        if "gpu" in item.keywords and not HAS_CUDA:
+        if "sm90" in item.keywords and not IS_SM90:
+            item.add_marker(skip_sm90)
+        elif "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
 
 

@@ -9,14 +9,11 @@ D = 128 and 256, with the project's tolerance rule (2x PyTorch-in-dtype error + 
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 
 import pytest
 import torch
 
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_ptx_"))
 cutlass = pytest.importorskip("cutlass")
 
 from kernel_templates.cute import (  # noqa: E402
@@ -28,9 +25,6 @@ from kernel_templates.cute import (  # noqa: E402
     hstu_attention_cute_bwd,
 )
 from kernel_templates.cute.bwd_op import _CACHE  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
-IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 
 # (config, head dim, dtype, (context, targets, window)): the CPU compile grid (~2-3 s per compile).
 COMPILE_GRID = [
@@ -192,7 +186,7 @@ def check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0, scal
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("d", [128, 256])
@@ -216,7 +210,7 @@ def test_gpu_test_configs_are_feasible(cfg, d):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 @pytest.mark.parametrize(
     "cfg, d",
     GPU_CONFIGS,
@@ -228,7 +222,7 @@ def test_gpu_configs(cfg, d, mask):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 def test_gpu_scaling_seqlen_and_long_sequence():
     """scaling_seqlen instead of N, and one sequence long enough for many key and query blocks."""
     check_case([5, 130, 77], 2, 128, torch.bfloat16, None, ctx=0, targets=False, window=0, scaling=300)

@@ -8,14 +8,9 @@ sequences, bf16 and fp16, D = 128 and 256, against the tolerance rule of the Tri
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 
-# Keep dumped PTX out of the working tree (the DSL writes it to the dump dir, default: cwd).
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_ptx_"))
 cutlass = pytest.importorskip("cutlass")
 
 from kernel_templates.cute import (  # noqa: E402
@@ -27,9 +22,6 @@ from kernel_templates.cute import (  # noqa: E402
     hstu_attention_cute_fwd,
 )
 from kernel_templates.cute.op import _CACHE  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
-IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 
 # (config, head dim, dtype, (context, targets, window)): the CPU compile grid (~2 s per compile).
 COMPILE_GRID = [
@@ -157,7 +149,7 @@ def _check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("d", [128, 256])
@@ -167,7 +159,7 @@ def test_gpu_matches_reference(mask, dtype, d):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 @pytest.mark.parametrize(
     "cfg",
     [HSTUCuteFwdConfig(64, 64, 2, False), HSTUCuteFwdConfig(128, 128, 2, False), HSTUCuteFwdConfig(192, 96, 3, True)],
@@ -187,7 +179,7 @@ def _ref_grads(inp, do, args, compute_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 @pytest.mark.parametrize("mask", ["causal", "all"])
 def test_gpu_autograd_uses_cute_backward(mask):
     """hstu_attention_cute: CuTe forward and CuTe backward, out and dq/dk/dv within the tolerance rule."""
@@ -216,7 +208,7 @@ def test_gpu_autograd_uses_cute_backward(mask):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+@pytest.mark.sm90
 def test_gpu_strided_qkv_slices_of_one_projection():
     """q/k/v as column slices of one (L, 4*H*D) uvqk buffer (the model's layout) need no copies."""
     from kernel_templates.hstu_attention.reference import hstu_attention_reference

@@ -10,15 +10,10 @@ tile multiple, M = 1, bf16 and fp16, several configs, and the autograd gradients
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cute_ptx_"))
-
-from kernel_templates.gemm_silu import (  # noqa: E402
+from kernel_templates.gemm_silu import (
     GemmSiluConfig,
     GemmSiluKey,
     check_gemm_silu_config,
@@ -28,11 +23,9 @@ from kernel_templates.gemm_silu import (  # noqa: E402
     smem_bytes,
     validate_gemm_silu_inputs,
 )
-from kernel_templates.gemm_silu.op import _CACHE  # noqa: E402
-from kernel_templates.gemm_silu.reference import silu_grad  # noqa: E402
+from kernel_templates.gemm_silu.op import _CACHE
+from kernel_templates.gemm_silu.reference import silu_grad
 
-HAS_CUDA = torch.cuda.is_available()
-IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 C = GemmSiluConfig
 BF16 = torch.bfloat16
 
@@ -228,11 +221,8 @@ def _check(m, n, k, dtype, cfg, bias=True, seed=0):
     check_tolerance("out", out, ref, low, atol=1e-3 * scale + 1e-5)
 
 
-gpu = pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
-
-
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("m", [1, 77, 1000, 4096 + 45])
 def test_gpu_default_config(m, dtype):
@@ -252,7 +242,7 @@ GPU_GRID = [
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("case", GPU_GRID, ids=_id)
 def test_gpu_configs(case):
     cfg, dtype, n, k, bias = case
@@ -260,14 +250,14 @@ def test_gpu_configs(case):
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 def test_gpu_empty_m():
     x, w, b = _inputs(0, 256, 128, torch.bfloat16)
     assert gemm_silu(x, w, b).shape == (0, 256)
 
 
 @pytest.mark.gpu
-@gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("bias", [True, False])
 def test_gpu_autograd(bias):
     x, w, b = _inputs(300, 512, 256, torch.bfloat16, seed=5, bias=bias)

@@ -126,9 +126,7 @@ def test_backend_table_is_extensible_and_cute_stays_unimported(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9), reason="needs an sm90 GPU"
-)
+@pytest.mark.sm90
 @pytest.mark.parametrize("d", [128, 256])
 def test_cute_fwd_and_bwd_through_the_custom_op_on_uvqk_slices(d):
     """The model's path: q/k/v are column slices of one uvqk buffer; dispatch chose CuTe both ways."""

@@ -24,8 +24,18 @@ from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged
 from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
 
 CONFIGS = {
-    256: [HSTUCuteBwdConfig(64, 64, 1), HSTUCuteBwdConfig(128, 64, 1)],
-    128: [HSTUCuteBwdConfig(64, 128, 2), HSTUCuteBwdConfig(64, 64, 2), HSTUCuteBwdConfig(128, 64, 1)],
+    256: [
+        HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True),
+        HSTUCuteBwdConfig(64, 64, 1),
+        HSTUCuteBwdConfig(128, 64, 1),
+    ],
+    128: [
+        HSTUCuteBwdConfig(64, 128, 2),
+        HSTUCuteBwdConfig(64, 128, 2, do_stages=1),
+        HSTUCuteBwdConfig(64, 64, 2),
+        HSTUCuteBwdConfig(128, 64, 2, do_stages=2, dq_serial=True),
+        HSTUCuteBwdConfig(128, 64, 1),
+    ],
     64: [HSTUCuteBwdConfig(64, 128, 2), HSTUCuteBwdConfig(128, 64, 2)],
 }
 
@@ -101,7 +111,8 @@ def main() -> None:
         return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_bwd_config(c, dtype, d, d), c, d)]
 
     def tag(cfg: HSTUCuteBwdConfig, d: int) -> str:
-        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}g{cfg.l2_group}"
+        serial = "serial" if cfg.dq_serial else ""
+        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}do{cfg.do_stages}{serial}g{cfg.l2_group}"
 
     run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute_bwd.json")
 

@@ -10,6 +10,8 @@ same check used by the launcher, so a config the space admits never fails there.
 
 from __future__ import annotations
 
+import dataclasses
+
 from kernel_templates.cute.bwd_config import (
     BWD_MMA_REGS,
     BWD_REG_OVERHEAD,
@@ -115,7 +117,9 @@ HSTU_FWD_CUTE = SearchSpace("hstu_attention_fwd/cute", HSTUCuteFwdConfig, FWD_PA
 BWD_PARAMS: dict[str, tuple] = {
     "block_m": (64, 128),
     "block_n": (64, 128),
-    "num_stages": (1, 2, 3),
+    "num_stages": (1, 2, 3),  # Q buffers
+    "do_stages": (1, 2, 3),  # dO buffers (at most num_stages)
+    "dq_serial": (False, True),  # warpgroups pass dQ slices through one half-size buffer in turns
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
 
@@ -148,9 +152,15 @@ def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
 
 
 def bwd_pipelined(c, ctx: SpaceContext) -> str | None:
-    """One Q/dO stage only where two do not fit (the producer cannot run ahead with one)."""
-    if c.num_stages == 1 and bwd_fits_smem(HSTUCuteBwdConfig(c.block_m, c.block_n, 2), ctx) is None:
-        return "num_stages=1 while 2 stages fit"
+    """One more Q or dO buffer, or a whole dQ tile instead of ``dq_serial``, where it still fits: the
+    producer cannot run ahead with one buffer, and the serial dQ hand-off only pays for a buffer."""
+    more_q = dataclasses.replace(c, num_stages=c.num_stages + 1) if c.num_stages < 3 else None
+    more_do = dataclasses.replace(c, do_stages=c.do_stages + 1) if c.do_stages < c.num_stages else None
+    for name, bigger in (("num_stages", more_q), ("do_stages", more_do)):
+        if bigger is not None and getattr(c, name) == 1 and bwd_fits_smem(bigger, ctx) is None:
+            return f"{name}=1 while 2 fit"
+    if c.dq_serial and bwd_fits_smem(dataclasses.replace(c, dq_serial=False), ctx) is None:
+        return "dq_serial while the whole dQ tile fits"
     return None
 
 

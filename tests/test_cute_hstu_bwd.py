@@ -32,10 +32,16 @@ COMPILE_GRID = [
     (HSTUCuteBwdConfig(64, 128, 2), 128, "float16", (True, True, True)),
     (HSTUCuteBwdConfig(128, 64, 1), 128, "bfloat16", (False, True, False)),
     (HSTUCuteBwdConfig(64, 128, 2), 64, "bfloat16", (True, False, True)),
+    (HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True), 256, "bfloat16", (False, False, False)),
+    (HSTUCuteBwdConfig(128, 64, 2, do_stages=2, dq_serial=True), 128, "float16", (True, True, False)),
 ]
 
 
-@pytest.mark.parametrize("case", COMPILE_GRID, ids=lambda c: f"{c[0].block_m}x{c[0].block_n}s{c[0].num_stages}-d{c[1]}")
+def _cfg_id(c: HSTUCuteBwdConfig) -> str:
+    return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}" + ("serial" if c.dq_serial else "")
+
+
+@pytest.mark.parametrize("case", COMPILE_GRID, ids=lambda c: f"{_cfg_id(c[0])}-d{c[1]}")
 def test_compiles_with_tma_and_wgmma(case):
     cfg, d, dtype, flags = case
     compiled = compile_bwd(BwdKey(cfg, dtype, d, d, *flags), keep_ptx=True)
@@ -64,6 +70,10 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(mma_warpgroups=3),
         dict(dq_mode="bogus"),
         dict(l2_group=32),
+        dict(do_stages=0),
+        dict(num_stages=1, do_stages=2),
+        dict(do_stages=1.0),
+        dict(dq_serial=1),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -79,6 +89,8 @@ def test_config_rejects_bad_fields(kwargs):
         (HSTUCuteBwdConfig(), "bfloat16", 128, 64, "Dqk == Dv"),
         (HSTUCuteBwdConfig(), "float32", 128, 128, "dtype"),
         (HSTUCuteBwdConfig(64, 64, 2), "bfloat16", 256, 256, "shared memory"),
+        (HSTUCuteBwdConfig(64, 64, 2, do_stages=1), "bfloat16", 256, 256, "shared memory"),
+        (HSTUCuteBwdConfig(64, 64, 2, do_stages=2, dq_serial=True), "bfloat16", 256, 256, "shared memory"),
         (HSTUCuteBwdConfig(64, 128, 1), "bfloat16", 256, 256, "shared memory|registers"),
         (HSTUCuteBwdConfig(128, 128, 1), "bfloat16", 128, 128, "shared memory|registers"),
     ],
@@ -94,7 +106,12 @@ def test_infeasible_configs_fail_before_compiling(cfg, dtype, dqk, dv, match):
 
 def test_config_round_trip_and_defaults():
     cfg = HSTUCuteBwdConfig(64, 128, 2)
+    assert cfg.do_stages == 2 and not cfg.dq_serial  # dO buffers default to the Q count
     assert HSTUCuteBwdConfig.from_dict(cfg.to_dict()) == cfg
+    serial = HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True)
+    assert HSTUCuteBwdConfig.from_dict(serial.to_dict()) == serial
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("do_stages", "dq_serial")}
+    assert HSTUCuteBwdConfig.from_dict(old) == cfg  # artifacts written before the two fields
     with pytest.raises(ValueError, match="bogus"):
         HSTUCuteBwdConfig.from_dict({**cfg.to_dict(), "bogus": 1})
     for d in (64, 128, 256):
@@ -194,8 +211,11 @@ def test_gpu_matches_reference(mask, dtype, d):
     check_case(LENGTHS, 2, d, dtype, default_cute_bwd_config(d, d), **MASKS[mask])
 
 
-# Non-default configs the GPU runs (at d256 only the default 64x64 s1 fits in shared memory).
+# Non-default configs the GPU runs (at d256 only 64x64 s1 and 64x64 s2/dO1 with dq_serial fit).
 GPU_CONFIGS = [
+    (HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True), 256),
+    (HSTUCuteBwdConfig(128, 64, 2, do_stages=2, dq_serial=True), 128),
+    (HSTUCuteBwdConfig(64, 128, 2, do_stages=1), 64),
     (HSTUCuteBwdConfig(64, 64, 2), 128),
     (HSTUCuteBwdConfig(128, 64, 1), 128),
     (HSTUCuteBwdConfig(64, 128, 2), 64),
@@ -214,7 +234,7 @@ def test_gpu_test_configs_are_feasible(cfg, d):
 @pytest.mark.parametrize(
     "cfg, d",
     GPU_CONFIGS,
-    ids=lambda x: f"{x.block_m}x{x.block_n}s{x.num_stages}" if isinstance(x, HSTUCuteBwdConfig) else f"d{x}",
+    ids=lambda x: _cfg_id(x) if isinstance(x, HSTUCuteBwdConfig) else f"d{x}",
 )
 @pytest.mark.parametrize("mask", ["causal", "all"])
 def test_gpu_configs(cfg, d, mask):

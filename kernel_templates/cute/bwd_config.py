@@ -25,11 +25,14 @@ class HSTUCuteBwdConfig:
     """Backward tiles of the warp-specialised TMA + wgmma kernel (one CTA per key block).
 
     ``block_n`` keys per CTA (dK and dV stay in registers), ``block_m`` query rows per step of the
-    loop over query blocks, ``num_stages`` Q/dO buffers in flight. ``mma_warpgroups`` MMA warpgroups
+    loop over query blocks, ``num_stages`` Q buffers and ``do_stages`` dO buffers in flight (default: as
+    many as Q; dO is released earlier in the step, so it needs fewer). ``mma_warpgroups`` MMA warpgroups
     (2; a producer warpgroup besides: one TMA load warp and one dQ reduce warp). ``dq_mode``: "tma"
     writes each dQ partial dS K to shared memory and a dedicated warp adds it to the fp32 dQ buffer
     with a TMA reduce-add (cp.reduce.async.bulk.tensor). ``l2_group`` sequence-heads launch together
-    so their Q/dO is re-read from L2 (see ``schedule.py``).
+    so their Q/dO is re-read from L2 (see ``schedule.py``). ``dq_serial``: the MMA warpgroups pass their
+    slices of the dQ partial through one buffer in turns; it halves that fp32 tile (64 KB at 64 x 256) so
+    a second Q stage fits at D=256, for a short wait of the second warpgroup on the reduce.
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -39,6 +42,8 @@ class HSTUCuteBwdConfig:
     mma_warpgroups: int = 2
     dq_mode: str = "tma"
     l2_group: int = 8
+    do_stages: int | None = None
+    dq_serial: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -53,6 +58,19 @@ class HSTUCuteBwdConfig:
             )
         if self.l2_group not in L2_GROUPS:
             raise ValueError(f"HSTUCuteBwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
+        if self.do_stages is None:
+            object.__setattr__(self, "do_stages", self.num_stages)
+        if (
+            not isinstance(self.do_stages, int)
+            or isinstance(self.do_stages, bool)
+            or not 1 <= self.do_stages <= self.num_stages
+        ):
+            raise ValueError(
+                f"HSTUCuteBwdConfig.do_stages must be an int in [1, num_stages={self.num_stages}], "
+                f"got {self.do_stages!r}"
+            )
+        if not isinstance(self.dq_serial, bool):
+            raise ValueError(f"HSTUCuteBwdConfig.dq_serial must be a bool, got {self.dq_serial!r}")
         if self.dq_mode not in ("tma",):
             raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
 
@@ -69,11 +87,12 @@ class HSTUCuteBwdConfig:
 
 
 def bwd_smem_bytes(config: HSTUCuteBwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:
-    """Shared memory: Q/dO stages, the K/V tiles, P and dS tiles, and the fp32 dQ partial tile."""
-    qdo = config.num_stages * config.block_m * (dqk + dv)
+    """Shared memory: Q and dO stages, the K/V tiles, P and dS tiles, and the fp32 dQ partial tile
+    (one warpgroup's slice of it with ``dq_serial``)."""
+    qdo = config.block_m * (config.num_stages * dqk + config.do_stages * dv)
     kv = config.block_n * (dqk + dv)
     pds = 2 * config.block_m * config.block_n
-    dq = 4 * config.block_m * dqk
+    dq = 4 * config.block_m * dqk // (config.mma_warpgroups if config.dq_serial else 1)
     return (qdo + kv + pds) * elem_bytes + dq + SMEM_RESERVED_BYTES
 
 

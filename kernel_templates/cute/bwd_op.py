@@ -149,10 +149,11 @@ def hstu_attention_cute_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of jagged HSTU attention in the inputs' dtype (argument order of the Triton launcher).
 
-    dQ accumulates in fp32 and is converted once at the end. ``out=(dq, dk, dv)`` receives the results;
-    every row of every sequence is written (the offsets cover [0, L), as HSTU.md requires). ``validate``
-    checks shapes, dtypes and devices without a host sync; ``check_offsets`` also reads the offsets and
-    targets on the host (one sync) to check them against L and ``max_seq_len``.
+    dQ accumulates in fp32 (the kernel scales each partial by alpha/S) and is converted once.
+    ``out=(dq, dk, dv)`` receives the results; every row of every sequence is written (the offsets cover
+    [0, L), as HSTU.md requires). ``validate`` checks shapes, dtypes and devices without a host sync;
+    ``check_offsets`` also reads the offsets and targets on the host (one sync) to check them against L
+    and ``max_seq_len``.
     """
     if validate:
         _validate(
@@ -182,7 +183,6 @@ def hstu_attention_cute_bwd(
         compiled.fn(*tensors, *scalars)
     else:
         _launch_dlpack(compiled, tensors, scalars)
-    dq_acc.mul_(float(alpha) * inv_scale)
     if dq_out is None:
         dq_out = dq_acc.to(q.dtype)
     else:

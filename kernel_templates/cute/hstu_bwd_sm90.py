@@ -4,18 +4,23 @@ One CTA per (head, sequence, key block); key blocks of a sequence-head launch fr
 (heaviest under causal masks: every later query sees it) to the last, and ``l2_group`` sequence-heads
 run together so their Q/dO stay in L2 (``schedule.grouped_block_order``). The K and V tiles are loaded
 once by TMA; warp 0 of the producer warpgroup streams Q and dO tiles of the query blocks that can
-see this key block through a ``num_stages`` mbarrier ring. Two MMA warpgroups then, per query block:
+see this key block through mbarrier rings of ``num_stages`` (Q) and ``do_stages`` (dO) buffers. Two
+MMA warpgroups then, per query block:
 
     S = Q K^T, dP = dO V^T                     (wgmma, operands in shared memory)
     P = M silu(alpha S), D = M silu'(alpha S)  (fp32 fragments; no softmax, so no LSE / dPsum)
     dS = dP * D                                (P and dS go to shared memory as 16-bit tiles)
     dV += P^T dO, dK += dS^T Q                 (fp32 in registers for the whole CTA)
-    dQ_partial = dS K                          (fp32, to shared memory)
+    dQ_partial = (alpha/S) dS K                (fp32, to shared memory)
 
-and warp 1 of the producer warpgroup adds each dQ partial to an fp32 (L, H, Dqk) buffer with a TMA
-reduce-add (cp.reduce.async.bulk.tensor), guarded by two named barriers (buffer empty / full).
-Scalings are folded in at the end: dV *= 1/S, dK *= alpha/S, and the launcher scales dQ by alpha/S
-when converting it to the input dtype. Unscaled 16-bit dS keeps fp16 clear of subnormals.
+The operand with fewer buffers (dO, or Q when the counts are equal) is released first: its product
+is issued first and its buffer freed as soon as that wgmma group retires, so the next tile's TMA
+load overlaps the remaining products. Warp 1 of the producer warpgroup adds each dQ partial to an
+fp32 (L, H, Dqk) buffer with a TMA reduce-add (cp.reduce.async.bulk.tensor), guarded by named
+barriers (buffer empty / full); with ``dq_serial`` the MMA warpgroups pass their slices through one
+half-size buffer in turns, each with its own barrier pair. dV *= 1/S and dK *= alpha/S are applied
+once in the epilogue, dQ's alpha/S per partial in registers; the launcher only converts dQ to the
+input dtype. Unscaled 16-bit dS keeps fp16 clear of subnormals.
 
 Jagged sequences: Q/K/V/dO are 3-D (row, dim, head) TMA views over the packed buffers with the row
 coordinate offset by the sequence start, so a tile may hold rows of the next sequence. Those rows
@@ -43,7 +48,8 @@ from .schedule import grouped_block_order
 
 LOG2E = math.log2(math.e)
 PRODUCER_REGS = 24
-# Named barriers (0 is __syncthreads): P/dS tile handoff among MMA threads, dQ buffer full / empty.
+# Named barriers (0 is __syncthreads): P/dS tile handoff among MMA threads, dQ buffer full / empty
+# (with dq_serial, warpgroup w uses BAR_DQ_FULL + 2w / BAR_DQ_EMPTY + 2w).
 BAR_PDS, BAR_DQ_FULL, BAR_DQ_EMPTY = 1, 2, 3
 
 
@@ -84,6 +90,8 @@ class HSTUBwdSm90:
         self.tile_m = config.block_m
         self.tile_n = config.block_n
         self.num_stages = config.num_stages
+        self.do_stages = config.do_stages
+        self.dq_serial = config.dq_serial
         self.num_wg = config.mma_warpgroups
         self.num_mma_threads = 128 * self.num_wg
         self.num_threads = 128 * (self.num_wg + 1)
@@ -99,6 +107,9 @@ class HSTUBwdSm90:
                 f"the producer warpgroup releases ({freed} registers at {PRODUCER_REGS} per thread)"
             )
         self.split_sdp, self.split_dkv, self.split_dq = wgmma_split(config)
+        # The fp32 dQ tile in shared memory: whole, or one warpgroup's slice of it with dq_serial.
+        am, an = self.split_dq
+        self.dq_tile = (self.tile_m // am, self.dqk // an) if self.dq_serial else (self.tile_m, self.dqk)
 
     def _tiled_mma(self, a_major, b_major, split: tuple[int, int], n_total: int):
         return sm90_utils.make_trivial_tiled_mma(
@@ -137,11 +148,11 @@ class HSTUBwdSm90:
         tiled_mma_dq = self._tiled_mma(K_, MN_, self.split_dq, self.dqk)
 
         sQ_layout = _row_major_smem(self.dtype, self.tile_m, self.dqk, self.num_stages)
-        sdO_layout = _row_major_smem(self.dtype, self.tile_m, self.dv, self.num_stages)
+        sdO_layout = _row_major_smem(self.dtype, self.tile_m, self.dv, self.do_stages)
         sK_layout = _row_major_smem(self.dtype, self.tile_n, self.dqk, 1)
         sV_layout = _row_major_smem(self.dtype, self.tile_n, self.dv, 1)
         sPdS_layout = _row_major_smem(self.dtype, self.tile_m, self.tile_n, 1)
-        sdQ_layout = _row_major_smem(Float32, self.tile_m, self.dqk, 1)
+        sdQ_layout = _row_major_smem(Float32, *self.dq_tile, 1)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         first = (None, None, 0)
@@ -152,7 +163,7 @@ class HSTUBwdSm90:
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sK_layout, first), (self.tile_n, self.dqk))
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sV_layout, first), (self.tile_n, self.dv))
         tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, cute.slice_(sdQ_layout, first), (self.tile_m, self.dqk)
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, cute.slice_(sdQ_layout, first), self.dq_tile
         )
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, first))
         self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sdO_layout, first))
@@ -164,7 +175,7 @@ class HSTUBwdSm90:
         class SharedStorage:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, self.do_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
@@ -249,7 +260,7 @@ class HSTUBwdSm90:
         )
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_do.data_ptr(),
-            num_stages=self.num_stages,
+            num_stages=self.do_stages,
             producer_group=producer,
             consumer_group=consumers,
             tx_count=self.do_bytes,
@@ -374,20 +385,18 @@ class HSTUBwdSm90:
             bar_kv = pipe_kv.producer_get_barrier(kv_state)
             cute.copy(tma_atom_k, tKgK, tKsK[None, 0], tma_bar_ptr=bar_kv)
             cute.copy(tma_atom_v, tVgV, tVsV[None, 0], tma_bar_ptr=bar_kv)
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+            st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+            st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
             for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                pipe_q.producer_acquire(state)
+                pipe_q.producer_acquire(st_q)
                 cute.copy(
-                    tma_atom_q, tQgQ[None, blk], tQsQ[None, state.index], tma_bar_ptr=pipe_q.producer_get_barrier(state)
+                    tma_atom_q, tQgQ[None, blk], tQsQ[None, st_q.index], tma_bar_ptr=pipe_q.producer_get_barrier(st_q)
                 )
-                pipe_do.producer_acquire(state)
-                cute.copy(
-                    tma_atom_do,
-                    tOgO[None, blk],
-                    tOsO[None, state.index],
-                    tma_bar_ptr=pipe_do.producer_get_barrier(state),
-                )
-                state.advance()
+                pipe_do.producer_acquire(st_do)
+                bar_do = pipe_do.producer_get_barrier(st_do)
+                cute.copy(tma_atom_do, tOgO[None, blk], tOsO[None, st_do.index], tma_bar_ptr=bar_do)
+                st_q.advance()
+                st_do.advance()
 
     @cute.jit
     def store_dq(
@@ -400,20 +409,30 @@ class HSTUBwdSm90:
         blk_lo: Int32,
         blk_hi: Int32,
     ):
-        """dQ warp: TMA reduce-add of each dQ partial tile into the fp32 dQ buffer."""
-        gdQ = cute.local_tile(
-            cute.domain_offset((seq_start, 0), mdQ[None, None, head]), (self.tile_m, self.dqk), (None, 0)
-        )
+        """dQ warp: TMA reduce-add of each dQ partial tile (or of each warpgroup's slice, in turns, with
+        ``dq_serial``) into the fp32 dQ buffer."""
+        gdQ = cute.local_tile(cute.domain_offset((seq_start, 0), mdQ[None, None, head]), self.dq_tile, (None, None))
         tsdQ, tgdQ = cpasync.tma_partition(
             tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2)
         )
-        sync_threads = self.num_mma_threads + 32
-        for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_threads)
-            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
-            cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk])
-            cute.arch.cp_async_bulk_commit_group()
+        if const_expr(self.dq_serial):
+            am = self.split_dq[0]
+            sync_wg = 128 + 32
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                for w in cutlass.range_constexpr(self.num_wg):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + 2 * w, number_of_threads=sync_wg)
+                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * w, number_of_threads=sync_wg)
+                    cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk * am + w % am, w // am])
+                    cute.arch.cp_async_bulk_commit_group()
+        else:
+            sync_threads = self.num_mma_threads + 32
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_threads)
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
+                cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk, 0])
+                cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
@@ -504,7 +523,13 @@ class HSTUBwdSm90:
         tScS = thr_sdp.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         tPsP = thr_sdp.partition_C(sP[None, None, 0])
         tdSsdS = thr_sdp.partition_C(sdS[None, None, 0])
-        tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ[None, None, 0])
+        if const_expr(self.dq_serial):
+            # sdQ holds one warpgroup's slice: partition it as that warpgroup's own single-atom MMA.
+            K_, MN_ = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+            mma_dq_one = self._tiled_mma(K_, MN_, (1, 1), self.dq_tile[1])
+            tdQsdQ = mma_dq_one.get_slice(tidx % 128).partition_C(sdQ[None, None, 0])
+        else:
+            tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ[None, None, 0])
         thr_dk = tiled_mma_dk.get_slice(tidx)
         thr_dv = tiled_mma_dv.get_slice(tidx)
         gdK = cute.local_tile(
@@ -520,18 +545,19 @@ class HSTUBwdSm90:
 
         rP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
         rdS = cute.make_rmem_tensor(acc_S.layout, self.dtype)
-        sync_dq = self.num_mma_threads + 32
+        dq_scale = alpha * inv_scale
         if blk_lo < blk_hi:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipe_kv.consumer_wait(kv_state)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
         for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
             start_m = blk * self.tile_m
             masked = (blk < blk_full) | (start_m + self.tile_m > n)
-            pipe_q.consumer_wait(state)
-            self.gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, state.index, 0, True)
-            pipe_do.consumer_wait(state)
-            self.gemm(tiled_mma_sdp, acc_dP, tPrdO, tPrV, state.index, 0, True)
+            pipe_q.consumer_wait(st_q)
+            self.gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, st_q.index, 0, True)
+            pipe_do.consumer_wait(st_do)
+            self.gemm(tiled_mma_sdp, acc_dP, tPrdO, tPrV, st_do.index, 0, True)
             warpgroup.wait_group(1)
             self.activate(acc_S, rP, tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id)
             # Every warpgroup has finished the previous block's reads of sP / sdS.
@@ -544,20 +570,61 @@ class HSTUBwdSm90:
             cute.autovec_copy(rdS, tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-            self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, state.index, False)
-            self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-            self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, state.index, False)
-            warpgroup.wait_group(1)
-            pipe_do.consumer_release(state)
+            if const_expr(self.num_stages == 1):
+                # Single buffers: free Q (dK) and dO (dV) before dQ so both next loads overlap dQ.
+                self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                warpgroup.wait_group(2)
+                pipe_q.consumer_release(st_q)
+                warpgroup.wait_group(1)
+                pipe_do.consumer_release(st_do)
+                warpgroup.wait_group(0)
+                self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+            elif const_expr(self.do_stages < self.num_stages):
+                # dO has fewer buffers: free it first; Q has a spare one, so the dQ store overlaps dK.
+                self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                warpgroup.wait_group(2)
+                pipe_do.consumer_release(st_do)
+                warpgroup.wait_group(1)
+                self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(st_q)
+            else:
+                self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                warpgroup.wait_group(2)
+                pipe_q.consumer_release(st_q)
+                warpgroup.wait_group(1)
+                self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+                warpgroup.wait_group(0)
+                pipe_do.consumer_release(st_do)
+            st_q.advance()
+            st_do.advance()
+        self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
+        self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
+
+    @cute.jit
+    def stage_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, dq_scale: Float32, tidx: Int32):
+        """Scale the dQ partial by alpha/S and hand it to the dQ warp through shared memory (the whole
+        tile at once, or this warpgroup's slice on its own barrier pair with ``dq_serial``)."""
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            acc_dQ[i] = acc_dQ[i] * dq_scale
+        if const_expr(self.dq_serial):
+            wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + 2 * wg_idx, number_of_threads=128 + 32)
+            cute.autovec_copy(acc_dQ, tdQsdQ)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + 2 * wg_idx, number_of_threads=128 + 32)
+        else:
+            sync_dq = self.num_mma_threads + 32
             cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_dq)
             cute.autovec_copy(acc_dQ, tdQsdQ)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=sync_dq)
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
-            state.advance()
-        self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
-        self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
 
     @cute.jit
     def activate(

@@ -58,6 +58,13 @@ BWD_SWEEP = [
         (128, 64, 8, 2, "atomic"),
         (64, 64, 8, 2, "separate"),
         (64, 128, 8, 1, "atomic"),
+        (64, 64, 8, 2, "tma"),
+        (64, 64, 8, 1, "tma"),
+        (32, 64, 4, 2, "tma"),
+        (64, 32, 4, 2, "tma"),
+        (32, 64, 8, 2, "tma"),
+        (64, 128, 8, 1, "tma"),
+        (128, 64, 8, 1, "tma"),
     ]
 ]
 
@@ -111,6 +118,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--sweep", action="store_true", help="time the sweep configs at --sweep-len first")
     p.add_argument("--sweep-len", type=int, default=4096)
+    p.add_argument("--sweep-kind", choices=["fwd", "bwd", "both"], default="both")
     p.add_argument(
         "--l2-groups", type=int, nargs="+", default=None, help="time the defaults with each launch-order l2_group"
     )
@@ -121,14 +129,14 @@ def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     if a.sweep:
         for dim in a.dims:
-            for fc in FWD_SWEEP:
+            for fc in FWD_SWEEP if a.sweep_kind != "bwd" else []:
                 try:
                     r = bench_one(a.sweep_len, dim, "uniform", fc, None, a.batch, a.heads)
                     print(f"sweep fwd d{dim} {fc}: {r['fwd_tflops']:.1f} TFLOP/s", flush=True)
                     rows.append(dict(r, kind="sweep"))
                 except Exception as e:  # a config that does not compile (smem) is reported, not fatal
                     print(f"sweep fwd d{dim} {fc}: FAILED {type(e).__name__}: {str(e)[:120]}", flush=True)
-            for bc in BWD_SWEEP:
+            for bc in BWD_SWEEP if a.sweep_kind != "fwd" else []:
                 try:
                     r = bench_one(a.sweep_len, dim, "uniform", None, bc, a.batch, a.heads)
                     print(f"sweep bwd d{dim} {bc}: {r['bwd_tflops']:.1f} TFLOP/s", flush=True)

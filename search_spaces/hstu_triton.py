@@ -30,7 +30,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "block_n": (16, 32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3),
-    "dq_mode": ("atomic", "separate"),
+    "dq_mode": ("atomic", "separate", "tma"),
     "dq_block_m": (0, 32, 64, 128),  # query rows of the separate dQ kernel; 0 = block_m
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
@@ -113,6 +113,8 @@ def bwd_smem_bytes(c, ctx: SpaceContext) -> int:
         m = c.dq_rows
         q = e * (m * d + stages * c.block_n * d + m * c.block_n)
         return max(kv, q)
+    if c.dq_mode == "tma":
+        kv += 4 * c.block_m * ctx.dqk  # the fp32 dQ tile staged for the TMA reduce
     return kv
 
 
@@ -124,8 +126,10 @@ def bwd_fits_smem(c, ctx: SpaceContext) -> str | None:
 
 
 def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
-    """dK, dV fp32 accumulators plus two fp32 (BLOCK_N x BLOCK_M) tiles (S^T, dP^T), per thread."""
-    kv = (c.block_n * (ctx.dqk + ctx.dv) + 2 * c.block_m * c.block_n) // _threads(c)
+    """dK, dV fp32 accumulators plus two fp32 (BLOCK_N x BLOCK_M) tiles (S^T, dP^T), and the fp32 dQ
+    partial when the key-block kernel makes it, per thread."""
+    dq_tile = c.block_m * ctx.dqk if c.dq_mode != "separate" else 0
+    kv = (c.block_n * (ctx.dqk + ctx.dv) + 2 * c.block_m * c.block_n + dq_tile) // _threads(c)
     m = c.dq_rows
     q = (m * ctx.dqk + 2 * m * c.block_n) // _threads(c) if c.dq_mode == "separate" else 0
     regs = max(kv, q)
@@ -136,12 +140,19 @@ def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
 
 def dq_block_only_when_separate(c, ctx: SpaceContext) -> str | None:
     """dq_block_m only shapes the separate dQ kernel; one spelling per config (0 means block_m)."""
-    if c.dq_mode == "atomic" and c.dq_block_m != 0:
-        return "dq_block_m is unused with dq_mode='atomic' (must be 0)"
+    if c.dq_mode != "separate" and c.dq_block_m != 0:
+        return f"dq_block_m is unused with dq_mode={c.dq_mode!r} (must be 0)"
     if c.dq_block_m == c.block_m:
         return "dq_block_m == block_m: spelled 0"
     if c.dq_block_m > max(16, _next_pow2(ctx.max_len)):
         return f"dq_block_m {c.dq_block_m} exceeds the longest sequence ({ctx.max_len})"
+    return None
+
+
+def tma_dq_needs_hopper(c, ctx: SpaceContext) -> str | None:
+    """The TMA reduce-add exists from sm90 on, and the CPU interpreter does not implement it."""
+    if c.dq_mode == "tma" and (ctx.interpret or ctx.gpu.compute_capability[0] < 9):
+        return "dq_mode='tma' needs sm90+ (TMA reduce) and is not in the interpreter"
     return None
 
 
@@ -155,7 +166,7 @@ def _bwd_default(ctx: SpaceContext) -> HSTUBwdConfig:
 
 COMMON_RULES = (head_dims_supported, interpreter_limits, tile_fits_length, enough_work_per_thread)
 FWD_RULES = (*COMMON_RULES, fwd_fits_smem, fwd_fits_registers)
-BWD_RULES = (*COMMON_RULES, dq_block_only_when_separate, bwd_fits_smem, bwd_fits_registers)
+BWD_RULES = (*COMMON_RULES, dq_block_only_when_separate, tma_dq_needs_hopper, bwd_fits_smem, bwd_fits_registers)
 
 HSTU_FWD_TRITON = SearchSpace("hstu_attention_fwd/triton", HSTUFwdConfig, FWD_PARAMS, FWD_RULES, _fwd_default)
 HSTU_BWD_TRITON = SearchSpace("hstu_attention_bwd/triton", HSTUBwdConfig, BWD_PARAMS, BWD_RULES, _bwd_default)

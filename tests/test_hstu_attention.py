@@ -118,11 +118,30 @@ def test_gpu_default_configs(case, dtype):
         (HSTUFwdConfig(128, 128, 8, 3), HSTUBwdConfig(64, 128, 8, 1, "atomic")),
         (HSTUFwdConfig(64, 64, 4, 4), HSTUBwdConfig(128, 64, 8, 2, "atomic")),
         (HSTUFwdConfig(128, 64, 8, 2, l2_group=2), HSTUBwdConfig(64, 64, 8, 2, "separate", l2_group=4)),
+        (HSTUFwdConfig(64, 64, 4, 2), HSTUBwdConfig(64, 128, 8, 1, "tma")),
+        (HSTUFwdConfig(64, 64, 4, 2), HSTUBwdConfig(32, 64, 4, 2, "tma", l2_group=0)),
     ],
-    ids=["small", "large", "mixed", "l2-grouped"],
+    ids=["small", "large", "mixed", "l2-grouped", "tma", "tma-small"],
 )
 def test_gpu_other_configs(fc, bc):
     _run_case([400, 3, 0, 131], 2, 128, 128, torch.bfloat16, "cuda", ctx=2, targets=True, fc=fc, bc=bc, seed=13)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_tma_dq_d256_every_mask(dtype):
+    """The TMA reduce-add of dQ at D=256 (one 64 KB fp32 box per tile), rows crossing sequence ends."""
+    bc = HSTUBwdConfig(32, 64, 8, 2, "tma")
+    _run_case([300, 0, 1, 257, 129, 64], 2, 256, 256, dtype, "cuda", ctx=5, targets=True, window=70, bc=bc, seed=5)
+
+
+def test_cpu_tma_dq_mode_is_refused_off_gpu():
+    from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
+
+    inp = make_jagged_inputs([5, 3], 2, 32, 32, torch.float32, "cpu", seed=1)
+    args = (inp.seq_offsets, inp.max_seq_len, 0.2, None, 0, 0, None)
+    with pytest.raises(ValueError, match="dq_mode='tma'"):
+        hstu_attention_bwd(torch.ones_like(inp.v), inp.q, inp.k, inp.v, *args, HSTUBwdConfig(16, 16, 4, 1, "tma"))
 
 
 @pytest.mark.parametrize("mode", ["atomic", "separate"])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
-DQ_MODES = ("atomic", "separate")
+DQ_MODES = ("atomic", "separate", "tma")
 # Launch order: 0 = one block index across all sequence-heads at a time; g = all blocks of g
 # sequence-heads at a time, so CTAs in flight share K/V (fwd) or Q/dO (bwd) in L2.
 L2_GROUPS = (0, 1, 2, 4, 8, 16)
@@ -67,7 +67,8 @@ class HSTUBwdConfig(_ConfigBase):
     """Backward tiles: one program owns BLOCK_N keys and walks query blocks of BLOCK_M rows.
 
     ``dq_mode`` says how dQ is produced: ``atomic`` adds each tile's fp32 contribution into a dQ
-    accumulator from the key-block programs; ``separate`` runs a second kernel parallel over query
+    accumulator from the key-block programs; ``tma`` does the same with one TMA reduce-add per tile
+    (Hopper; not in the CPU interpreter); ``separate`` runs a second kernel parallel over query
     blocks that recomputes S and dP (more FLOPs, no atomics).
     """
 

@@ -3,8 +3,11 @@
 Parallel over key blocks of every sequence (grid: sequence*head x key block), so a long sequence
 among short ones spreads over many programs instead of serialising on one. Each program keeps its
 K/V tile, walks the query blocks that can see it, accumulates dK and dV in registers, and produces
-dQ one of two ways (``HSTUBwdConfig.dq_mode``): fp32 atomics into a dQ accumulator, or a second
-kernel over query blocks that recomputes S and dP. No log-sum-exp is needed: HSTU has no softmax.
+dQ one of three ways (``HSTUBwdConfig.dq_mode``): fp32 atomics into a dQ accumulator (``atomic``,
+one red per element), the same accumulator through a TMA reduce-add of the whole tile (``tma``,
+Hopper, a tensor descriptor; rows past the sequence end add exact zeros, as dS is zero there), or a
+second kernel over query blocks that recomputes S and dP (``separate``). No log-sum-exp is needed:
+HSTU has no softmax.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .config import HSTUBwdConfig
 from .triton_common import grouped_block_order, query_block_setup, row_range_for_keys, seq_info, valid_mask
@@ -27,6 +31,9 @@ def _bwd_kv_tile(
     q_ptrs,
     do_ptrs,
     dq_ptrs,
+    dq_desc,
+    dq_row0,
+    dq_col,
     start_m,
     offs_m,
     offs_n,
@@ -41,6 +48,7 @@ def _bwd_kv_tile(
     stride_dqm,
     MASKED: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    TMA_DQ: tl.constexpr,
     HAS_CONTEXT: tl.constexpr,
     HAS_TARGETS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -67,7 +75,10 @@ def _bwd_kv_tile(
     dk = tl.dot(dst, q, dk, input_precision=PRECISION)
     if ATOMIC_DQ:
         dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * dq_scale
-        tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
+        if TMA_DQ:
+            dq_desc.atomic_add([dq_row0 + start_m, dq_col], dq)
+        else:
+            tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -78,6 +89,7 @@ def _hstu_bwd_kv_kernel(
     V,
     DO,
     DQ,
+    DQ_DESC,
     DK,
     DV,
     seq_offsets,
@@ -102,6 +114,7 @@ def _hstu_bwd_kv_kernel(
     contextual_seq_len,
     max_attn_len,
     ATOMIC_DQ: tl.constexpr,
+    TMA_DQ: tl.constexpr,
     HAS_CONTEXT: tl.constexpr,
     HAS_TARGETS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -152,6 +165,8 @@ def _hstu_bwd_kv_kernel(
     dk = tl.zeros((BLOCK_N, D_QK), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, D_V), dtype=tl.float32)
     dq_scale = alpha * inv_scale
+    dq_row0 = seq_start.to(tl.int32)
+    dq_col = h * D_QK
     for start_m in range(lo, full_start, BLOCK_M):
         dk, dv = _bwd_kv_tile(
             dk,
@@ -161,6 +176,9 @@ def _hstu_bwd_kv_kernel(
             q_ptrs,
             do_ptrs,
             dq_ptrs,
+            DQ_DESC,
+            dq_row0,
+            dq_col,
             start_m,
             offs_m,
             offs_n,
@@ -175,6 +193,7 @@ def _hstu_bwd_kv_kernel(
             stride_dqm,
             True,
             ATOMIC_DQ,
+            TMA_DQ,
             HAS_CONTEXT,
             HAS_TARGETS,
             HAS_WINDOW,
@@ -189,6 +208,9 @@ def _hstu_bwd_kv_kernel(
             q_ptrs,
             do_ptrs,
             dq_ptrs,
+            DQ_DESC,
+            dq_row0,
+            dq_col,
             start_m,
             offs_m,
             offs_n,
@@ -203,6 +225,7 @@ def _hstu_bwd_kv_kernel(
             stride_dqm,
             False,
             ATOMIC_DQ,
+            TMA_DQ,
             HAS_CONTEXT,
             HAS_TARGETS,
             HAS_WINDOW,
@@ -413,7 +436,7 @@ def hstu_attention_bwd(
     do = do.contiguous() if do.stride(-1) != 1 else do
     batch = seq_offsets.numel() - 1
     dq_out, dk, dv = out if out is not None else (None, torch.empty_like(k), torch.empty_like(v))
-    atomic = config.dq_mode == "atomic"
+    atomic = config.dq_mode in ("atomic", "tma")
     if L == 0 or batch == 0 or max_seq_len == 0:
         return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
     dq_acc = (
@@ -436,6 +459,17 @@ def hstu_attention_bwd(
         L2_GROUP=config.l2_group,
     )
     nt = num_targets if num_targets is not None else seq_offsets
+    dq_desc = None
+    if config.dq_mode == "tma":
+        cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+        if cap is None or cap[0] < 9:
+            where = f"{q.device}" + (f" (sm{cap[0]}{cap[1]})" if cap else "")
+            raise ValueError(f"config.dq_mode='tma' needs an sm90+ GPU (TMA reduce-add); q is on {where}")
+        # (L, H * Dqk) view: one box is BLOCK_M rows of one head; TMA clips rows past L.
+        flat = dq_acc.view(L, H * dqk)
+        dq_desc = TensorDescriptor(
+            flat, shape=list(flat.shape), strides=list(flat.stride()), block_shape=[config.block_m, dqk]
+        )
     grid = (batch * H, triton.cdiv(max_seq_len, config.block_n))
     _hstu_bwd_kv_kernel[grid](
         q,
@@ -443,6 +477,7 @@ def hstu_attention_bwd(
         v,
         do,
         dq_acc,
+        dq_desc,
         dk,
         dv,
         seq_offsets,
@@ -467,6 +502,7 @@ def hstu_attention_bwd(
         int(contextual_seq_len),
         int(max_attn_len),
         ATOMIC_DQ=atomic,
+        TMA_DQ=config.dq_mode == "tma",
         **common,
     )
     if atomic:

@@ -12,7 +12,6 @@ Backends: ``cute`` (the sm90 kernel, its heuristic default is the study's baseli
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -20,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 
 from autotune.artifacts import TEMPLATE_SOURCES
-from autotune.registry import Backend, Op, register_backend, register_op
+from autotune.registry import Backend, Op, cute_available, register_backend, register_op
 from kernel_templates.gemm_silu.reference import gemm_silu_flops, gemm_silu_reference
 from search_spaces.base import SearchSpace, SpaceContext
 from search_spaces.gemm_silu_cute import GEMM_SILU_CUTE
@@ -68,17 +67,6 @@ def launch_cute(inputs: dict, config: Any, out: tuple | None) -> tuple:
 
     i = inputs
     return (gemm_silu_fwd(i["x"], i["weight"], i["bias"], config, out=out[0] if out else None),)
-
-
-def cute_available() -> str | None:
-    """The CuTe DSL kernel needs the package and a Hopper (sm90) GPU at run time."""
-    if importlib.util.find_spec("cutlass") is None:
-        return "nvidia-cutlass-dsl not installed"
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "needs an sm90 (Hopper) GPU"
-    return None
 
 
 @dataclass(frozen=True)

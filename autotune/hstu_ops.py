@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from autotune.artifacts import TEMPLATE_SOURCES
-from autotune.registry import Backend, Op, register_backend, register_op
+from autotune.registry import Backend, Op, cute_available, register_backend, register_op
 from autotune.tasks import MASKS
 from kernel_templates.hstu_attention import hstu_attention_flops, hstu_attention_reference
 from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE, HSTU_FWD_CUTE
@@ -118,19 +118,6 @@ def launch_cute_bwd(inputs: dict, config: Any, out: tuple | None) -> tuple:
     i = inputs
     args = (i["do"], i["q"], i["k"], i["v"], *_args(i))
     return tuple(hstu_attention_cute_bwd(*args, config=config, out=out, validate=False))
-
-
-def cute_available() -> str | None:
-    """The CuTe DSL kernels need the package and a Hopper (sm90) GPU at run time."""
-    import importlib.util
-
-    if importlib.util.find_spec("cutlass") is None:
-        return "nvidia-cutlass-dsl not installed"
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "needs an sm90 (Hopper) GPU"
-    return None
 
 
 def launch_triton_fwd(inputs: dict, config: Any, out: tuple | None) -> tuple:

@@ -71,6 +71,24 @@ _BACKENDS: dict[tuple[str, str], Backend] = {}
 _loaded: list[str] = []
 
 
+def cute_available() -> str | None:
+    """Why the CuTe DSL backends cannot run here (package missing, no Hopper sm90 GPU), or None.
+
+    Shared by every CuTe backend's ``available``; imports lazily so ``import autotune`` stays light.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("cutlass") is None:
+        return "nvidia-cutlass-dsl not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "needs an sm90 (Hopper) GPU"
+    return None
+
+
 def register_op(op: Op) -> Op:
     _OPS[op.name] = op
     return op

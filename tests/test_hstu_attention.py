@@ -135,17 +135,6 @@ def test_gpu_tma_dq_d256_every_mask(dtype):
     _run_case([300, 0, 1, 257, 129, 64], 2, 256, 256, dtype, "cuda", ctx=5, targets=True, window=70, bc=bc, seed=5)
 
 
-def test_longest_first_order():
-    """Longest sequence first, ties in batch order (stable), int32, no host sync needed."""
-    from kernel_templates.hstu_attention.triton_common import longest_first
-
-    offsets = torch.tensor([0, 3, 3, 10, 11, 14, 21], dtype=torch.int64)  # lengths 3 0 7 1 3 7
-    order = longest_first(offsets)
-    assert order.dtype == torch.int32
-    assert order.tolist() == [2, 5, 0, 4, 3, 1]
-    assert longest_first(torch.zeros(1, dtype=torch.int64)).numel() == 0
-
-
 def test_cpu_tma_dq_mode_is_refused_off_gpu():
     from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
 

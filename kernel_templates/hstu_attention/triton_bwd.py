@@ -18,15 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .config import HSTUBwdConfig
-from .triton_common import (
-    grouped_block_order,
-    longest_first,
-    query_block_setup,
-    row_range_for_keys,
-    seq_head,
-    seq_info,
-    valid_mask,
-)
+from .triton_common import grouped_block_order, query_block_setup, row_range_for_keys, seq_info, valid_mask
 from .triton_fwd import dot_precision
 
 
@@ -102,7 +94,6 @@ def _hstu_bwd_kv_kernel(
     DV,
     seq_offsets,
     num_targets,
-    seq_order,
     stride_qm,
     stride_qh,
     stride_km,
@@ -136,7 +127,8 @@ def _hstu_bwd_kv_kernel(
 ):
     # Key blocks run first-first: under causal masks the first ones see the most query rows.
     pid_bh, pid_n = grouped_block_order(L2_GROUP)
-    b, h = seq_head(pid_bh, H, seq_order)
+    b = pid_bh // H
+    h = pid_bh % H
     seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
     start_n = pid_n * BLOCK_N
     lo, full_start, hi = row_range_for_keys(
@@ -307,7 +299,6 @@ def _hstu_bwd_q_kernel(
     DQ,
     seq_offsets,
     num_targets,
-    seq_order,
     stride_qm,
     stride_qh,
     stride_km,
@@ -337,7 +328,6 @@ def _hstu_bwd_q_kernel(
     h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
         seq_offsets,
         num_targets,
-        seq_order,
         H,
         num_m_blocks,
         contextual_seq_len,
@@ -469,7 +459,6 @@ def hstu_attention_bwd(
         L2_GROUP=config.l2_group,
     )
     nt = num_targets if num_targets is not None else seq_offsets
-    order = longest_first(seq_offsets)
     dq_desc = None
     if config.dq_mode == "tma":
         cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
@@ -493,7 +482,6 @@ def hstu_attention_bwd(
         dv,
         seq_offsets,
         nt,
-        order,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -529,7 +517,6 @@ def hstu_attention_bwd(
         dq_acc,
         seq_offsets,
         nt,
-        order,
         q.stride(0),
         q.stride(1),
         k.stride(0),

@@ -8,17 +8,8 @@ context row and key j is not a target. Bounds are conservative (a block may hold
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
-
-
-def longest_first(seq_offsets: torch.Tensor) -> torch.Tensor:
-    """int32 sequence ids, longest first (stable): the order in which sequence-head slots are handed
-    out (``seq_head``). With ``l2_group`` the long sequences of a jagged batch then launch first and the
-    short ones fill the tail, instead of a late group holding the longest sequence. No host sync."""
-    lengths = seq_offsets[1:] - seq_offsets[:-1]
-    return torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
 
 
 @triton.jit
@@ -150,17 +141,9 @@ def grouped_block_order(L2_GROUP: tl.constexpr):
 
 
 @triton.jit
-def seq_head(pid_bh, H, seq_order):
-    """(sequence, head) of sequence-head slot ``pid_bh``: slots go to sequences in ``seq_order``."""
-    b = tl.load(seq_order + pid_bh // H)
-    return b, pid_bh % H
-
-
-@triton.jit
 def query_block_setup(
     seq_offsets,
     num_targets,
-    seq_order,
     H,
     num_m_blocks,
     contextual_seq_len,
@@ -175,11 +158,12 @@ def query_block_setup(
     """The shared prologue of the per-query-block kernels (forward, dQ): which head, sequence, rows, keys.
 
     Grid (sequence * head, query block); query blocks run last-first so the heaviest causal tiles start
-    early, grouped by ``grouped_block_order``, sequences longest first (``seq_order``). Returns (h, seq_start, n, m_id, start_m, lo, full_end, hi).
+    early, grouped by ``grouped_block_order``. Returns (h, seq_start, n, m_id, start_m, lo, full_end, hi).
     """
     pid_bh, i = grouped_block_order(L2_GROUP)
     pid_m = num_m_blocks - 1 - i
-    b, h = seq_head(pid_bh, H, seq_order)
+    b = pid_bh // H
+    h = pid_bh % H
     seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
     start_m = pid_m * BLOCK_M
     lo, full_end, hi = key_range_for_rows(

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .config import HSTUFwdConfig
-from .triton_common import longest_first, query_block_setup, valid_mask
+from .triton_common import query_block_setup, valid_mask
 
 
 @triton.jit
@@ -64,7 +64,6 @@ def _hstu_fwd_kernel(
     O,
     seq_offsets,
     num_targets,
-    seq_order,
     stride_qm,
     stride_qh,
     stride_km,
@@ -92,7 +91,6 @@ def _hstu_fwd_kernel(
     h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
         seq_offsets,
         num_targets,
-        seq_order,
         H,
         num_m_blocks,
         contextual_seq_len,
@@ -204,7 +202,6 @@ def hstu_attention_fwd(
         out,
         seq_offsets,
         num_targets if num_targets is not None else seq_offsets,
-        longest_first(seq_offsets),
         q.stride(0),
         q.stride(1),
         k.stride(0),

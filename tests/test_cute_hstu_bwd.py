@@ -9,6 +9,7 @@ D = 128 and 256, with the project's tolerance rule (2x PyTorch-in-dtype error + 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -131,6 +132,26 @@ def test_search_space_admits_only_valid_configs():
         for c in feasible:
             check_bwd_config(c, "bfloat16", d, d)
     assert HSTU_BWD_CUTE.prune(SpaceContext(GPUS["h100"], "bfloat16", 128, 64, 4096)) == []
+
+
+def test_search_space_buffers_and_dq_serial_rules():
+    """At D=256 only two buffer layouts fit 227 KB: one Q + one dO with the whole fp32 dQ tile, or two Q
+    + one dO with ``dq_serial``. Everywhere, ``dq_serial`` and single buffers appear only where the
+    roomier variant does not fit."""
+    from autotune.gpus import GPUS
+    from search_spaces.base import SpaceContext
+    from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE
+
+    ctx = SpaceContext(GPUS["h100"], "bfloat16", 256, 256, 4096)
+    layouts = {(c.block_m, c.block_n, c.num_stages, c.do_stages, c.dq_serial) for c in HSTU_BWD_CUTE.prune(ctx)}
+    assert layouts == {(64, 64, 1, 1, False), (64, 64, 2, 1, True)}
+    for d in (64, 128):
+        ctx = SpaceContext(GPUS["h100"], "bfloat16", d, d, 4096)
+        for c in HSTU_BWD_CUTE.prune(ctx):
+            assert c.do_stages <= c.num_stages
+            if c.dq_serial:
+                with pytest.raises(ValueError, match="shared memory"):
+                    check_bwd_config(dataclasses.replace(c, dq_serial=False), "bfloat16", d, d)
 
 
 def _inputs(device: str = "cpu", dtype=torch.bfloat16, d: int = 128):

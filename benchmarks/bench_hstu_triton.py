@@ -66,6 +66,17 @@ BWD_SWEEP = [
         (64, 128, 8, 1, "tma"),
         (128, 64, 8, 1, "tma"),
     ]
+] + [
+    HSTUBwdConfig(bm, bn, w, s, mode, dqm, dkv_split=True)
+    for bm, bn, w, s, mode, dqm in [
+        (64, 64, 8, 2, "separate", 0),
+        (64, 64, 8, 2, "separate", 128),
+        (64, 128, 8, 2, "separate", 0),
+        (64, 128, 8, 1, "separate", 0),
+        (32, 128, 8, 2, "separate", 0),
+        (64, 64, 4, 2, "separate", 0),
+        (64, 64, 8, 2, "tma", 0),
+    ]
 ]
 
 

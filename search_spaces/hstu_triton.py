@@ -32,6 +32,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "num_stages": (1, 2, 3),
     "dq_mode": ("atomic", "separate", "tma"),
     "dq_block_m": (0, 32, 64, 128),  # query rows of the separate dQ kernel; 0 = block_m
+    "dkv_split": (False, True),  # dV and dK in two key-block passes (one accumulator each)
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
 # Largest S tile the interpreter is allowed (it runs numpy per program: big tiles only cost CI time).
@@ -111,8 +112,12 @@ def bwd_smem_bytes(c, ctx: SpaceContext) -> int:
     d = ctx.dqk + ctx.dv
     kv = e * (c.block_n * d + stages * c.block_m * d + c.block_m * c.block_n)
     if c.dq_mode == "separate":
+        # The dQ kernel's compiled footprint on H100 (d256, ptxas "Required" of failed builds and the
+        # builds that fit) matches num_stages - 1 buffers of the streamed K/V pair: 32x128 s3 needs
+        # 296 KB, 32x128 s2 fits (measured 178 TFLOP/s with dkv_split). A model with num_stages
+        # buffers rejected that config; the rare overshoot (64-row dQ tiles) fails at compile time.
         m = c.dq_rows
-        q = e * (m * d + stages * c.block_n * d + m * c.block_n)
+        q = e * (m * d + max(1, stages - 1) * c.block_n * d + m * c.block_n)
         return max(kv, q)
     if c.dq_mode == "tma":
         kv += 4 * c.block_m * ctx.dqk  # the fp32 dQ tile staged for the TMA reduce
@@ -130,7 +135,8 @@ def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
     """dK, dV fp32 accumulators plus two fp32 (BLOCK_N x BLOCK_M) tiles (S^T, dP^T), and the fp32 dQ
     partial when the key-block kernel makes it, per thread."""
     dq_tile = c.block_m * ctx.dqk if c.dq_mode != "separate" else 0
-    kv = (c.block_n * (ctx.dqk + ctx.dv) + 2 * c.block_m * c.block_n + dq_tile) // _threads(c)
+    acc = c.block_n * (max(ctx.dqk, ctx.dv) if c.dkv_split else ctx.dqk + ctx.dv)
+    kv = (acc + 2 * c.block_m * c.block_n + dq_tile) // _threads(c)
     m = c.dq_rows
     q = (m * ctx.dqk + 2 * m * c.block_n) // _threads(c) if c.dq_mode == "separate" else 0
     regs = max(kv, q)

@@ -64,9 +64,11 @@ def test_cpu_jagged_every_mask(mask, dtype):
         (SMALL_FWD, SMALL_BWD_SEP),
         (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", 32)),
         (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")),
+        (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", dkv_split=True)),
+        (SMALL_FWD, HSTUBwdConfig(32, 16, 4, 1, "atomic", dkv_split=True)),
         (None, None),
     ],
-    ids=["sep", "sep-dq32", "tiles32x16", "default"],
+    ids=["sep", "sep-dq32", "tiles32x16", "sep-dkv-split", "atomic-dkv-split", "default"],
 )
 def test_cpu_configs_and_mixed_head_dims(fc, bc):
     _run_case([33, 1, 0, 17], 2, 64, 32, torch.float32, "cpu", ctx=1, targets=True, fc=fc, bc=bc, seed=5)
@@ -120,8 +122,10 @@ def test_gpu_default_configs(case, dtype):
         (HSTUFwdConfig(128, 64, 8, 2, l2_group=2), HSTUBwdConfig(64, 64, 8, 2, "separate", l2_group=4)),
         (HSTUFwdConfig(64, 64, 4, 2), HSTUBwdConfig(64, 128, 8, 1, "tma")),
         (HSTUFwdConfig(64, 64, 4, 2), HSTUBwdConfig(32, 64, 4, 2, "tma", l2_group=0)),
+        (HSTUFwdConfig(64, 64, 4, 2), HSTUBwdConfig(64, 128, 8, 2, "separate", dkv_split=True)),
+        (HSTUFwdConfig(64, 64, 4, 2), HSTUBwdConfig(64, 64, 8, 2, "tma", dkv_split=True)),
     ],
-    ids=["small", "large", "mixed", "l2-grouped", "tma", "tma-small"],
+    ids=["small", "large", "mixed", "l2-grouped", "tma", "tma-small", "dkv-split", "dkv-split-tma"],
 )
 def test_gpu_other_configs(fc, bc):
     _run_case([400, 3, 0, 131], 2, 128, 128, torch.bfloat16, "cuda", ctx=2, targets=True, fc=fc, bc=bc, seed=13)
@@ -132,6 +136,14 @@ def test_gpu_other_configs(fc, bc):
 def test_gpu_tma_dq_d256_every_mask(dtype):
     """The TMA reduce-add of dQ at D=256 (one 64 KB fp32 box per tile), rows crossing sequence ends."""
     bc = HSTUBwdConfig(32, 64, 8, 2, "tma")
+    _run_case([300, 0, 1, 257, 129, 64], 2, 256, 256, dtype, "cuda", ctx=5, targets=True, window=70, bc=bc, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_dkv_split_d256_every_mask(dtype):
+    """dV and dK in separate key-block passes at D=256 (the register-bound case)."""
+    bc = HSTUBwdConfig(64, 64, 8, 2, "separate", dkv_split=True)
     _run_case([300, 0, 1, 257, 129, 64], 2, 256, 256, dtype, "cuda", ctx=5, targets=True, window=70, bc=bc, seed=5)
 
 

@@ -73,6 +73,7 @@ def test_tensors_on_different_devices_meta():
         (lambda: HSTUBwdConfig(dq_mode="fast"), "dq_mode"),
         (lambda: HSTUFwdConfig(l2_group=3), "l2_group must be one of"),
         (lambda: HSTUBwdConfig(l2_group=-1), "l2_group must be one of"),
+        (lambda: HSTUBwdConfig(dkv_split=1), "dkv_split must be a bool"),
         (lambda: HSTUFwdConfig.from_dict({"block_m": 64}), "missing fields"),
         (lambda: HSTUFwdConfig.from_dict({**HSTUFwdConfig().to_dict(), "x": 1}), "unknown fields"),
     ],

@@ -69,7 +69,9 @@ class HSTUBwdConfig(_ConfigBase):
     ``dq_mode`` says how dQ is produced: ``atomic`` adds each tile's fp32 contribution into a dQ
     accumulator from the key-block programs; ``tma`` does the same with one TMA reduce-add per tile
     (Hopper; not in the CPU interpreter); ``separate`` runs a second kernel parallel over query
-    blocks that recomputes S and dP (more FLOPs, no atomics).
+    blocks that recomputes S and dP (more FLOPs, no atomics). ``dkv_split`` runs the key-block kernel
+    twice, once for dV and once for dK (+ dQ when made there): one more S^T product, but one fp32
+    accumulator per pass instead of two, which at D=256 is the difference between spilling and not.
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd"
@@ -80,9 +82,12 @@ class HSTUBwdConfig(_ConfigBase):
     dq_mode: str = "atomic"
     dq_block_m: int = 0
     l2_group: int = 8
+    dkv_split: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.dkv_split, bool):
+            raise ValueError(f"HSTUBwdConfig.dkv_split must be a bool, got {self.dkv_split!r}")
         if self.dq_mode not in DQ_MODES:
             raise ValueError(f"HSTUBwdConfig.dq_mode must be one of {DQ_MODES}, got {self.dq_mode!r}")
         if self.dq_block_m not in (0, 16, 32, 64, 128, 256):

@@ -49,6 +49,8 @@ def _bwd_kv_tile(
     MASKED: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     TMA_DQ: tl.constexpr,
+    COMPUTE_DK: tl.constexpr,
+    COMPUTE_DV: tl.constexpr,
     HAS_CONTEXT: tl.constexpr,
     HAS_TARGETS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -69,16 +71,18 @@ def _bwd_kv_tile(
         )
         pt = tl.where(valid, pt, 0.0)
         dsilu = tl.where(valid, dsilu, 0.0)
-    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
-    dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-    dst = (dpt * dsilu).to(q.dtype)
-    dk = tl.dot(dst, q, dk, input_precision=PRECISION)
-    if ATOMIC_DQ:
-        dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * dq_scale
-        if TMA_DQ:
-            dq_desc.atomic_add([dq_row0 + start_m, dq_col], dq)
-        else:
-            tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
+    if COMPUTE_DV:
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+    if COMPUTE_DK:
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dst = (dpt * dsilu).to(q.dtype)
+        dk = tl.dot(dst, q, dk, input_precision=PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * dq_scale
+            if TMA_DQ:
+                dq_desc.atomic_add([dq_row0 + start_m, dq_col], dq)
+            else:
+                tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -115,6 +119,8 @@ def _hstu_bwd_kv_kernel(
     max_attn_len,
     ATOMIC_DQ: tl.constexpr,
     TMA_DQ: tl.constexpr,
+    COMPUTE_DK: tl.constexpr,
+    COMPUTE_DV: tl.constexpr,
     HAS_CONTEXT: tl.constexpr,
     HAS_TARGETS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -194,6 +200,8 @@ def _hstu_bwd_kv_kernel(
             True,
             ATOMIC_DQ,
             TMA_DQ,
+            COMPUTE_DK,
+            COMPUTE_DV,
             HAS_CONTEXT,
             HAS_TARGETS,
             HAS_WINDOW,
@@ -226,23 +234,25 @@ def _hstu_bwd_kv_kernel(
             False,
             ATOMIC_DQ,
             TMA_DQ,
+            COMPUTE_DK,
+            COMPUTE_DV,
             HAS_CONTEXT,
             HAS_TARGETS,
             HAS_WINDOW,
             PRECISION,
         )
-    dk = dk * dq_scale
-    dv = dv * inv_scale
-    tl.store(
-        DK + seq_start * stride_dkm + h * stride_dkh + offs_n[:, None] * stride_dkm + offs_dqk[None, :],
-        dk.to(DK.dtype.element_ty),
-        mask=col_ok[:, None],
-    )
-    tl.store(
-        DV + seq_start * stride_dvm + h * stride_dvh + offs_n[:, None] * stride_dvm + offs_dv[None, :],
-        dv.to(DV.dtype.element_ty),
-        mask=col_ok[:, None],
-    )
+    if COMPUTE_DK:
+        tl.store(
+            DK + seq_start * stride_dkm + h * stride_dkh + offs_n[:, None] * stride_dkm + offs_dqk[None, :],
+            (dk * dq_scale).to(DK.dtype.element_ty),
+            mask=col_ok[:, None],
+        )
+    if COMPUTE_DV:
+        tl.store(
+            DV + seq_start * stride_dvm + h * stride_dvh + offs_n[:, None] * stride_dvm + offs_dv[None, :],
+            (dv * inv_scale).to(DV.dtype.element_ty),
+            mask=col_ok[:, None],
+        )
 
 
 @triton.jit
@@ -471,40 +481,45 @@ def hstu_attention_bwd(
             flat, shape=list(flat.shape), strides=list(flat.stride()), block_shape=[config.block_m, dqk]
         )
     grid = (batch * H, triton.cdiv(max_seq_len, config.block_n))
-    _hstu_bwd_kv_kernel[grid](
-        q,
-        k,
-        v,
-        do,
-        dq_acc,
-        dq_desc,
-        dk,
-        dv,
-        seq_offsets,
-        nt,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-        dq_acc.stride(0),
-        dq_acc.stride(1),
-        dk.stride(0),
-        dk.stride(1),
-        dv.stride(0),
-        dv.stride(1),
-        float(alpha),
-        1.0 / float(scale),
-        H,
-        int(contextual_seq_len),
-        int(max_attn_len),
-        ATOMIC_DQ=atomic,
-        TMA_DQ=config.dq_mode == "tma",
-        **common,
-    )
+    # dkv_split: a dV pass, then a dK pass (which also makes any in-kernel dQ), one accumulator each.
+    passes = ((False, True), (True, False)) if config.dkv_split else ((True, True),)
+    for compute_dk, compute_dv in passes:
+        _hstu_bwd_kv_kernel[grid](
+            q,
+            k,
+            v,
+            do,
+            dq_acc,
+            dq_desc,
+            dk,
+            dv,
+            seq_offsets,
+            nt,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            do.stride(0),
+            do.stride(1),
+            dq_acc.stride(0),
+            dq_acc.stride(1),
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            float(alpha),
+            1.0 / float(scale),
+            H,
+            int(contextual_seq_len),
+            int(max_attn_len),
+            ATOMIC_DQ=atomic and compute_dk,
+            TMA_DQ=config.dq_mode == "tma" and compute_dk,
+            COMPUTE_DK=compute_dk,
+            COMPUTE_DV=compute_dv,
+            **common,
+        )
     if atomic:
         return (dq_acc.to(q.dtype) if dq_out is None else dq_out.copy_(dq_acc)), dk, dv
     num_m_blocks = triton.cdiv(max_seq_len, config.dq_rows)

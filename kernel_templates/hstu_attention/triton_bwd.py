@@ -18,7 +18,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .config import HSTUBwdConfig
-from .triton_common import grouped_block_order, query_block_setup, row_range_for_keys, seq_info, valid_mask
+from .triton_common import (
+    grouped_block_order,
+    query_block_setup,
+    row_head_strides,
+    row_range_for_keys,
+    seq_info,
+    valid_mask,
+)
 from .triton_fwd import dot_precision
 
 
@@ -483,37 +490,15 @@ def hstu_attention_bwd(
     grid = (batch * H, triton.cdiv(max_seq_len, config.block_n))
     # dkv_split: a dV pass, then a dK pass (which also makes any in-kernel dQ), one accumulator each.
     passes = ((False, True), (True, False)) if config.dkv_split else ((True, True),)
+    # Shared launch arguments: (row, head) strides of q, k, v, do, dQ, then the scalars.
+    strides = row_head_strides(q, k, v, do, dq_acc)
+    scalars = (float(alpha), 1.0 / float(scale), H, int(contextual_seq_len), int(max_attn_len))
     for compute_dk, compute_dv in passes:
         _hstu_bwd_kv_kernel[grid](
-            q,
-            k,
-            v,
-            do,
-            dq_acc,
-            dq_desc,
-            dk,
-            dv,
-            seq_offsets,
-            nt,
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            do.stride(0),
-            do.stride(1),
-            dq_acc.stride(0),
-            dq_acc.stride(1),
-            dk.stride(0),
-            dk.stride(1),
-            dv.stride(0),
-            dv.stride(1),
-            float(alpha),
-            1.0 / float(scale),
-            H,
-            int(contextual_seq_len),
-            int(max_attn_len),
+            *(q, k, v, do, dq_acc, dq_desc, dk, dv, seq_offsets, nt),
+            *strides,
+            *row_head_strides(dk, dv),
+            *scalars,
             ATOMIC_DQ=atomic and compute_dk,
             TMA_DQ=config.dq_mode == "tma" and compute_dk,
             COMPUTE_DK=compute_dk,
@@ -525,29 +510,6 @@ def hstu_attention_bwd(
     num_m_blocks = triton.cdiv(max_seq_len, config.dq_rows)
     common["BLOCK_M"] = config.dq_rows
     _hstu_bwd_q_kernel[(batch * H, num_m_blocks)](
-        q,
-        k,
-        v,
-        do,
-        dq_acc,
-        seq_offsets,
-        nt,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-        dq_acc.stride(0),
-        dq_acc.stride(1),
-        float(alpha),
-        1.0 / float(scale),
-        H,
-        int(contextual_seq_len),
-        int(max_attn_len),
-        num_m_blocks,
-        **common,
+        *(q, k, v, do, dq_acc, seq_offsets, nt), *strides, *scalars, num_m_blocks, **common
     )
     return dq_acc, dk, dv

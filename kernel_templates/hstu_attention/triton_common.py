@@ -8,8 +8,14 @@ context row and key j is not a target. Bounds are conservative (a block may hold
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def row_head_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """(row stride, head stride) of each (L, H, D) tensor, flattened: the kernels' stride arguments."""
+    return tuple(s for t in tensors for s in (t.stride(0), t.stride(1)))
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .config import HSTUFwdConfig
-from .triton_common import query_block_setup, valid_mask
+from .triton_common import query_block_setup, row_head_strides, valid_mask
 
 
 @triton.jit
@@ -202,14 +202,7 @@ def hstu_attention_fwd(
         out,
         seq_offsets,
         num_targets if num_targets is not None else seq_offsets,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *row_head_strides(q, k, v, out),
         float(alpha),
         1.0 / float(scale),
         H,

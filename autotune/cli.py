@@ -43,7 +43,7 @@ INTERPRET_DEFAULTS: dict[str, Any] = {
     "time_budget": None,
     "seq_cap": 64,
 }
-ABBREV = {"block_m": "m", "block_n": "n", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqm"}
+ABBREV = {"block_m": "m", "block_n": "n", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqm", "dq_block_n": "dqn"}
 
 
 class CLIError(Exception):
@@ -147,7 +147,7 @@ def config_str(config: dict[str, Any] | None) -> str:
         return "-"
     parts = []
     for k, v in config.items():
-        if k == "dq_block_m" and not v:
+        if k in ("dq_block_m", "dq_block_n") and not v:
             continue
         parts.append(str(v) if k == "dq_mode" else f"{ABBREV.get(k, k + '=')}{v}")
     return " ".join(parts)

@@ -32,6 +32,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "num_stages": (1, 2, 3),
     "dq_mode": ("atomic", "separate", "tma"),
     "dq_block_m": (0, 32, 64, 128),  # query rows of the separate dQ kernel; 0 = block_m
+    "dq_block_n": (0, 32, 64, 128),  # keys per step of the separate dQ kernel; 0 = block_n
     "dkv_split": (False, True),  # dV and dK in two key-block passes (one accumulator each)
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
 }
@@ -106,18 +107,22 @@ def fwd_fits_registers(c, ctx: SpaceContext) -> str | None:
 
 
 def bwd_smem_bytes(c, ctx: SpaceContext) -> int:
-    """Resident K,V (or Q,dO) tiles + num_stages buffers of the streamed pair + one transposed tile."""
+    """Resident K,V (or Q,dO) tiles + num_stages buffers of the streamed pair (+ one transposed tile
+    when the key-block kernel makes dQ: dS^T is an operand there; P^T and dS^T of the dK/dV products
+    stay in registers, so 32x128 s3 at d256, 229 KB by this count, compiles and runs on an H100)."""
     e = ctx.elem_bytes
     stages = max(1, c.num_stages)
     d = ctx.dqk + ctx.dv
-    kv = e * (c.block_n * d + stages * c.block_m * d + c.block_m * c.block_n)
+    kv = e * (c.block_n * d + stages * c.block_m * d)
+    if c.dq_mode != "separate":
+        kv += e * c.block_m * c.block_n
     if c.dq_mode == "separate":
         # The dQ kernel's compiled footprint on H100 (d256, ptxas "Required" of failed builds and the
         # builds that fit) matches num_stages - 1 buffers of the streamed K/V pair: 32x128 s3 needs
         # 296 KB, 32x128 s2 fits (measured 178 TFLOP/s with dkv_split). A model with num_stages
         # buffers rejected that config; the rare overshoot (64-row dQ tiles) fails at compile time.
-        m = c.dq_rows
-        q = e * (m * d + max(1, stages - 1) * c.block_n * d + m * c.block_n)
+        m, n = c.dq_rows, c.dq_cols
+        q = e * (m * d + max(1, stages - 1) * n * d + m * n)
         return max(kv, q)
     if c.dq_mode == "tma":
         kv += 4 * c.block_m * ctx.dqk  # the fp32 dQ tile staged for the TMA reduce
@@ -138,7 +143,7 @@ def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
     acc = c.block_n * (max(ctx.dqk, ctx.dv) if c.dkv_split else ctx.dqk + ctx.dv)
     kv = (acc + 2 * c.block_m * c.block_n + dq_tile) // _threads(c)
     m = c.dq_rows
-    q = (m * ctx.dqk + 2 * m * c.block_n) // _threads(c) if c.dq_mode == "separate" else 0
+    q = (m * ctx.dqk + 2 * m * c.dq_cols) // _threads(c) if c.dq_mode == "separate" else 0
     regs = max(kv, q)
     if regs > _reg_limit(c, ctx):
         return f"~{regs} fp32 registers/thread for accumulators > {_reg_limit(c, ctx)}"
@@ -146,13 +151,17 @@ def bwd_fits_registers(c, ctx: SpaceContext) -> str | None:
 
 
 def dq_block_only_when_separate(c, ctx: SpaceContext) -> str | None:
-    """dq_block_m only shapes the separate dQ kernel; one spelling per config (0 means block_m)."""
-    if c.dq_mode != "separate" and c.dq_block_m != 0:
-        return f"dq_block_m is unused with dq_mode={c.dq_mode!r} (must be 0)"
-    if c.dq_block_m == c.block_m:
-        return "dq_block_m == block_m: spelled 0"
-    if c.dq_block_m > max(16, _next_pow2(ctx.max_len)):
-        return f"dq_block_m {c.dq_block_m} exceeds the longest sequence ({ctx.max_len})"
+    """dq_block_m/n only shape the separate dQ kernel; one spelling per config (0 means block_m/n)."""
+    for name, own in (("dq_block_m", c.block_m), ("dq_block_n", c.block_n)):
+        val = getattr(c, name)
+        if c.dq_mode != "separate" and val != 0:
+            return f"{name} is unused with dq_mode={c.dq_mode!r} (must be 0)"
+        if val == own:
+            return f"{name} == {name[3:]}: spelled 0"
+        if val > max(16, _next_pow2(ctx.max_len)):
+            return f"{name} {val} exceeds the longest sequence ({ctx.max_len})"
+    if c.dq_mode == "separate" and c.dq_rows * c.dq_cols < 4 * _threads(c):
+        return f"dQ tile {c.dq_rows}x{c.dq_cols} too small for {c.num_warps} warps"
     return None
 
 

@@ -66,9 +66,10 @@ def test_cpu_jagged_every_mask(mask, dtype):
         (HSTUFwdConfig(32, 16, 4, 1), HSTUBwdConfig(16, 16, 4, 1, "atomic")),
         (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", dkv_split=True)),
         (SMALL_FWD, HSTUBwdConfig(32, 16, 4, 1, "atomic", dkv_split=True)),
+        (SMALL_FWD, HSTUBwdConfig(16, 32, 4, 1, "separate", 32, dkv_split=True, dq_block_n=16)),
         (None, None),
     ],
-    ids=["sep", "sep-dq32", "tiles32x16", "sep-dkv-split", "atomic-dkv-split", "default"],
+    ids=["sep", "sep-dq32", "tiles32x16", "sep-dkv-split", "atomic-dkv-split", "sep-dq32x16", "default"],
 )
 def test_cpu_configs_and_mixed_head_dims(fc, bc):
     _run_case([33, 1, 0, 17], 2, 64, 32, torch.float32, "cpu", ctx=1, targets=True, fc=fc, bc=bc, seed=5)
@@ -141,9 +142,19 @@ def test_gpu_tma_dq_d256_every_mask(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_dkv_split_d256_every_mask(dtype):
-    """dV and dK in separate key-block passes at D=256 (the register-bound case)."""
-    bc = HSTUBwdConfig(64, 64, 8, 2, "separate", dkv_split=True)
+@pytest.mark.parametrize(
+    "bc",
+    [
+        HSTUBwdConfig(64, 64, 8, 2, "separate", dkv_split=True),
+        HSTUBwdConfig(32, 128, 8, 2, "separate", dkv_split=True),
+        HSTUBwdConfig(32, 128, 8, 2, "separate", 64, dkv_split=True, dq_block_n=64),
+        HSTUBwdConfig(32, 128, 8, 3, "separate", 128, dkv_split=True, dq_block_n=32),
+    ],
+    ids=["64x64", "32x128", "32x128-dq64x64", "32x128s3-dq128x32"],
+)
+def test_gpu_dkv_split_d256_every_mask(dtype, bc):
+    """dV and dK in separate key-block passes at D=256 (the register-bound case), with the dQ
+    kernel on the key-block kernel's tiles or its own."""
     _run_case([300, 0, 1, 257, 129, 64], 2, 256, 256, dtype, "cuda", ctx=5, targets=True, window=70, bc=bc, seed=5)
 
 

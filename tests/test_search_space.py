@@ -46,6 +46,10 @@ def test_register_and_length_rules():
     assert "longest sequence" in HSTU_FWD_TRITON.why_infeasible(HSTUFwdConfig(128, 64, 8, 2), short)
     atomic_with_dq_block = HSTUBwdConfig(64, 64, 8, 2, "atomic", 32)
     assert "dq_block_m" in HSTU_BWD_TRITON.why_infeasible(atomic_with_dq_block, c)
+    assert "dq_block_n" in HSTU_BWD_TRITON.why_infeasible(HSTUBwdConfig(64, 64, 8, 2, "tma", dq_block_n=32), c)
+    assert "spelled 0" in HSTU_BWD_TRITON.why_infeasible(HSTUBwdConfig(64, 64, 8, 2, "separate", dq_block_n=64), c)
+    tiny_dq = HSTUBwdConfig(64, 64, 8, 2, "separate", 16, dq_block_n=16)
+    assert "dQ tile 16x16" in HSTU_BWD_TRITON.why_infeasible(tiny_dq, c)
 
 
 @pytest.mark.parametrize("gpu", ["h100", "h200", "b200"])
@@ -111,7 +115,7 @@ def test_triton_bwd_space_admits_the_measured_best_d256_split_config():
     """32x128 w8 s2 separate with dkv_split compiled and ran at D=256 on an H100 (178 TFLOP/s at 4K,
     docs/runs/triton_dkv_split_sweep_h100_s4.log): the shared-memory model must not reject it."""
     from autotune.gpus import get_gpu
-    from kernel_templates.hstu_attention import HSTUBwdConfig
+    from kernel_templates.hstu_attention import HSTUBwdConfig, default_bwd_config
     from search_spaces.base import SpaceContext
     from search_spaces.hstu_triton import HSTU_BWD_TRITON
 
@@ -122,3 +126,9 @@ def test_triton_bwd_space_admits_the_measured_best_d256_split_config():
     assert "shared memory" in HSTU_BWD_TRITON.why_infeasible(
         HSTUBwdConfig(32, 128, 8, 3, "separate", 0, dkv_split=True), ctx
     )
+    # 3 stages fit once the dQ kernel has its own 128x32 tiles (268 TFLOP/s,
+    # docs/runs/triton_bwd_sweep2_h100_s5.log): the d256 default, so the model must admit it without
+    # the P^T tile that the key-block kernel keeps in registers.
+    best = HSTUBwdConfig(32, 128, 8, 3, "separate", 128, dkv_split=True, dq_block_n=32)
+    assert HSTU_BWD_TRITON.why_infeasible(best, ctx) is None
+    assert best == default_bwd_config(256, 256)

@@ -74,6 +74,7 @@ def test_tensors_on_different_devices_meta():
         (lambda: HSTUFwdConfig(l2_group=3), "l2_group must be one of"),
         (lambda: HSTUBwdConfig(l2_group=-1), "l2_group must be one of"),
         (lambda: HSTUBwdConfig(dkv_split=1), "dkv_split must be a bool"),
+        (lambda: HSTUBwdConfig(dq_block_n=48), "dq_block_n must be 0"),
         (lambda: HSTUFwdConfig.from_dict({"block_m": 64}), "missing fields"),
         (lambda: HSTUFwdConfig.from_dict({**HSTUFwdConfig().to_dict(), "x": 1}), "unknown fields"),
     ],

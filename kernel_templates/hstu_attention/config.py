@@ -69,9 +69,10 @@ class HSTUBwdConfig(_ConfigBase):
     ``dq_mode`` says how dQ is produced: ``atomic`` adds each tile's fp32 contribution into a dQ
     accumulator from the key-block programs; ``tma`` does the same with one TMA reduce-add per tile
     (Hopper; not in the CPU interpreter); ``separate`` runs a second kernel parallel over query
-    blocks that recomputes S and dP (more FLOPs, no atomics). ``dkv_split`` runs the key-block kernel
-    twice, once for dV and once for dK (+ dQ when made there): one more S^T product, but one fp32
-    accumulator per pass instead of two, which at D=256 is the difference between spilling and not.
+    blocks that recomputes S and dP (more FLOPs, no atomics) on ``dq_block_m`` x ``dq_block_n``
+    tiles (0: the key-block kernel's). ``dkv_split`` runs the key-block kernel twice, once for dV
+    and once for dK (+ dQ when made there): one more S^T product, but one fp32 accumulator per pass
+    instead of two, which at D=256 is the difference between spilling and not.
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd"
@@ -83,6 +84,7 @@ class HSTUBwdConfig(_ConfigBase):
     dq_block_m: int = 0
     l2_group: int = 8
     dkv_split: bool = False
+    dq_block_n: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,11 +96,21 @@ class HSTUBwdConfig(_ConfigBase):
             raise ValueError(
                 f"HSTUBwdConfig.dq_block_m must be 0 (= block_m) or a power of two 16..256, got {self.dq_block_m!r}"
             )
+        if self.dq_block_n not in (0, 16, 32, 64, 128, 256):
+            raise ValueError(
+                f"HSTUBwdConfig.dq_block_n must be 0 (= block_n) or a power of two 16..256, got {self.dq_block_n!r}"
+            )
 
     @property
     def dq_rows(self) -> int:
         """Query rows per program of the separate dQ kernel."""
         return self.dq_block_m or self.block_m
+
+    @property
+    def dq_cols(self) -> int:
+        """Keys per inner step of the separate dQ kernel: its K/V tiles need not match the key-block
+        kernel's, whose BLOCK_N sizes the resident dK/dV accumulators."""
+        return self.dq_block_n or self.block_n
 
 
 def default_fwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUFwdConfig:
@@ -120,8 +132,20 @@ def default_bwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUBwdCon
         return HSTUBwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
     d = max(dqk, dv)
     if d >= 256:
-        # H100, d256 4K: fp32 dQ atomics of 64x256 tiles throttle the key-block kernel (45-66 TFLOP/s);
-        # the separate dQ pass reached 139 TFLOP/s, 155 with l2_group=8.
-        return HSTUBwdConfig(block_m=64, block_n=64, num_warps=8, num_stages=2, dq_mode="separate")
+        # H100, d256 4K uniform (docs/runs/triton_bwd_sweep2_h100_s5.log): fp32 dQ atomics of 64x256
+        # tiles throttle the key-block kernel (45-66 TFLOP/s); 64x64 with a separate dQ pass: 157
+        # (both kernels spill at 255 registers). dV and dK in two passes over 128-key blocks (one
+        # accumulator each) with 3 stages of 32 query rows, and the dQ kernel on its own 128x32 tiles:
+        # 268 (key-block passes 6.5 ms + dQ 3.8 ms).
+        return HSTUBwdConfig(
+            block_m=32,
+            block_n=128,
+            num_warps=8,
+            num_stages=3,
+            dq_mode="separate",
+            dq_block_m=128,
+            dkv_split=True,
+            dq_block_n=32,
+        )
     # H100, d128 4K: 64x128 w8 s2 atomic 238 TFLOP/s, 287 with l2_group=8.
     return HSTUBwdConfig(block_m=64, block_n=128, num_warps=8, num_stages=2, dq_mode="atomic")

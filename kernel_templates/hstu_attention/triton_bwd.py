@@ -508,7 +508,7 @@ def hstu_attention_bwd(
     if atomic:
         return (dq_acc.to(q.dtype) if dq_out is None else dq_out.copy_(dq_acc)), dk, dv
     num_m_blocks = triton.cdiv(max_seq_len, config.dq_rows)
-    common["BLOCK_M"] = config.dq_rows
+    common.update(BLOCK_M=config.dq_rows, BLOCK_N=config.dq_cols)
     _hstu_bwd_q_kernel[(batch * H, num_m_blocks)](
         *(q, k, v, do, dq_acc, seq_offsets, nt), *strides, *scalars, num_m_blocks, **common
     )

@@ -64,28 +64,35 @@ OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {"timing": (str,)}
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 
 # (kernel, backend) -> template source files (relative to the repo root) hashed into "template_hash".
+# What every CuTe template also runs: the compile cache and launch helpers, the sm90 TMA/pipeline
+# helpers, the config base.
+CUTE_SHARED = ("kernel_templates/cute_runtime.py", "kernel_templates/cute_sm90.py", "kernel_templates/config_base.py")
 TEMPLATE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("hstu_attention_fwd", "triton"): tuple(
-        f"kernel_templates/hstu_attention/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py")
+    ("hstu_attention_fwd", "triton"): (
+        "kernel_templates/config_base.py",
+        *(f"kernel_templates/hstu_attention/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py")),
     ),
-    ("hstu_attention_bwd", "triton"): tuple(
-        f"kernel_templates/hstu_attention/{f}"
-        for f in ("config.py", "triton_common.py", "triton_fwd.py", "triton_bwd.py")
+    ("hstu_attention_bwd", "triton"): (
+        "kernel_templates/config_base.py",
+        *(
+            f"kernel_templates/hstu_attention/{f}"
+            for f in ("config.py", "triton_common.py", "triton_fwd.py", "triton_bwd.py")
+        ),
     ),
     ("hstu_attention_fwd", "cute"): (
         *(f"kernel_templates/cute/{f}" for f in ("config.py", "schedule.py", "hstu_fwd_sm90.py", "op.py")),
-        "kernel_templates/cute_runtime.py",
+        *CUTE_SHARED,
     ),
     ("hstu_attention_bwd", "cute"): (
         *(
             f"kernel_templates/cute/{f}"
             for f in ("config.py", "schedule.py", "hstu_fwd_sm90.py", "bwd_config.py", "hstu_bwd_sm90.py", "bwd_op.py")
         ),
-        "kernel_templates/cute_runtime.py",
+        *CUTE_SHARED,
     ),
     ("gemm_silu", "cute"): (
         *(f"kernel_templates/gemm_silu/{f}" for f in ("config.py", "gemm_silu_sm90.py", "op.py", "reference.py")),
-        "kernel_templates/cute_runtime.py",
+        *CUTE_SHARED,
     ),
     ("gemm_silu", "torch"): ("kernel_templates/gemm_silu/reference.py", "autotune/gemm_ops.py"),
 }

@@ -364,7 +364,7 @@ def tune_task(
     s = _Study(task, opts, worker, storage, reporter)
     s.enqueue(s.default_backend.name, s.default_values, "default")
     for bname, values in warm_starts:
-        s.enqueue(bname, values, "neighbour")
+        s.enqueue(bname, values, "warm-start")
     s.ensure_setup()
     result = TaskResult(task, timing="do_bench+cuda_graph" if opts.cuda_graph else "do_bench")
     asks, dup_streak, limit, size = 0, 0, 50 * opts.n_trials + 200, s.space_size()
@@ -430,15 +430,20 @@ def update_artifact(result: TaskResult, opts: TuneOptions, env: dict[str, Any]) 
 
 
 def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:
+    """The bucket's own last winner (a re-tune starts from it), then its neighbours' winners."""
     fam = winners.get(task.family, {})
-    return [fam[b] for b in neighbours(task.bucket) if b in fam]
+    return [fam[b] for b in (task.bucket, *neighbours(task.bucket)) if b in fam]
 
 
 def artifact_winners(tasks: list[Task], root: Path) -> dict[tuple, dict[int, tuple[str, dict]]]:
-    """Winners recorded in existing artifacts, keyed by task family then bucket (warm starts)."""
+    """Winners recorded in existing artifacts, keyed by task family then bucket (warm starts).
+
+    Stale artifacts count too: their configs are only hints, enqueued and re-measured on the current
+    templates (configs the current space rejects are dropped by ``_Study.enqueue``), and a re-tune after
+    a template edit is exactly when the last winners are the best first guesses."""
     out: dict[tuple, dict[int, tuple[str, dict]]] = {}
     for kernel, gpu in sorted({(t.kernel, t.gpu) for t in tasks}):
-        a = art.load_artifact_or_none(art.artifact_path(gpu, kernel, root))
+        a = art.load_artifact_or_none(art.artifact_path(gpu, kernel, root), check_stale=False)
         for e in a.entries if a else []:
             fam = (kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["distribution"], e["mask"])
             out.setdefault(fam, {})[e["bucket"]] = (e["backend"], dict(e["config"]))

@@ -116,3 +116,45 @@ def current_stream() -> Any:
     import cuda.bindings.driver as cuda
 
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+@dataclass
+class JaggedFakes:
+    """Fake tensors of one jagged-attention compile: every (L, H, d) tensor shares the dynamic L and H
+    but has its own dynamic row stride (q/k/v may be column slices of the wider uvqk projection)."""
+
+    dtype: Any
+    rows: Any
+    heads: Any
+    offsets: Any
+    targets: Any
+
+    def jagged(self, d: int, elem: Any = None, divisibility: int = 8) -> Any:
+        from cutlass.cute import sym_int
+        from cutlass.cute.runtime import make_fake_tensor
+
+        stride = sym_int(64, divisibility=divisibility)
+        shape = (self.rows, self.heads, d)
+        return make_fake_tensor(elem or self.dtype, shape, stride=(stride, d, 1), assumed_align=16)
+
+
+def jagged_fakes(dtype_name: str) -> JaggedFakes:
+    """Dynamic L, H and B: one compiled kernel serves every jagged batch of the same head dims."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
+    targets = make_fake_tensor(cutlass.Int32, (batch,), stride=(1,), assumed_align=4)
+    return JaggedFakes(cutlass_dtype(dtype_name), rows, heads, offsets, targets)
+
+
+def hstu_scalar_fakes(tvm_ffi: bool) -> tuple:
+    """Placeholders of the trailing HSTU launch arguments: alpha, 1/scale, context length, attention
+    window, block count, stream (values do not matter for compiling, only their types)."""
+    import cutlass
+    from cutlass.cute.runtime import make_fake_stream
+
+    f32, i32 = cutlass.Float32, cutlass.Int32
+    return (f32(1.0), f32(1.0), i32(0), i32(0), i32(1), make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))

@@ -112,3 +112,26 @@ def test_edited_template_starts_a_fresh_study(monkeypatch):
     assert study_name(task, ["triton", "cute"]) != before
     monkeypatch.setattr(art, "current_template_hash", lambda kernel, backend="triton": "edited")
     assert study_name(task, ["triton"]) != before
+
+
+def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp_path, monkeypatch):
+    """An edited template makes the artifact stale (dispatch refuses it), but its winner is still the
+    best first guess: the fresh study measures it right after the default."""
+    from autotune.tuner import artifact_winners, study_name, warm_starts_for
+
+    task = _fake_task()
+    (first,) = run_tasks([task], _opts(tmp_path))
+    assert first.config == {"mode": "ok", "size": 1}
+    path = art.artifact_path("h100", "fake_op", tmp_path)
+    monkeypatch.setattr(art, "current_template_hash", lambda kernel, backend="triton": "edited")
+    with pytest.raises(art.ArtifactError, match="stale"):
+        art.load_artifact(path)
+    assert warm_starts_for(task, artifact_winners([task], tmp_path))[0] == ("fake", {"mode": "ok", "size": 1})
+    (again,) = run_tasks([task], _opts(tmp_path, n_trials=2, sampler="random"))
+    assert again.config == {"mode": "ok", "size": 1} and again.trials == 2
+    storage = make_storage(None, task.gpu, tmp_path)
+    new = study_name(task, ["fake"])
+    assert len(optuna.get_all_study_names(storage)) == 2 and new in optuna.get_all_study_names(storage)
+    trials = optuna.load_study(study_name=new, storage=storage).get_trials()
+    warm = [t for t in trials if t.user_attrs.get("source") == "warm-start"]
+    assert warm and warm[0].params["fake.mode"] == "ok"

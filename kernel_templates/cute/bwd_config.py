@@ -7,11 +7,12 @@ registers, wgmma shapes) live in ``check_bwd_config``, which the launcher and th
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from .config import CUTE_HEAD_DIMS, L2_GROUPS, SMEM_BYTES_SM90, SMEM_RESERVED_BYTES
+from kernel_templates.config_base import L2_GROUPS, JsonConfig
+
+from .config import CUTE_HEAD_DIMS, SMEM_BYTES_SM90, SMEM_RESERVED_BYTES
 
 BWD_DTYPES = ("bfloat16", "float16")
 # setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
@@ -21,7 +22,7 @@ BWD_REG_OVERHEAD = 24
 
 
 @dataclass(frozen=True)
-class HSTUCuteBwdConfig:
+class HSTUCuteBwdConfig(JsonConfig):
     """Backward tiles of the warp-specialised TMA + wgmma kernel (one CTA per key block).
 
     ``block_n`` keys per CTA (dK and dV stay in registers), ``block_m`` query rows per step of the
@@ -73,17 +74,6 @@ class HSTUCuteBwdConfig:
             raise ValueError(f"HSTUCuteBwdConfig.dq_serial must be a bool, got {self.dq_serial!r}")
         if self.dq_mode not in ("tma",):
             raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HSTUCuteBwdConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"HSTUCuteBwdConfig: unknown fields {sorted(unknown)}; expected {sorted(names)}")
-        return cls(**d)
 
 
 def bwd_smem_bytes(config: HSTUCuteBwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:

@@ -17,8 +17,9 @@ from kernel_templates.cute_runtime import (
     CompiledKernel,
     KernelCache,
     current_stream,
-    cutlass_dtype,
     dlpack_args,
+    hstu_scalar_fakes,
+    jagged_fakes,
 )
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
@@ -49,39 +50,15 @@ def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledKernel[BwdKey]:
 def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     """Arguments of ``cute.compile``: fake tensors with dynamic L, H, B and row strides."""
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .hstu_bwd_sm90 import HSTUBwdSm90
 
-    dt = cutlass_dtype(key.dtype)
-    rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-
-    def jagged(d: int, elem=dt, div: int = 8):
-        stride = cute.sym_int(64, divisibility=div)
-        return make_fake_tensor(elem, (rows, heads, d), stride=(stride, d, 1), assumed_align=16)
-
-    offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
-    targets = make_fake_tensor(cutlass.Int32, (batch,), stride=(1,), assumed_align=4)
-    kernel = HSTUBwdSm90(key.config, dt, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
-    return (
-        kernel,
-        jagged(key.dqk),
-        jagged(key.dqk),
-        jagged(key.dv),
-        jagged(key.dv),
-        jagged(key.dqk, cutlass.Float32, 4),
-        jagged(key.dqk),
-        jagged(key.dv),
-        offsets,
-        targets,
-        cutlass.Float32(1.0),
-        cutlass.Float32(1.0),
-        cutlass.Int32(0),
-        cutlass.Int32(0),
-        cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi),
-    )
+    f = jagged_fakes(key.dtype)
+    kernel = HSTUBwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
+    q, k, v, do = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
+    dq_acc = f.jagged(key.dqk, cutlass.Float32, 4)  # the fp32 dQ accumulator of the TMA reduce-add
+    dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
+    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, *hstu_scalar_fakes(tvm_ffi))
 
 
 def bwd_key(

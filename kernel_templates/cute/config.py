@@ -7,21 +7,19 @@ Triton configs. Structural checks live here; resource checks that depend on the 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from kernel_templates.config_base import L2_GROUPS, JsonConfig
 
 CUTE_HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES_SM90 = 227 * 1024
 # Bytes the kernel keeps in shared memory besides the Q/K/V tiles (mbarriers, alignment padding).
 SMEM_RESERVED_BYTES = 2048
-# Launch order (kernel_templates/cute/schedule.py): 0 = one block index across all sequence-heads at a
-# time; g = every block of g sequence-heads at a time, so CTAs in flight share operands in L2.
-L2_GROUPS = (0, 1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
-class HSTUCuteFwdConfig:
+class HSTUCuteFwdConfig(JsonConfig):
     """Forward tiles of the warp-specialised TMA + wgmma kernel.
 
     ``block_m`` query rows per CTA, split over ``block_m // 64`` MMA warpgroups (wgmma M is 64 per
@@ -58,17 +56,6 @@ class HSTUCuteFwdConfig:
     @property
     def mma_warpgroups(self) -> int:
         return self.block_m // 64
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HSTUCuteFwdConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"HSTUCuteFwdConfig: unknown fields {sorted(unknown)}; expected {sorted(names)}")
-        return cls(**d)
 
 
 def smem_bytes(config: HSTUCuteFwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:

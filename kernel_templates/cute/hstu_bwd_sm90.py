@@ -42,6 +42,8 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes, tma_load, tma_pipeline
+
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
 from .hstu_fwd_sm90 import _position_id
 from .schedule import grouped_block_order
@@ -154,22 +156,16 @@ class HSTUBwdSm90:
         sPdS_layout = _row_major_smem(self.dtype, self.tile_m, self.tile_n, 1)
         sdQ_layout = _row_major_smem(Float32, *self.dq_tile, 1)
 
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        first = (None, None, 0)
-        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, first), (self.tile_m, self.dqk))
-        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(
-            g2s, mdO, cute.slice_(sdO_layout, first), (self.tile_m, self.dv)
-        )
-        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sK_layout, first), (self.tile_n, self.dqk))
-        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sV_layout, first), (self.tile_n, self.dv))
+        tma_atom_q, tma_q = tma_load(mQ, sQ_layout, (self.tile_m, self.dqk))
+        tma_atom_do, tma_do = tma_load(mdO, sdO_layout, (self.tile_m, self.dv))
+        tma_atom_k, tma_k = tma_load(mK, sK_layout, (self.tile_n, self.dqk))
+        tma_atom_v, tma_v = tma_load(mV, sV_layout, (self.tile_n, self.dv))
         tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, cute.slice_(sdQ_layout, first), self.dq_tile
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, cute.slice_(sdQ_layout, FIRST_STAGE), self.dq_tile
         )
-        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, first))
-        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sdO_layout, first))
-        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, first)) + cute.size_in_bytes(
-            self.dtype, cute.slice_(sV_layout, first)
-        )
+        self.q_bytes = stage_bytes(self.dtype, sQ_layout)
+        self.do_bytes = stage_bytes(self.dtype, sdO_layout)
+        self.kv_bytes = stage_bytes(self.dtype, sK_layout) + stage_bytes(self.dtype, sV_layout)
 
         @cute.struct
         class SharedStorage:
@@ -240,32 +236,10 @@ class HSTUBwdSm90:
                 cpasync.prefetch_descriptor(atom)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)  # as the forward does
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_kv.data_ptr(),
-            num_stages=1,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.kv_bytes,
-            defer_sync=True,
-        )
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.q_bytes,
-            defer_sync=True,
-        )
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_do.data_ptr(),
-            num_stages=self.do_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.do_bytes,
-            defer_sync=True,
-        )
+        groups = pipeline_groups(self.num_mma_threads)
+        pipe_kv = tma_pipeline(storage.mbar_kv, 1, groups, self.kv_bytes)
+        pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, groups, self.q_bytes)
+        pipe_do = tma_pipeline(storage.mbar_do, self.do_stages, groups, self.do_bytes)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)

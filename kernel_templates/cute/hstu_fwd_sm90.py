@@ -28,6 +28,8 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from kernel_templates.cute_sm90 import pipeline_groups, stage_bytes, tma_load, tma_pipeline
+
 from .config import HSTUCuteFwdConfig
 from .schedule import grouped_block_order
 
@@ -128,19 +130,12 @@ class HSTUFwdSm90:
         sV_layout = sm90_utils.make_smem_layout_b(
             LayoutEnum.COL_MAJOR, (self.tile_m, self.dv, self.tile_n), self.dtype, self.num_stages
         )
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(
-            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, self.dqk)
-        )
-        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(
-            g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, self.dqk)
-        )
-        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(
-            g2s, mVt, cute.slice_(sV_layout, (None, None, 0)), (self.dv, self.tile_n)
-        )
-        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
-        self.k_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
-        self.v_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sV_layout, (None, None, 0)))
+        tma_atom_q, tma_q = tma_load(mQ, sQ_layout, (self.tile_m, self.dqk))
+        tma_atom_k, tma_k = tma_load(mK, sK_layout, (self.tile_n, self.dqk))
+        tma_atom_v, tma_v = tma_load(mVt, sV_layout, (self.dv, self.tile_n))
+        self.q_bytes = stage_bytes(self.dtype, sQ_layout)
+        self.k_bytes = stage_bytes(self.dtype, sK_layout)
+        self.v_bytes = stage_bytes(self.dtype, sV_layout)
 
         @cute.struct
         class SharedStorage:
@@ -215,32 +210,10 @@ class HSTUFwdSm90:
             cpasync.prefetch_descriptor(tma_atom_v)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(),
-            num_stages=1,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.q_bytes,
-            defer_sync=True,
-        )
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_k.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.k_bytes,
-            defer_sync=True,
-        )
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.v_bytes,
-            defer_sync=True,
-        )
+        groups = pipeline_groups(self.num_mma_threads)
+        pipe_q = tma_pipeline(storage.mbar_q, 1, groups, self.q_bytes)
+        pipe_k = tma_pipeline(storage.mbar_k, self.num_stages, groups, self.k_bytes)
+        pipe_v = tma_pipeline(storage.mbar_v, self.num_stages, groups, self.v_bytes)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)

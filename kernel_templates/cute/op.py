@@ -20,8 +20,9 @@ from kernel_templates.cute_runtime import (
     CompiledKernel,
     KernelCache,
     current_stream,
-    cutlass_dtype,
     dlpack_args,
+    hstu_scalar_fakes,
+    jagged_fakes,
 )
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
@@ -55,38 +56,12 @@ def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledKernel[FwdKey]:
 
 def _compile_args(key: FwdKey, tvm_ffi: bool) -> tuple:
     """Arguments of ``cute.compile``: fake tensors with dynamic L, H, B and row strides."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
     from .hstu_fwd_sm90 import HSTUFwdSm90
 
-    dt = cutlass_dtype(key.dtype)
-    rows, heads, batch1, batch = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-
-    def qkv(d: int):
-        # Each tensor has its own row stride: q/k/v may be column slices of the wider uvqk projection.
-        row_stride = cute.sym_int(64, divisibility=8)
-        return make_fake_tensor(dt, (rows, heads, d), stride=(row_stride, d, 1), assumed_align=16)
-
-    offsets = make_fake_tensor(cutlass.Int32, (batch1,), stride=(1,), assumed_align=4)
-    targets = make_fake_tensor(cutlass.Int32, (batch,), stride=(1,), assumed_align=4)
-    kernel = HSTUFwdSm90(key.config, dt, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
-    return (
-        kernel,
-        qkv(key.dqk),
-        qkv(key.dqk),
-        qkv(key.dv),
-        qkv(key.dv),
-        offsets,
-        targets,
-        cutlass.Float32(1.0),
-        cutlass.Float32(1.0),
-        cutlass.Int32(0),
-        cutlass.Int32(0),
-        cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi),
-    )
+    f = jagged_fakes(key.dtype)
+    kernel = HSTUFwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
+    q, k, v, out = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
+    return (kernel, q, k, v, out, f.offsets, f.targets, *hstu_scalar_fakes(tvm_ffi))
 
 
 def fwd_key(

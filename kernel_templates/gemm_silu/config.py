@@ -7,9 +7,10 @@ the problem and the GPU (shared memory, registers, N/K divisibility) before anyt
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from kernel_templates.config_base import JsonConfig
 
 SMEM_BYTES_SM90 = 227 * 1024
 EPI_N = 32  # columns of one epilogue sub-tile (registers -> smem -> TMA store)
@@ -28,7 +29,7 @@ REG_OVERHEAD = 40  # addressing, pipeline state, epilogue temporaries per MMA th
 
 
 @dataclass(frozen=True)
-class GemmSiluConfig:
+class GemmSiluConfig(JsonConfig):
     """CTA tile (tile_m x tile_n, k-step tile_k), TMA-multicast cluster, smem stages, raster order.
 
     ``tile_m`` rows are split over MMA warpgroups of 64 rows each; one extra producer warpgroup issues
@@ -70,17 +71,6 @@ class GemmSiluConfig:
     @property
     def cluster_size(self) -> int:
         return self.cluster_m * self.cluster_n
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GemmSiluConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"GemmSiluConfig: unknown fields {sorted(unknown)}; expected {sorted(names)}")
-        return cls(**d)
 
 
 def smem_bytes(config: GemmSiluConfig, elem_bytes: int = 2) -> int:

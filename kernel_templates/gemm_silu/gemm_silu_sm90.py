@@ -25,6 +25,8 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from kernel_templates.cute_sm90 import pipeline_groups, tma_pipeline
+
 from .config import EPI_N, EPI_STAGES, REGS, GemmSiluConfig
 
 LOG2E = math.log2(math.e)
@@ -145,16 +147,13 @@ class GemmSiluSm90:
         cm, cn = self.cluster_mn
         # Each consumer warp releases a stage to every CTA that multicast into it (its row and column).
         mcast_size = cm + cn - 1
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_size * (self.num_mma_threads // 32))
-        pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=self.num_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.tx_bytes,
+        groups = pipeline_groups(self.num_mma_threads, mcast_size)
+        pipe = tma_pipeline(
+            storage.mbar,
+            self.num_stages,
+            groups,
+            self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
-            defer_sync=True,
         )
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
 

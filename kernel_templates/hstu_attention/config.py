@@ -9,32 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from kernel_templates.config_base import L2_GROUPS, JsonConfig
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 DQ_MODES = ("atomic", "separate", "tma")
-# Launch order: 0 = one block index across all sequence-heads at a time; g = all blocks of g
-# sequence-heads at a time, so CTAs in flight share K/V (fwd) or Q/dO (bwd) in L2.
-L2_GROUPS = (0, 1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
-class _ConfigBase:
-    kind: ClassVar[str] = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}; expected {sorted(names)}")
-        missing = names - set(d)
-        if missing:
-            raise ValueError(f"{cls.__name__}: missing fields {sorted(missing)}")
-        return cls(**d)
+class _ConfigBase(JsonConfig):
+    """Checks shared by the Triton configs' tile, warp, stage and launch-order fields."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -96,12 +96,18 @@ def small_check(dim: int, fc: HSTUFwdConfig, bc: HSTUBwdConfig) -> None:
         check_tolerance(name, a, r, lo, atol=2e-3 * r.abs().max().item() + 1e-5)
 
 
-def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> dict:
-    lengths = sequence_lengths(n, batch, dist, seed=0)  # the tuner's declared distributions
+def bench_inputs(n: int, dim: int, dist: str, batch: int, heads: int):
+    """(inputs, launch args after q/k/v, fwd FLOPs, bwd FLOPs) of one benchmark batch: bf16, causal,
+    lengths from the tuner's declared distributions, longest sequence ``n``."""
+    lengths = sequence_lengths(n, batch, dist, seed=0)
     inp = make_jagged_inputs(lengths, heads, dim, dim, torch.bfloat16, "cuda", seed=2, max_seq_len=n)
     args = (inp.seq_offsets, n, dim**-0.5, None, 0, 0, None)
-    fwd_flops, bwd_flops = hstu_attention_flops(inp.seq_offsets, heads, dim, dim)
-    row = dict(n=n, dim=dim, dist=dist, batch=batch, heads=heads, tokens=sum(lengths))
+    return inp, args, *hstu_attention_flops(inp.seq_offsets, heads, dim, dim)
+
+
+def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> dict:
+    inp, args, fwd_flops, bwd_flops = bench_inputs(n, dim, dist, batch, heads)
+    row = dict(n=n, dim=dim, dist=dist, batch=batch, heads=heads, tokens=int(inp.seq_offsets[-1]))
     if fc is not None:
         out = torch.empty_like(inp.v)
         ms = triton.testing.do_bench(

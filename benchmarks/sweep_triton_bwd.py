@@ -20,16 +20,13 @@ import time
 
 import torch
 import triton
-from bench_hstu_triton import small_check  # the defaults' benchmark's correctness check
+from bench_hstu_triton import bench_inputs, small_check  # the defaults' benchmark's batch and check
 
-from autotune.buckets import sequence_lengths
 from kernel_templates.hstu_attention import (
     HSTUBwdConfig,
     default_bwd_config,
     default_fwd_config,
-    hstu_attention_flops,
 )
-from kernel_templates.hstu_attention.testing import make_jagged_inputs
 from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
 
 
@@ -67,11 +64,8 @@ def kernel_split_ms(fn, reps: int = 10) -> dict[str, float]:
 
 
 def time_config(bc: HSTUBwdConfig, n: int, dim: int, dist: str, batch: int, heads: int) -> dict:
-    lengths = sequence_lengths(n, batch, dist, seed=0)
-    inp = make_jagged_inputs(lengths, heads, dim, dim, torch.bfloat16, "cuda", seed=2, max_seq_len=n)
-    args = (inp.seq_offsets, n, dim**-0.5, None, 0, 0, None)
+    inp, args, _, bwd_flops = bench_inputs(n, dim, dist, batch, heads)
     do = torch.randn_like(inp.v)
-    _, bwd_flops = hstu_attention_flops(inp.seq_offsets, heads, dim, dim)
 
     def fn():
         return hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc)

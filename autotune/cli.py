@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.buckets import DISTRIBUTIONS, bucket_for, format_bucket, parse_bucket
+from autotune.buckets import DISTRIBUTIONS, format_bucket, parse_bucket
 from autotune.gpus import GPUS
 
 KERNEL_ALIASES = {"fwd": "hstu_attention_fwd", "bwd": "hstu_attention_bwd"}
@@ -379,29 +379,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_row(t, gpu: str, args: argparse.Namespace) -> list[str]:
-    import torch
 
     from autotune import measure
     from autotune.artifacts import artifact_path, load_artifact_or_none
-    from autotune.registry import backends_for, get_op
-    from autotune.tuner import space_context
+    from autotune.tuner import bench_launches
 
-    op = get_op(t.kernel)
-    backends = backends_for(t.kernel)
-    default_backend = backends[0]
     artifact = load_artifact_or_none(artifact_path(gpu, t.kernel, args.artifacts))
-    inputs = op.make_inputs(t, t.lengths(), 1, "cuda", getattr(torch, t.dtype))
-    flops = op.flops(inputs)
-    out = op.alloc_out(inputs)
-    default = default_backend.space.default(space_context(t, False))
-    d_ms, _ = measure.bench(lambda: default_backend.launch(inputs, default, out), quick=False)
-    entry = artifact.lookup(t.dtype, t.dqk, t.dv, bucket_for(t.max_len), t.distribution) if artifact else None
+    flops, default, tuned = bench_launches(t, artifact)
+    d_ms, _ = measure.bench(default.run, quick=False)
     row_cfg, tuned_tf, speed = "(no artifact entry: default)", None, None
-    b = next((x for x in backends if entry and x.name == entry["backend"]), None)
-    if entry is not None and b is not None:
-        cfg = b.space.make(entry["config"])
-        t_ms, _ = measure.bench(lambda: b.launch(inputs, cfg, out), quick=False)
-        row_cfg, tuned_tf, speed = f"{b.name} {config_str(entry['config'])}", flops / t_ms / 1e9, d_ms / t_ms
+    if tuned is not None:
+        t_ms, _ = measure.bench(tuned.run, quick=False)
+        row_cfg = f"{tuned.backend} {config_str(tuned.config.to_dict())}"
+        tuned_tf, speed = flops / t_ms / 1e9, d_ms / t_ms
     return [
         t.kernel.replace("hstu_attention_", ""),
         f"{t.dqk}/{t.dv}",

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import artifacts as art
-from autotune.buckets import neighbours
+from autotune.buckets import bucket_for, neighbours
 from autotune.gpus import environment, get_gpu
 from autotune.registry import Backend, backends_for, get_op
 from autotune.tasks import Task
@@ -141,6 +141,42 @@ def make_storage(url: str | None, gpu: str, root: Path) -> Any:
 
 def space_context(task: Task, interpret: bool) -> SpaceContext:
     return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret)
+
+
+@dataclass
+class Launch:
+    """One config of one backend, bound to a task's inputs: ``run()`` launches it."""
+
+    backend: str
+    config: Any
+    run: Any
+
+
+def bench_launches(
+    task: Task, artifact: art.Artifact | None, device: str = "cuda"
+) -> tuple[float, Launch, Launch | None]:
+    """(FLOPs, default, tuned) launches of ``task`` on its representative batch, as ``autotune bench``
+    times them: the study's baseline (the Triton heuristic when Triton is a backend) and the config
+    ``artifact`` holds for the task's bucket (None without a usable entry)."""
+    import torch
+
+    op = get_op(task.kernel)
+    backends = {b.name: b for b in backends_for(task.kernel)}
+    inputs = op.make_inputs(task, task.lengths(), 1, device, getattr(torch, task.dtype))
+    out = op.alloc_out(inputs)
+
+    def bind(backend: Backend, config: Any) -> Launch:
+        return Launch(backend.name, config, lambda: backend.launch(inputs, config, out))
+
+    first = backends.get("triton") or next(iter(backends.values()))
+    default = bind(first, first.space.default(space_context(task, False)))
+    bucket = bucket_for(task.max_len)
+    entry = artifact.lookup(task.dtype, task.dqk, task.dv, bucket, task.distribution) if artifact else None
+    tuned = None
+    if entry is not None and entry["backend"] in backends:
+        b = backends[entry["backend"]]
+        tuned = bind(b, b.space.make(entry["config"]))
+    return op.flops(inputs), default, tuned
 
 
 def study_name(task: Task, backends: list[str]) -> str:

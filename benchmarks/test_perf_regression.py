@@ -1,14 +1,15 @@
 """pytest-benchmark regression checks of the HSTU attention kernels (GPU only; not in the CPU suite).
 
-Each case runs one kernel the way ``autotune bench`` does (the registry's launch function on the
-tuner's representative batch): the Triton heuristic default, or the config the committed artifact
-holds for the bucket. pytest-benchmark times the launch with the L2 flushed before every round
-(``setup``, untimed) and keeps the statistics for ``--benchmark-compare``; the check itself uses the
-project's harness (``autotune.measure.bench``: CUDA events, warm-up, L2 flush, median) and fails when
-TFLOP/s fall more than ``TOLERANCE`` below the floor recorded for this GPU in
-``perf_baseline.json`` (numbers from docs/RESULTS.md, with the log that holds them). The
-pytest-benchmark rounds are isolated launches (flush, launch, sync), so on a power-limited GPU they
-can read faster than the back-to-back median the check uses; compare like with like.
+Each case runs one kernel the way ``autotune bench`` does (``autotune.tuner.bench_launches``: the
+registry's launch function on the tuner's representative batch): the Triton heuristic default, or
+the config the committed artifact holds for the bucket. pytest-benchmark times the launch with the
+L2 flushed before every round (``setup``, untimed) and keeps the statistics for
+``--benchmark-compare``; the check itself uses the project's harness (``autotune.measure.bench``:
+CUDA events, warm-up, L2 flush, median) and fails when TFLOP/s fall more than ``TOLERANCE`` below
+the floor recorded for this GPU in ``perf_baseline.json`` (numbers from docs/RESULTS.md, with the
+log that holds them). The pytest-benchmark rounds are isolated launches (flush, launch, sync), so on
+a power-limited GPU they can read faster than the back-to-back median the check uses; compare like
+with like.
 
     bash scripts/test.sh benchmarks/test_perf_regression.py            # on a GPU host
     pytest benchmarks/test_perf_regression.py --benchmark-autosave      # then --benchmark-compare
@@ -28,11 +29,10 @@ if not torch.cuda.is_available():
 
 from autotune import measure  # noqa: E402
 from autotune.artifacts import artifact_path, load_artifact  # noqa: E402
-from autotune.buckets import bucket_for  # noqa: E402
 from autotune.gpus import detect_gpu  # noqa: E402
-from autotune.registry import backends_for, get_op, load_plugins  # noqa: E402
+from autotune.registry import load_plugins  # noqa: E402
 from autotune.tasks import Task  # noqa: E402
-from autotune.tuner import space_context  # noqa: E402
+from autotune.tuner import bench_launches  # noqa: E402
 
 load_plugins()  # registers the HSTU attention and GEMM ops and their backends
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,21 +56,12 @@ def _name(kernel: str, d: int, dist: str, source: str) -> str:
 
 def _launcher(task: Task, source: str):
     """(launch closure, its FLOPs, a label) for the default or the artifact's config of ``task``."""
-    op = get_op(task.kernel)
-    backends = {b.name: b for b in backends_for(task.kernel)}
-    inputs = op.make_inputs(task, task.lengths(), 1, "cuda", getattr(torch, task.dtype))
-    out = op.alloc_out(inputs)
-    if source == "default":
-        backend = backends["triton"]
-        config = backend.space.default(space_context(task, False))
-    else:
-        art = load_artifact(artifact_path(task.gpu, task.kernel, ROOT / "artifacts"))
-        entry = art.lookup(task.dtype, task.dqk, task.dv, bucket_for(task.max_len), task.distribution)
-        if entry is None or entry["backend"] not in backends:
-            pytest.skip(f"no usable {task.gpu} artifact entry for {task}")
-        backend = backends[entry["backend"]]
-        config = backend.space.make(entry["config"])
-    return (lambda: backend.launch(inputs, config, out)), op.flops(inputs), f"{backend.name} {config}"
+    artifact = load_artifact(artifact_path(task.gpu, task.kernel, ROOT / "artifacts")) if source == "tuned" else None
+    flops, default, tuned = bench_launches(task, artifact)
+    chosen = default if source == "default" else tuned
+    if chosen is None:
+        pytest.skip(f"no usable {task.gpu} artifact entry for {task}")
+    return chosen.run, flops, f"{chosen.backend} {chosen.config}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_name(*c) for c in CASES])

@@ -7,6 +7,7 @@ import optuna
 import pytest
 
 from autotune import artifacts as art
+from autotune.fake import FakeConfig
 from autotune.registry import load_plugins
 from autotune.tasks import Task
 from autotune.tuner import Reporter, TuneOptions, make_storage, run_tasks
@@ -135,3 +136,19 @@ def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp
     trials = optuna.load_study(study_name=new, storage=storage).get_trials()
     warm = [t for t in trials if t.user_attrs.get("source") == "warm-start"]
     assert warm and warm[0].params["fake.mode"] == "ok"
+
+
+def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
+    """What ``autotune bench`` and the perf regression checks time: the default, and the bucket's entry."""
+    from autotune.tuner import bench_launches
+
+    task = _fake_task()
+    flops, default, tuned = bench_launches(task, None, device="cpu")
+    assert flops > 0 and tuned is None
+    assert (default.backend, default.config) == ("fake", FakeConfig())
+    run_tasks([task], _opts(tmp_path))
+    artifact = art.load_artifact(art.artifact_path("h100", "fake_op", tmp_path))
+    _, default, tuned = bench_launches(task, artifact, device="cpu")
+    assert (tuned.backend, tuned.config) == ("fake", FakeConfig(mode="ok", size=1))
+    (out,) = tuned.run()
+    assert out.shape[0] == sum(task.lengths()) + 1  # launched on the task's own batch

@@ -19,11 +19,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .config import HSTUBwdConfig
 from .triton_common import (
-    grouped_block_order,
+    key_block_setup,
     query_block_setup,
     row_head_strides,
-    row_range_for_keys,
-    seq_info,
     valid_mask,
 )
 from .triton_fwd import dot_precision
@@ -138,17 +136,10 @@ def _hstu_bwd_kv_kernel(
     PRECISION: tl.constexpr,
     L2_GROUP: tl.constexpr,
 ):
-    # Key blocks run first-first: under causal masks the first ones see the most query rows.
-    pid_bh, pid_n = grouped_block_order(L2_GROUP)
-    b = pid_bh // H
-    h = pid_bh % H
-    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
-    start_n = pid_n * BLOCK_N
-    lo, full_start, hi = row_range_for_keys(
-        start_n,
-        n,
-        hist_end,
-        m_id,
+    h, seq_start, n, m_id, start_n, lo, full_start, hi = key_block_setup(
+        seq_offsets,
+        num_targets,
+        H,
         contextual_seq_len,
         max_attn_len,
         BLOCK_M,
@@ -156,6 +147,7 @@ def _hstu_bwd_kv_kernel(
         HAS_CONTEXT,
         HAS_TARGETS,
         HAS_WINDOW,
+        L2_GROUP,
     )
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)

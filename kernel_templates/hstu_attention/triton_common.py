@@ -229,3 +229,43 @@ def row_range_for_keys(
     full_start = tl.where(start_n < n, tl.maximum(full_start, lo), 0)
     lo = tl.where(start_n < n, lo, 0)
     return lo, full_start, hi
+
+
+@triton.jit
+def key_block_setup(
+    seq_offsets,
+    num_targets,
+    H,
+    contextual_seq_len,
+    max_attn_len,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    L2_GROUP: tl.constexpr,
+):
+    """The prologue of the per-key-block backward kernel, the twin of ``query_block_setup``.
+
+    Grid (sequence * head, key block); key blocks run first-first, since under causal masks the first
+    ones see the most query rows. Returns (h, seq_start, n, m_id, start_n, lo, full_start, hi).
+    """
+    pid_bh, pid_n = grouped_block_order(L2_GROUP)
+    b = pid_bh // H
+    h = pid_bh % H
+    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
+    start_n = pid_n * BLOCK_N
+    lo, full_start, hi = row_range_for_keys(
+        start_n,
+        n,
+        hist_end,
+        m_id,
+        contextual_seq_len,
+        max_attn_len,
+        BLOCK_M,
+        BLOCK_N,
+        HAS_CONTEXT,
+        HAS_TARGETS,
+        HAS_WINDOW,
+    )
+    return h, seq_start, n, m_id, start_n, lo, full_start, hi

@@ -5,6 +5,10 @@ validates everything (schema version, keys, types, configs) and refuses stale ar
 template source hash differs from the current templates: a tuned config of an edited kernel could be
 wrong or slow, so the caller gets an ``ArtifactError`` (or, with ``load_artifact_or_none``, a warning
 and None, i.e. the heuristic default), never a silent wrong kernel.
+
+``assess_artifact`` is the one usability verdict that both the runtime (``autotune.load``) and
+``autotune show`` act on: it never raises, and adds the origin checks (the file's GPU against its
+folder, the requested GPU and the running one; compute capability; library versions).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ DEFAULT_ROOT = REPO_ROOT / "artifacts"
 BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # == autotune.buckets.BUCKETS (kept import-free)
 DISTRIBUTIONS = ("uniform", "jagged")
 DTYPES = ("bfloat16", "float16", "float32")
+MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tasks.MASKS (import-free)
+# Versions whose drift is worth a warning (configs may no longer be the fastest), not a rejection.
+VERSION_KEYS = ("torch", "triton", "cutlass_dsl", "cuda", "driver", "sm_count")
 
 TOP_KEYS = {
     "schema_version": int,
@@ -147,15 +154,25 @@ class Artifact:
     schema_version: int = SCHEMA_VERSION
 
     def lookup(
-        self, dtype: str, dqk: int, dv: int, bucket: int, distribution: str | None = None
+        self,
+        dtype: str,
+        dqk: int,
+        dv: int,
+        bucket: int,
+        distribution: str | None = None,
+        num_heads: int | None = None,
+        mask: str | None = None,
     ) -> dict[str, Any] | None:
-        """The entry for these shapes, or None. Without ``distribution``, 'uniform' is preferred;
-        among several head counts / masks, 'causal' and then the first recorded one win."""
+        """The entry for these shapes, or None. ``distribution``, ``num_heads`` and ``mask`` must match
+        when given (entries are keyed by them: a config tuned for 4 causal heads is not the exact answer
+        for 8 windowed ones). Unset, 'uniform' is preferred, then 'causal', then the first recorded one."""
         hits = [
             e
             for e in self.entries
             if e["dtype"] == dtype and e["dqk"] == dqk and e["dv"] == dv and e["bucket"] == bucket
             if distribution is None or e["distribution"] == distribution
+            if num_heads is None or e["num_heads"] == num_heads
+            if mask is None or e["mask"] == mask
         ]
         if not hits:
             return None
@@ -208,7 +225,7 @@ def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: s
     if cls is not None:
         try:
             cls.from_dict(config)
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - any failure to build it (huge ints: OverflowError) = invalid
             raise ArtifactError(f"{where}.config is not a valid {cls.__name__}: {e}") from None
 
 
@@ -228,6 +245,10 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
         raise ArtifactError(f"{where}.bucket must be one of {BUCKETS}, got {entry['bucket']!r}")
     if entry["distribution"] not in DISTRIBUTIONS:
         raise ArtifactError(f"{where}.distribution must be one of {DISTRIBUTIONS}, got {entry['distribution']!r}")
+    if entry["mask"] not in MASKS:
+        raise ArtifactError(f"{where}.mask must be one of {MASKS}, got {entry['mask']!r}")
+    if min(entry["dqk"], entry["dv"], entry["num_heads"]) < 1:
+        raise ArtifactError(f"{where}: dqk, dv and num_heads must be >= 1")
     if entry["median_ms"] <= 0 or entry["spread_ms"] < 0 or entry["trials"] < 0:
         raise ArtifactError(f"{where}: median_ms must be > 0, spread_ms and trials >= 0")
     if kernel is not None:
@@ -252,6 +273,9 @@ def validate_artifact(data: Any, source: str = "artifact", check_stale: bool = T
     env_missing = set(ENV_KEYS) - set(data["environment"])
     if env_missing:
         raise ArtifactError(f"{source}: environment lacks {sorted(env_missing)}")
+    for k in ENV_KEYS:  # compared with the running process's values: plain strings (sm_count: int)
+        types = (int, type(None)) if k == "sm_count" else (str, type(None))
+        _check_type(data["environment"][k], types, f"{source}: environment.{k}")
     for backend, h in data["template_hash"].items():
         _check_type(h, (str,), f"{source}: template_hash.{backend}")
     kernel = data["kernel"]
@@ -264,16 +288,7 @@ def validate_artifact(data: Any, source: str = "artifact", check_stale: bool = T
         if entry_key(entry) in seen:
             raise ArtifactError(f"{where}: duplicate entry for {entry_key(entry)}")
         seen.add(entry_key(entry))
-    if check_stale:
-        for backend in sorted({e["backend"] for e in data["entries"]}):
-            current = current_template_hash(kernel, backend)
-            if data["template_hash"][backend] != current:
-                raise ArtifactError(
-                    f"{source}: stale artifact: the {backend} template of {kernel} changed since it was tuned "
-                    f"(template_hash {data['template_hash'][backend][:12]}... != current {current[:12]}...); "
-                    f"re-run `autotune run --gpu {data['gpu']} --kernel {kernel}`"
-                )
-    return Artifact(
+    artifact = Artifact(
         kernel=kernel,
         gpu=data["gpu"],
         environment=data["environment"],
@@ -283,19 +298,52 @@ def validate_artifact(data: Any, source: str = "artifact", check_stale: bool = T
         created=data["created"],
         schema_version=version,
     )
+    if check_stale:
+        problem = stale_reason(artifact, source)
+        if problem:
+            raise ArtifactError(problem)
+    return artifact
+
+
+def changed_templates(artifact: Artifact) -> tuple[list[str], list[str]]:
+    """(backends used by entries, backends no entry uses) whose template hash differs from the current
+    sources. Only the first make the artifact stale: an unused backend's hash is a record, not a config."""
+    used = {e["backend"] for e in artifact.entries}
+    changed = [b for b, h in sorted(artifact.template_hash.items()) if h != current_template_hash(artifact.kernel, b)]
+    return [b for b in changed if b in used], [b for b in changed if b not in used]
+
+
+def stale_reason(artifact: Artifact, source: str = "artifact") -> str | None:
+    """Why ``artifact`` is stale (a template its entries use changed since tuning), or None."""
+    used, _ = changed_templates(artifact)
+    if not used:
+        return None
+    b = used[0]
+    return (
+        f"{source}: stale artifact: the {b} template of {artifact.kernel} changed since it was tuned "
+        f"(template_hash {artifact.template_hash[b][:12]}... != current "
+        f"{current_template_hash(artifact.kernel, b)[:12]}...); "
+        f"re-run `autotune run --gpu {artifact.gpu} --kernel {artifact.kernel}`"
+    )
 
 
 def load_artifact(path: str | Path, check_stale: bool = True) -> Artifact:
     """Read and validate an artifact; ``ArtifactError`` for missing, corrupt, invalid or stale files."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise ArtifactError(f"{path}: cannot read artifact ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{path}: corrupt artifact, not UTF-8 text ({e})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{path}: corrupt artifact, not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
+        raise ArtifactError(f"{path}: corrupt artifact, JSON not readable ({type(e).__name__}: {e})") from None
     return validate_artifact(data, str(path), check_stale)
 
 
@@ -308,6 +356,144 @@ def load_artifact_or_none(path: str | Path, check_stale: bool = True) -> Artifac
     except ArtifactError as e:
         warnings.warn(f"ignoring artifact, using heuristic defaults: {e}", RuntimeWarning, stacklevel=2)
         return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether one artifact file may be used in this process, and why: the single decision that
+    ``autotune.load`` acts on and ``autotune show`` prints, so the two can never disagree.
+
+    ``reason``: why it is rejected ("" when usable). ``notes``: what to say once when it is used
+    (version drift, a same-architecture fallback). ``info``: facts that change nothing (a template
+    hash that no entry uses). ``artifact``: the parsed file whenever it is valid, rejected or not.
+    ``same_arch``: rejected only because it was tuned on another GPU of the same architecture, so
+    ``allow_same_arch=True`` would make it usable.
+    """
+
+    path: str
+    usable: bool
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+    info: tuple[str, ...] = ()
+    artifact: Artifact | None = None
+    same_arch: bool = False
+
+
+def _registry_cc(key: str | None) -> str | None:
+    from autotune.gpus import GPUS  # stdlib-only module; imported late to keep this one import-free
+
+    spec = GPUS.get(key.lower()) if isinstance(key, str) else None
+    return spec.cc if spec else None
+
+
+def _gpu_key(name: Any) -> str | None:
+    from autotune.gpus import gpu_from_name
+
+    return gpu_from_name(name) if isinstance(name, str) else None
+
+
+def _version_drift(gpu: str, env: dict[str, Any], running: dict[str, Any]) -> str | None:
+    """A note naming every version that differs between the tuning run and this process (None: same).
+    Unknown values (None on either side, e.g. no driver on a CPU machine) are not compared."""
+    diffs = [
+        f"{k} {env[k]} (tuned) vs {running[k]} (here)"
+        for k in VERSION_KEYS
+        if env.get(k) is not None and running.get(k) is not None and str(env[k]) != str(running[k])
+    ]
+    if not diffs:
+        return None
+    return (
+        f"artifacts for '{gpu}' were tuned with other versions than this process runs: {', '.join(diffs)}; "
+        "they are used, but may no longer hold the fastest configs (re-tune to be sure)"
+    )
+
+
+def check_origin(
+    artifact: Artifact,
+    folder: str | None,
+    requested: str | None,
+    running: dict[str, Any] | None,
+    allow_same_arch: bool = False,
+) -> tuple[str | None, list[str], bool]:
+    """(rejection reason or None, notes to say once, rejected only for a same-architecture GPU).
+
+    The file names its GPU twice (``gpu`` and ``environment.gpu_name``); both must agree with the
+    folder it lives in (when that is a registry GPU key), the GPU asked for and the GPU running here (``running`` is
+    ``autotune.gpus.environment()``; without a CUDA device it has no compute capability and only the
+    folder and the request are checked). Another architecture is always rejected; another GPU of the
+    same compute capability only when not allowed; other library versions are a note.
+    """
+    env, own = artifact.environment, artifact.gpu.lower()
+    name_key = _gpu_key(env.get("gpu_name"))
+    if name_key is not None and name_key != own:
+        said = f"environment.gpu_name {env['gpu_name']!r} is a {name_key}"
+        return f"the file contradicts itself: gpu '{own}' but {said}", [], False
+    file_cc = env.get("compute_capability") or _registry_cc(own)
+    run_cc = (running or {}).get("compute_capability")
+    run_name = (running or {}).get("gpu_name") if run_cc else None
+    run_key = _gpu_key(run_name)
+    tuned = f"artifact tuned on '{own}' ({env.get('gpu_name') or 'device name not recorded'}, sm {file_cc or '?'})"
+    if run_cc and file_cc and str(run_cc) != str(file_cc):
+        reason = f"{tuned} but this process runs on {run_name} (sm {run_cc}), another architecture"
+        return f"{reason}; re-tune with `autotune run --gpu auto`", [], False
+    others: dict[str, str] = {}
+    if folder and _registry_cc(folder) and folder != own:
+        others[folder] = f"it lives under '{folder}/'"
+    if requested and requested != own:
+        others.setdefault(requested, f"GPU '{requested}' was asked for")
+    if run_key and run_key != own:
+        others[run_key] = f"this process runs on {run_name} ('{run_key}')"
+    notes: list[str] = []
+    if others:
+        ccs = {_registry_cc(k) for k in others} | ({str(run_cc)} if run_key in others else set())
+        same_arch = file_cc is not None and ccs == {str(file_cc)}
+        where = "; ".join(others.values())
+        if not same_arch:
+            return f"{tuned} but {where}; re-tune for this GPU with `autotune run --gpu auto`", [], False
+        if not allow_same_arch:
+            hint = f"same architecture (sm {file_cc}): pass allow_same_arch=True to use it anyway, or re-tune"
+            return f"{tuned} but {where}; {hint}", [], True
+        notes.append(
+            f"using artifacts tuned on '{own}' for {', '.join(repr(k) for k in sorted(others))}: same architecture "
+            f"(sm {file_cc}), allowed by allow_same_arch=True; re-tune on this GPU for its own best configs"
+        )
+    drift = _version_drift(own, env, running) if running else None
+    return None, notes + ([drift] if drift else []), False
+
+
+def assess_artifact(
+    path: str | Path,
+    gpu: str | None = None,
+    running: dict[str, Any] | None = None,
+    allow_same_arch: bool = False,
+) -> Verdict:
+    """The usability verdict of one artifact file here; never raises, whatever the file holds.
+
+    ``gpu``: the GPU key asked for (default: the folder the file lives in); ``running``: the
+    running process's ``autotune.gpus.environment()`` (None: not known, origin checked against the
+    folder and ``gpu`` only, versions not compared). Invalid and stale files are rejected; origin
+    rules are ``check_origin``'s.
+    """
+    path = Path(path)
+    folder = path.parent.name if _registry_cc(path.parent.name) else None  # artifacts/<gpu>/<kernel>.json
+    try:
+        artifact = load_artifact(path, check_stale=False)
+    except ArtifactError as e:
+        return Verdict(str(path), False, str(e))
+    except Exception as e:  # noqa: BLE001 - the promise is "never raises": anything else is a bad file too
+        return Verdict(str(path), False, f"{path}: artifact not readable ({type(e).__name__}: {e})")
+    try:
+        _, unused = changed_templates(artifact)
+        info = tuple(f"the {b} template changed since tuning, but no entry uses {b}" for b in unused)
+        stale = stale_reason(artifact, str(path))
+        if stale:
+            return Verdict(str(path), False, stale, info=info, artifact=artifact)
+        reason, notes, same_arch = check_origin(artifact, folder, gpu or folder, running, allow_same_arch)
+    except Exception as e:  # noqa: BLE001 - e.g. an unreadable template source: refuse, do not crash
+        return Verdict(str(path), False, f"{path}: cannot check artifact ({type(e).__name__}: {e})", artifact=artifact)
+    if reason:
+        return Verdict(str(path), False, f"{path}: {reason}", info=info, artifact=artifact, same_arch=same_arch)
+    return Verdict(str(path), True, notes=tuple(notes), info=info, artifact=artifact)
 
 
 def save_artifact(artifact: Artifact, path: str | Path) -> Path:

@@ -110,3 +110,21 @@ def environment() -> dict[str, object]:
         except (OSError, subprocess.SubprocessError):
             env["driver"] = None
     return env
+
+
+def running_environment() -> dict[str, object] | None:
+    """``environment()``, or None when it cannot be read (e.g. torch or triton missing): artifact
+    loading then checks an artifact's origin against the requested GPU only instead of failing."""
+    try:
+        return environment()
+    except Exception:  # noqa: BLE001 - loading artifacts must never fail on an environment probe
+        return None
+
+
+def same_arch_gpus(key: str) -> list[str]:
+    """Other registry GPUs of ``key``'s compute capability, sorted (e.g. 'h100' for 'h200'): the GPUs
+    whose tuned configs may serve ``key`` when a user allows a same-architecture fallback."""
+    spec = GPUS.get(key.lower())
+    if spec is None:
+        return []
+    return sorted(k for k, s in GPUS.items() if k != spec.name and s.compute_capability == spec.compute_capability)

@@ -153,3 +153,44 @@ def test_optional_timing_key_is_typed_and_unknown_keys_still_fail(tmp_path):
         data["entries"] = [bad]
         with pytest.raises(art.ArtifactError, match=match):
             art.validate_artifact(data, check_stale=False)
+
+
+def test_lookup_is_keyed_by_heads_and_mask():
+    a = _artifact([_entry(), _entry(num_heads=8, median_ms=2.0), _entry(mask="targets", median_ms=3.0)])
+    assert a.lookup("bfloat16", 256, 256, 4096, num_heads=8)["median_ms"] == 2.0
+    assert a.lookup("bfloat16", 256, 256, 4096, num_heads=4, mask="targets")["median_ms"] == 3.0
+    assert a.lookup("bfloat16", 256, 256, 4096, num_heads=4, mask="causal")["median_ms"] == 1.23
+    assert a.lookup("bfloat16", 256, 256, 4096, num_heads=2) is None
+    assert a.lookup("bfloat16", 256, 256, 4096, mask="window") is None
+    assert a.lookup("bfloat16", 256, 256, 4096)["mask"] == "causal"  # unset: causal preferred
+
+
+def test_mask_names_match_the_tasks():
+    from autotune.tasks import MASKS
+
+    assert tuple(MASKS) == art.MASKS
+
+
+def test_unreadable_bytes_are_an_artifact_error(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_bytes(b"\x80\x81 not utf-8")
+    with pytest.raises(art.ArtifactError, match="not UTF-8"):
+        art.load_artifact(path)
+    path.write_bytes(b"[" * 100000)
+    with pytest.raises(art.ArtifactError, match="corrupt"):
+        art.load_artifact(path)
+    verdict = art.assess_artifact(path)
+    assert not verdict.usable and verdict.artifact is None and "corrupt" in verdict.reason
+
+
+def test_only_templates_that_entries_use_make_an_artifact_stale(tmp_path):
+    a = _artifact()
+    a.template_hash["cute"] = "0" * 64  # recorded, but no entry runs cute
+    path = art.save_artifact(a, tmp_path / "h100" / "hstu_attention_fwd.json")
+    assert art.load_artifact(path).entries  # the strict reader agrees
+    verdict = art.assess_artifact(path)
+    assert verdict.usable and verdict.info == ("the cute template changed since tuning, but no entry uses cute",)
+    a.template_hash["triton"] = "0" * 64
+    art.save_artifact(a, path)
+    verdict = art.assess_artifact(path)
+    assert not verdict.usable and "stale artifact: the triton template" in verdict.reason

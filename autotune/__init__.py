@@ -13,14 +13,16 @@ __all__: list[str] = []
 # The dispatch engineer adds ``load()`` here, e.g. ``from autotune.dispatch import load``.
 
 
-def load(path: str = "artifacts", gpu: str | None = None) -> dict:
+def load(path: str = "artifacts", gpu: str | None = None, allow_same_arch: bool = False) -> dict:
     """Load tuned artifacts for ``gpu`` (detected when None) so every HSTU op call dispatches to them.
 
     One line in training code: ``autotune.load("artifacts")``. Lazy, so ``import autotune`` stays light.
+    Files tuned on another GPU are rejected (warned, defaults used); ``allow_same_arch=True`` accepts
+    one of the same compute capability (H100 configs on an H200), said once. Never raises.
     """
     from autotune.dispatch import load as _load
 
-    return _load(path, gpu)
+    return _load(path, gpu, allow_same_arch)
 
 
 __all__.append("load")

@@ -297,9 +297,14 @@ class _RichReporter:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    """Print each artifact with the verdict ``autotune.load(root, gpu=<its folder>)`` would act on in this
+    process (one function decides both: ``autotune.artifacts.assess_artifact``). Exit 1 if a file is
+    unreadable or invalid; stale or foreign files are shown with the reason they are not used."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from autotune.artifacts import ArtifactError, current_template_hash, load_artifact
+    from autotune.artifacts import assess_artifact
+    from autotune.gpus import running_environment
 
     console = _console()
     root = Path(args.artifacts or Path(__file__).resolve().parents[1] / "artifacts")
@@ -311,18 +316,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not paths:
         console.print(f"no artifacts under {root} for {', '.join(gpus)}")
         return 1
+    running = running_environment()
     bad = 0
     for path in paths:
-        try:
-            a = load_artifact(path, check_stale=False)
-        except ArtifactError as e:
-            console.print(f"[red]{e}[/]")
+        v = assess_artifact(path, path.parent.name, running)
+        a = v.artifact
+        if a is None:
+            console.print(f"[red]UNUSABLE: {escape(v.reason)}[/]")
             bad += 1
             continue
-        stale = [b for b, h in a.template_hash.items() if h != current_template_hash(a.kernel, b)]
         env = a.environment
-        note = f" [red]STALE ({', '.join(stale)} template changed; re-tune)[/]" if stale else ""
-        table = Table(title=f"{a.kernel} on {a.gpu} ({env.get('gpu_name')}), created {a.created}{note}")
+        if v.usable:
+            verdict = "[green]usable[/]"
+        else:
+            hint = " (usable with allow_same_arch=True)" if v.same_arch else ""
+            verdict = f"[red]NOT USED{hint}[/]"
+        table = Table(title=f"{a.kernel} on {a.gpu} ({env.get('gpu_name')}), created {a.created}: {verdict}")
         for col in ("dtype", "dims", "heads", "bucket", "dist", "mask", "backend", "config", "ms", "TFLOP/s"):
             table.add_column(col)
         for col in ("default TFLOP/s", "speedup", "trials", "tuning s"):
@@ -349,6 +358,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"  torch {env.get('torch')}, triton {env.get('triton')}, cuda {env.get('cuda')}, "
             f"driver {env.get('driver')}; search space {a.search_space_hash[:12]}"
         )
+        lines = [f"[red]not used: {escape(v.reason)}[/]"] if v.reason else []
+        lines += [f"[yellow]note: {escape(n)}[/]" for n in v.notes] + [f"info: {escape(i)}" for i in v.info]
+        for line in lines:
+            console.print(f"  {line}")
     return 1 if bad else 0
 
 

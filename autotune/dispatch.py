@@ -3,9 +3,14 @@
 Training code calls ``autotune.load("artifacts")`` once; every attention call then asks ``select``
 for its shape bucket. The choice is a pure function of the artifact files and the call's shape (no
 timing, no tuning at runtime), so every process of a job picks the same config. Choices are cached
-per (kind, dtype, head dims, heads, bucket, distribution, source): after the first call a lookup is
-one dict access. When nothing fits, dispatch falls back to the nearest tuned bucket, then to the
-heuristic default, and warns once per reason saying why.
+per (kind, dtype, head dims, heads, length, distribution, source, mask): after the first call a
+lookup is one dict access. Entries are keyed by (dtype, dims, heads, bucket, distribution, mask);
+when the exact one is missing, dispatch uses the closest entry (same bucket first, then the nearest
+tuned bucket), then the heuristic default, and warns once per reason saying what differs.
+
+Which files are usable is decided by ``autotune.artifacts.assess_artifact`` (the verdict that
+``autotune show`` prints too): stale, invalid or foreign files (another GPU, another architecture)
+are rejected; a same-architecture GPU only with ``allow_same_arch=True``; version drift is a warning.
 
 Configs leave this module as JSON strings (sorted keys) because custom ops take plain ints/strings.
 """
@@ -27,6 +32,8 @@ import torch
 
 KINDS = ("hstu_attention_fwd", "hstu_attention_bwd")
 SOURCES = ("tuned", "default", "reference")
+MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tasks.MASKS
+LARGEST_BUCKET = 16384  # == autotune.buckets.BUCKETS[-1]: longer calls run this bucket's config
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,6 +141,8 @@ class _State:
     gpu: str | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 _STATE = _State()
@@ -146,12 +155,14 @@ class DispatchWarning(UserWarning):
     """A dispatch fell back (nearest bucket or heuristic default); the message says why."""
 
 
-def _warn_once(msg: str) -> None:
-    if msg in _WARNED:
+def _warn_once(msg: str, key: str | None = None, stacklevel: int = 4) -> None:
+    """Warn ``msg`` unless ``key`` (default: the message) was warned already in this process."""
+    key = msg if key is None else key
+    if key in _WARNED:
         return
-    _WARNED.add(msg)
+    _WARNED.add(key)
     WARNINGS.append(msg)
-    warnings.warn(msg, DispatchWarning, stacklevel=4)
+    warnings.warn(msg, DispatchWarning, stacklevel=stacklevel)
 
 
 def clear_cache() -> None:
@@ -174,13 +185,33 @@ def _detect_gpu() -> str:
     return detect_gpu()
 
 
-def load(path: str | os.PathLike = "artifacts", gpu: str | None = None) -> dict[str, Any]:
+def _same_arch_file(root: Path, gpu: str, kind: str) -> Path | None:
+    """The artifact of ``kind`` of another GPU with ``gpu``'s compute capability (first by name), if any."""
+    from autotune.gpus import same_arch_gpus
+
+    for other in same_arch_gpus(gpu):
+        file = root / other / f"{kind}.json"
+        if file.is_file():
+            return file
+    return None
+
+
+def load(
+    path: str | os.PathLike = "artifacts", gpu: str | None = None, allow_same_arch: bool = False
+) -> dict[str, Any]:
     """Load the tuned artifacts of ``gpu`` (detected when None) from ``path``/<gpu>/<kernel>.json.
 
-    Never raises for a missing or rejected file: the reason is kept and warned once when a call
-    would have used it, and that kernel runs the heuristic default. Returns a summary dict.
+    Each file must pass ``autotune.artifacts.assess_artifact`` against the running environment: a
+    file tuned on another GPU (by its ``gpu``, its device name or the folder it was copied to) is
+    rejected. ``allow_same_arch=True`` accepts a GPU of the same compute capability (H100 configs on
+    an H200; also looked up in that GPU's folder when ``gpu`` has none) and says so once. Other
+    library versions are said once and the file is used.
+
+    Never raises for a missing or rejected file, whatever it holds: the reason is kept and warned once
+    when a call would have used it, and that kernel runs the heuristic default. Returns ``summary()``.
     """
-    from autotune.artifacts import ArtifactError, load_artifact
+    from autotune import gpus
+    from autotune.artifacts import assess_artifact
 
     state = _State(loaded=True, path=str(path))
     if gpu is None:
@@ -190,30 +221,39 @@ def load(path: str | os.PathLike = "artifacts", gpu: str | None = None) -> dict[
             for kind in KINDS:
                 state.problems[kind] = f"no artifact used for {kind}: could not detect the GPU ({exc})"
     state.gpu = gpu
-    if gpu is not None:
-        for kind in KINDS:
-            file = Path(path) / gpu / f"{kind}.json"
-            if not file.is_file():
-                state.problems[kind] = f"no artifact for GPU '{gpu}': {file} does not exist"
-                continue
-            try:
-                state.artifacts[kind] = load_artifact(file)
-            except ArtifactError as exc:
-                state.problems[kind] = f"artifact {file} rejected (stale template hash or invalid): {exc}"
+    running = gpus.running_environment() if gpu is not None else None
+    for kind in KINDS if gpu is not None else ():
+        file = Path(path) / gpu / f"{kind}.json"
+        if not file.is_file():
+            file = (_same_arch_file(Path(path), gpu, kind) if allow_same_arch else None) or file
+        if not file.is_file():
+            state.problems[kind] = f"no artifact for GPU '{gpu}': {file} does not exist"
+            continue
+        verdict = assess_artifact(file, gpu, running, allow_same_arch)
+        if verdict.usable:
+            state.artifacts[kind] = verdict.artifact
+            state.notes[kind], state.files[kind] = list(verdict.notes), str(file)
+        else:
+            state.problems[kind] = f"artifact rejected: {verdict.reason}"
     global _STATE
     _STATE = state
     _CACHE.clear()
+    for note in dict.fromkeys(n for kind in KINDS for n in state.notes.get(kind, [])):
+        _warn_once(note, stacklevel=3)  # fwd and bwd usually share the note: said once
     return summary()
 
 
 def summary() -> dict[str, Any]:
-    """What is loaded: GPU, kernels with artifacts, problems, warnings so far."""
+    """What is loaded: GPU, kernels with artifacts (and their files), problems (rejected or missing
+    files), notes said when a file was used anyway (version drift, same-architecture), warnings so far."""
     return {
         "loaded": _STATE.loaded,
         "path": _STATE.path,
         "gpu": _STATE.gpu,
         "kernels": sorted(_STATE.artifacts),
         "problems": dict(_STATE.problems),
+        "notes": {k: list(v) for k, v in _STATE.notes.items()},
+        "files": dict(_STATE.files),
         "warnings": list(WARNINGS),
     }
 
@@ -268,17 +308,33 @@ def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
     return Choice(backend, _config_json(_get(entry, "config")), source, _get(entry, "bucket"))
 
 
-def _nearest(entries: list[Any], bucket: int, distribution: str | None, num_heads: int) -> Any:
-    """Deterministic nearest entry: closest log2 bucket, then same distribution, causal mask, same
-    heads, the larger bucket, and finally the config's text (a total order: no ties left)."""
+def mask_of(contextual_seq_len: int, has_targets: bool, max_attn_len: int) -> str:
+    """The artifact mask name (``autotune.tasks.MASKS``) of a call's mask arguments.
+
+    Each mask feature is its own kernel specialisation, so its best config can differ. A window
+    (``max_attn_len > 0``) names the call whatever else it has: it decides which key blocks a query
+    block visits, so it shapes the best tile most, and no tuned mask combines it with the others.
+    """
+    if max_attn_len > 0:
+        return "window"
+    if contextual_seq_len > 0:
+        return "context+targets" if has_targets else "context"
+    return "targets" if has_targets else "causal"
+
+
+def _nearest(entries: list[Any], bucket: int, distribution: str | None, num_heads: int, mask: str) -> Any:
+    """Deterministic closest entry: closest log2 bucket, then same distribution, same mask (else
+    causal), same heads (else the closest count), the larger bucket, and finally the config's text
+    (a total order: no ties left)."""
 
     def rank(e: Any) -> tuple:
         b = int(_get(e, "bucket"))
+        m = _get(e, "mask", "causal")
         return (
             abs(math.log2(b) - math.log2(bucket)),
             0 if distribution is None or _get(e, "distribution") == distribution else 1,
-            0 if _get(e, "mask", "causal") == "causal" else 1,
-            0 if _get(e, "num_heads") == num_heads else 1,
+            0 if m == mask else 1 if m == "causal" else 2,
+            abs(int(_get(e, "num_heads")) - num_heads),
             -b,
             json.dumps(_get(e, "config"), sort_keys=True),
         )
@@ -286,8 +342,31 @@ def _nearest(entries: list[Any], bucket: int, distribution: str | None, num_head
     return min(entries, key=rank)
 
 
+def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
+    """What the closest entry differs in from the call (bucket, distribution, heads, mask)."""
+    diffs = []
+    if _get(entry, "bucket") != call["bucket"]:
+        diffs.append(f"the nearest tuned bucket {_get(entry, 'bucket')}")
+    for name in ("distribution", "num_heads", "mask"):
+        if call[name] is not None and _get(entry, name) != call[name]:
+            diffs.append(f"{name}={_get(entry, name)} instead of {call[name]}")
+    wanted = ", ".join(f"{k}={v}" for k, v in call.items() if k != "bucket")
+    return (
+        f"{kind}: no tuned entry for bucket {call['bucket']} ({wanted}); using the closest tuned entry, "
+        f"with {', '.join(diffs)}"
+    )
+
+
 def _resolve(
-    kind: str, dtype: str, dqk: int, dv: int, num_heads: int, max_seq_len: int, distribution: str | None, source: str
+    kind: str,
+    dtype: str,
+    dqk: int,
+    dv: int,
+    num_heads: int,
+    max_seq_len: int,
+    distribution: str | None,
+    source: str,
+    mask: str = "causal",
 ) -> Choice:
     if source == "reference":
         return Choice("reference", "{}", "reference")
@@ -298,7 +377,13 @@ def _resolve(
         return default_choice(kind, dqk, dv)
     artifact = _STATE.artifacts[kind]
     bucket = _bucket_for(max_seq_len)
-    entry = artifact.lookup(dtype, dqk, dv, bucket, distribution) if hasattr(artifact, "lookup") else None
+    if max_seq_len > LARGEST_BUCKET:
+        _warn_once(
+            f"{kind}: max_seq_len {max_seq_len} is above the largest tuned bucket {LARGEST_BUCKET}; using that "
+            "bucket's config, which was never tuned or timed at these lengths",
+            key=f"{kind}: above the largest bucket",
+        )
+    entry = artifact.lookup(dtype, dqk, dv, bucket, distribution, num_heads, mask)
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")
         return choice or default_choice(kind, dqk, dv)
@@ -313,13 +398,10 @@ def _resolve(
             f"'{_STATE.gpu}' artifact; using the heuristic default config"
         )
         return default_choice(kind, dqk, dv)
-    best = _nearest(same_dims, bucket, distribution, num_heads)
-    if entry is None:
-        _warn_once(
-            f"{kind}: no tuned entry for bucket {bucket} (dtype={dtype}, dqk={dqk}, dv={dv}, "
-            f"distribution={distribution}); using the nearest tuned bucket {_get(best, 'bucket')}"
-        )
-    choice = _entry_choice(kind, best, "nearest" if entry is None else "tuned")
+    best = _nearest(same_dims, bucket, distribution, num_heads, mask)
+    call = {"dtype": dtype, "dqk": dqk, "dv": dv, "bucket": bucket, "distribution": distribution}
+    _warn_once(_fallback_message(kind, {**call, "num_heads": num_heads, "mask": mask}, best))
+    choice = _entry_choice(kind, best, "nearest")
     return choice or default_choice(kind, dqk, dv)
 
 
@@ -332,13 +414,15 @@ def select(
     max_seq_len: int,
     distribution: str | None = None,
     source: str = "tuned",
+    mask: str = "causal",
 ) -> Choice:
     """The (backend, config) for one call; cached, deterministic, never times anything.
 
     ``source``: "tuned" (loaded artifacts, with fallbacks), "default" (heuristic), "reference".
     ``distribution``: "uniform" (full lengths) or "jagged" when the caller knows it, else None.
+    ``mask``: the call's mask name (``mask_of``); entries are keyed by it and by ``num_heads``.
     """
-    key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source)
+    key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source, mask)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -346,7 +430,9 @@ def select(
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {KINDS}")
     if source not in SOURCES:
         raise ValueError(f"unknown kernel source {source!r}; expected one of {SOURCES}")
+    if mask not in MASKS:
+        raise ValueError(f"unknown mask {mask!r}; expected one of {MASKS} (see mask_of)")
     dims = (int(dqk), int(dv), int(num_heads), int(max_seq_len))
-    choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source)
+    choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source, mask)
     _CACHE[key] = choice
     return choice

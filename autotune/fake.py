@@ -1,8 +1,25 @@
-"""An injectable fake kernel for tests: configs that crash, hang, are wrong, or are just slow.
+"""Injectable fake kernels for tests: configs that crash, hang, are wrong, poison the process, or are slow.
 
 Registered only when this module is imported (``plugins=["autotune.fake"]``); its worker imports it
-too. The 'wrong' and 'nan' configs are the fastest, so a tuner that skipped the correctness check
-would pick them.
+too. Two ops:
+
+- ``fake_op``: modes slow (the default), ok, ok2, wrong, nan, crash, hang. The 'wrong' and 'nan'
+  configs are the fastest, so a tuner that skipped the correctness check would pick them.
+- ``fake_faults``: the planted faults of the tuner's trust tests, each the fastest config of its
+  study so only a working check keeps it out. ``AUTOTUNE_FAKE_MODES`` (read in the tuner process by
+  a feasibility rule) lists the modes a test lets the sampler see:
+
+  * ``sticky``: raises an unknown error and leaves the process broken (every later launch in it
+    fails too), like a sticky CUDA error whose message matches no fatal marker;
+  * ``bigwrong``: correct on the 5-sequence check batch, wrong on larger batches (a grid too small
+    for many sequences);
+  * ``narrow``: correct on the check and timed batches, wrong on many short sequences (only the
+    final re-check of the winner sees it);
+  * ``nan``, ``crash``, ``hang``, ``wrong``: as in ``fake_op``.
+
+Environment hooks for process-level faults: ``AUTOTUNE_FAKE_SETUP_DEATHS=PATH:N`` makes the first N
+worker set-ups die (a counter in PATH), ``AUTOTUNE_FAKE_DEFAULT_SLEEP=S`` makes the default sleep S
+seconds per launch (a test kills the run during it).
 """
 
 from __future__ import annotations
@@ -10,6 +27,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -17,9 +35,13 @@ from autotune.registry import Backend, Op, register_backend, register_op
 from search_spaces.base import SearchSpace
 
 FAKE_OP = "fake_op"
+FAULTS_OP = "fake_faults"
 # AUTOTUNE_FAKE_FAST_DEFAULT=1 makes the default ('slow') the fastest correct config.
 _DEFAULT_S = 0.0 if os.environ.get("AUTOTUNE_FAKE_FAST_DEFAULT") == "1" else 0.02
 SLEEP_S = {"slow": _DEFAULT_S, "ok": 0.004, "ok2": 0.006, "wrong": 0.0, "nan": 0.0, "crash": 0.0, "hang": 0.0}
+FAULT_SLEEP_S = {**SLEEP_S, "sticky": 0.0, "bigwrong": 0.001, "narrow": 0.002}
+CHECK_BATCH = 5  # sequences in the worker's check batch (autotune.worker.check_lengths)
+_BROKEN: list[str] = []  # set by a 'sticky' launch: this process is unusable from then on
 
 
 @dataclass(frozen=True)
@@ -29,15 +51,26 @@ class FakeConfig:
 
 
 def _launch(inputs: dict, config: FakeConfig, out: tuple | None) -> tuple:
-    if config.mode == "crash":
+    mode = config.mode
+    if _BROKEN:
+        raise RuntimeError(f"device left in an unrecognised state by an earlier launch ({_BROKEN[0]})")
+    if mode == "crash":
         os._exit(7)
-    if config.mode == "hang":
+    if mode == "hang":
         time.sleep(3600)
-    time.sleep(SLEEP_S[config.mode])
+    if mode == "sticky":
+        _BROKEN.append("sticky")
+        raise RuntimeError("launch failed with an unrecognised status")
+    delay = FAULT_SLEEP_S[mode]
+    if mode == "slow" and os.environ.get("AUTOTUNE_FAKE_DEFAULT_SLEEP"):
+        delay = float(os.environ["AUTOTUNE_FAKE_DEFAULT_SLEEP"])
+    time.sleep(delay)
     o = out[0] if out else torch.empty_like(inputs["x"])
-    if config.mode == "nan":
+    if mode == "nan":
         return (o,)  # never writes: the poisoned buffer shows it
-    o.copy_(inputs["x"] * 2 + (1.0 if config.mode == "wrong" else 0.0))
+    seqs = inputs["n_seqs"]
+    wrong = mode == "wrong" or (mode == "bigwrong" and seqs > CHECK_BATCH) or (mode == "narrow" and seqs > 40)
+    o.copy_(inputs["x"] * 2 + (1.0 if wrong else 0.0))
     return (o,)
 
 
@@ -46,23 +79,43 @@ def _only_ok2_is_big(c: FakeConfig, ctx) -> str | None:
     return f"size 2 does not fit mode {c.mode!r}" if c.size == 2 and c.mode != "ok2" else None
 
 
-FAKE_SPACE = SearchSpace(
-    "fake_op/fake",
-    FakeConfig,
-    {"mode": tuple(SLEEP_S), "size": (1, 2)},
-    (_only_ok2_is_big,),
-    lambda ctx: FakeConfig(),
-)
+def _only_listed_modes(c: FakeConfig, ctx) -> str | None:
+    """The fault modes a test plants (``AUTOTUNE_FAKE_MODES``); the default is always allowed."""
+    listed = {m.strip() for m in os.environ.get("AUTOTUNE_FAKE_MODES", "").split(",") if m.strip()}
+    return None if c.mode == "slow" or c.mode in listed else f"mode {c.mode!r} not planted"
 
-register_op(
-    Op(
-        FAKE_OP,
-        make_inputs=lambda task, lengths, seed, device, dtype: {
-            "x": torch.randn(sum(lengths) + 1, generator=torch.Generator().manual_seed(seed)).to(device)
-        },
+
+def _make_inputs(task, lengths, seed, device, dtype) -> dict:
+    spec = os.environ.get("AUTOTUNE_FAKE_SETUP_DEATHS")
+    if spec:
+        path, _, count = spec.rpartition(":")
+        counter = Path(path)
+        died = int(counter.read_text() or 0) if counter.exists() else 0
+        if died < int(count):
+            counter.write_text(str(died + 1))
+            os._exit(9)  # the worker dies while setting up, as on host OOM
+    x = torch.randn(sum(lengths) + 1, generator=torch.Generator().manual_seed(seed)).to(device)
+    return {"x": x, "n_seqs": len(lengths)}
+
+
+def _op(name: str) -> Op:
+    return Op(
+        name,
+        make_inputs=_make_inputs,
         reference=lambda inputs, dtype: (inputs["x"].float() * 2,),
         flops=lambda inputs: float(inputs["x"].numel()),
         alloc_out=lambda inputs: (torch.full_like(inputs["x"], float("nan")),),
     )
+
+
+FAKE_SPACE = SearchSpace(
+    "fake_op/fake", FakeConfig, {"mode": tuple(SLEEP_S), "size": (1, 2)}, (_only_ok2_is_big,), lambda ctx: FakeConfig()
 )
+FAULTS_SPACE = SearchSpace(
+    "fake_faults/fake", FakeConfig, {"mode": tuple(FAULT_SLEEP_S)}, (_only_listed_modes,), lambda ctx: FakeConfig()
+)
+
+register_op(_op(FAKE_OP))
+register_op(_op(FAULTS_OP))
 register_backend(Backend(FAKE_OP, "fake", FAKE_SPACE, _launch, template_files=("autotune/fake.py",)))
+register_backend(Backend(FAULTS_OP, "fake", FAULTS_SPACE, _launch, template_files=("autotune/fake.py",)))

@@ -11,15 +11,27 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 QUICK = {"warmup": 5, "rep": 20}  # ms: the cheap first measurement every correct config gets
 FULL = {"warmup": 25, "rep": 100}  # ms: the full measurement, only for promising configs
+# Timed samples a measurement keeps whatever the kernel's length: a 30 ms kernel would otherwise get
+# three samples from FULL's 100 ms, too few to tell a 3% gain from noise.
+MIN_SAMPLES = {True: 10, False: 30}
+FLUSH_MS = 0.2  # rough cost of do_bench's L2 flush per sample, counted when sizing ``rep``
 INTERPRET_REPS = {True: 1, False: 3}
 ATOL_REL = 1e-3  # small absolute tolerance, relative to the reference's largest magnitude
 ERR_FACTOR = 2.0  # kernel error may be up to 2x PyTorch's own error in the kernel's dtype
+
+
+class Timing(NamedTuple):
+    """One measurement: median and spread (80th - 20th percentile) in ms, and how many samples."""
+
+    median_ms: float
+    spread_ms: float
+    samples: int
 
 
 def interpreting() -> bool:
@@ -107,15 +119,29 @@ def poison_allocator(nbytes: int) -> None:
     del buf
 
 
+def torch_errors(ref32: Sequence[torch.Tensor], ref_lo: Sequence[torch.Tensor]) -> list[float]:
+    """PyTorch's own error in the kernel's dtype, per output: max|torch-in-dtype - fp32 ref|.
+
+    Kept instead of the low-precision outputs themselves, so a task's large timing batch holds one
+    reference copy, not two.
+    """
+    return [
+        float((lo.detach().float() - r.detach().float()).abs().max()) if r.numel() else 0.0
+        for r, lo in zip(ref32, ref_lo, strict=True)
+    ]
+
+
 def check_outputs(
-    outs: Sequence[torch.Tensor], ref32: Sequence[torch.Tensor], ref_lo: Sequence[torch.Tensor], names: Sequence[str]
+    outs: Sequence[torch.Tensor], ref32: Sequence[torch.Tensor], torch_errs: Sequence[float], names: Sequence[str]
 ) -> tuple[bool, dict[str, Any]]:
     """Tolerance rule: max|kernel - fp32 ref| <= 2 x max|torch-in-dtype - fp32 ref| + atol, all finite."""
     detail: dict[str, Any] = {}
     ok = True
-    for name, o, r, lo in zip(names, outs, ref32, ref_lo, strict=True):
-        if o.shape != r.shape:
-            detail[name] = f"shape {tuple(o.shape)} != {tuple(r.shape)}"
+    if len(outs) != len(names):
+        return False, {"outputs": f"{len(outs)} outputs, expected {len(names)} ({', '.join(names)})"}
+    for name, o, r, torch_err in zip(names, outs, ref32, torch_errs, strict=True):
+        if not isinstance(o, torch.Tensor) or o.shape != r.shape:
+            detail[name] = f"shape {tuple(getattr(o, 'shape', ()))} != {tuple(r.shape)}"
             ok = False
             continue
         o32, r32 = o.detach().float(), r.detach().float()
@@ -124,7 +150,6 @@ def check_outputs(
             ok = False
             continue
         err = float((o32 - r32).abs().max()) if o32.numel() else 0.0
-        torch_err = float((lo.detach().float() - r32).abs().max()) if o32.numel() else 0.0
         atol = ATOL_REL * float(r32.abs().max() if r32.numel() else 0.0) + 1e-6
         bound = ERR_FACTOR * torch_err + atol
         detail[name] = {"err": err, "bound": bound}
@@ -148,20 +173,40 @@ def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
     return graph.replay
 
 
-def bench(fn: Callable[[], Any], quick: bool, cuda_graph: bool = False) -> tuple[float, float]:
-    """(median ms, spread ms = 80th - 20th percentile) of ``fn``, optionally replayed from a CUDA graph."""
+def _estimate_ms(fn: Callable[[], Any]) -> float:
+    """One warm launch timed with CUDA events (sizes the sample count of the real measurement)."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return max(start.elapsed_time(end), 1e-3)
+
+
+def _quantile(sorted_times: Sequence[float], q: float) -> float:
+    i = min(len(sorted_times) - 1, max(0, round(q * (len(sorted_times) - 1))))
+    return float(sorted_times[i])
+
+
+def bench(fn: Callable[[], Any], quick: bool, cuda_graph: bool = False) -> Timing:
+    """Median and spread (80th - 20th percentile) of ``fn`` over at least ``MIN_SAMPLES[quick]``
+    samples (``do_bench``: warm-up, L2 flush per sample), optionally replayed from a CUDA graph."""
     if device() == "cuda":
         import triton.testing
 
         p = QUICK if quick else FULL
         if cuda_graph:
             fn = graphed(fn)
-        q20, q50, q80 = triton.testing.do_bench(fn, warmup=p["warmup"], rep=p["rep"], quantiles=[0.2, 0.5, 0.8])
-        return float(q50), float(q80 - q20)
+        est = _estimate_ms(fn)
+        rep = max(p["rep"], MIN_SAMPLES[quick] * (1.5 * est + FLUSH_MS))
+        times = sorted(float(t) for t in triton.testing.do_bench(fn, warmup=p["warmup"], rep=rep, return_mode="all"))
+        return Timing(_quantile(times, 0.5), _quantile(times, 0.8) - _quantile(times, 0.2), len(times))
     times = []
     for _ in range(INTERPRET_REPS[quick]):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
-    return times[len(times) // 2], times[-1] - times[0]
+    return Timing(times[len(times) // 2], times[-1] - times[0], len(times))

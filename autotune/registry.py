@@ -50,6 +50,7 @@ class Op:
     alloc_out: Callable[[dict], tuple | None] = lambda inputs: None  # NaN-filled outputs or None
     output_names: tuple[str, ...] = ("out",)
     direction: str = "fwd"
+    verify_masks: tuple[str, ...] = ()  # mask features a winner is re-checked on (empty: the task's own)
 
 
 @dataclass(frozen=True)

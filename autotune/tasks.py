@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sequence_lengths
+from autotune.gpus import get_gpu
 
 DTYPES = ("bfloat16", "float16", "float32")
 # Mask features: name -> (contextual_seq_len, targets per sequence as a fraction of its length, window as a
@@ -86,6 +87,13 @@ class Task:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Task:
         return cls(**d)
+
+
+def space_context(task: Task, interpret: bool) -> Any:
+    """The feasibility context (GPU facts, dtype, head dims, longest sequence) of a task."""
+    from search_spaces.base import SpaceContext
+
+    return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret)
 
 
 def parse_dims(text: str) -> list[tuple[int, int]]:

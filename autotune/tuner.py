@@ -1,11 +1,17 @@
 """The search: one Optuna study per task, evaluated by a worker subprocess.
 
 Per trial: feasibility rules (no GPU time) -> compile + compiler report + spill limit -> correctness
-against the reference on poisoned outputs -> quick timing, ``trial.report`` / ``should_prune`` ->
-full timing for promising configs. Every trial keeps ``status`` (ok, infeasible, spill, compile,
-incorrect, timeout, crash, pruned) and the compiler report as user attrs. Studies live in Optuna
-storage (a journal file under artifacts/<gpu>/studies/ by default), so an interrupted run resumes.
-The tuned config is re-timed against the default at the end and must beat it, else the default stays.
+against the reference on poisoned outputs (the check batch, then the timed batch itself) -> quick
+timing, ``trial.report`` / ``should_prune`` -> full timing for promising configs. Every trial keeps
+``status`` (ok, infeasible, spill, compile, incorrect, timeout, crash, pruned; interrupted and infra
+for trials that were not the config's fault and run again) and the compiler report as user attrs.
+
+Trust rules: a crash or timeout is retried once on a fresh worker before it counts; after any failed
+request the worker must pass a known-good launch or it is replaced; worker set-up failures are
+infrastructure, retried and never charged to a config. Studies live in Optuna storage (a journal
+file under artifacts/<gpu>/studies/ by default), so an interrupted run resumes (its RUNNING trials
+are queued again). At the end the fastest config is re-checked on other shapes, masks and dtypes of
+its bucket, then timed interleaved with the default and kept only if it wins by more than the spread.
 """
 
 from __future__ import annotations
@@ -24,15 +30,22 @@ from optuna.trial import TrialState
 
 from autotune import artifacts as art
 from autotune.buckets import bucket_for, neighbours
-from autotune.gpus import environment, get_gpu
+from autotune.gpus import environment
 from autotune.registry import Backend, backends_for, get_op
-from autotune.tasks import Task
+from autotune.tasks import Task, space_context
 from autotune.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
 
 SAMPLERS = ("tpe", "random", "bruteforce", "gp")
 FAIL_STATES = {"compile": TrialState.FAIL, "incorrect": TrialState.FAIL, "timeout": TrialState.FAIL}
 FAIL_STATES.update({"crash": TrialState.FAIL, "spill": TrialState.PRUNED, "infeasible": TrialState.PRUNED})
+# Trials that failed for reasons outside the config: never counted as seen, so they run again.
+RETRY_STATUSES = ("interrupted", "infra")
+VERIFY_LEVELS = ("full", "quick")
+
+
+class InfraError(RuntimeError):
+    """The worker could not be set up (GPU held by a dying process, host OOM, ...): no config's fault."""
 
 
 @dataclass
@@ -54,6 +67,12 @@ class TuneOptions:
     interpret: bool = False
     write_artifacts: bool = True
     cuda_graph: bool = False  # time replays of a captured CUDA graph (no launch overhead)
+    verify: str = "full"  # final re-check of the winner: "full" (masks x dtypes x shapes) or "quick"
+    verify_timeout_s: float = 900.0  # the re-check compiles every mask and dtype variant
+    max_verify: int = 4  # candidates re-checked before falling back to the default
+    compare_rounds: int = 6  # interleaved winner/default timing rounds
+    setup_retries: int = 3
+    setup_backoff_s: float = 1.0
 
 
 @dataclass
@@ -74,6 +93,9 @@ class TaskResult:
     kept_default: bool = False
     error: str | None = None
     timing: str = "do_bench"  # how median_ms was measured: "do_bench" or "do_bench+cuda_graph"
+    verified: list[str] = field(default_factory=list)  # cases the written config passed at the end
+    rejected: dict[str, str] = field(default_factory=dict)  # config key -> why the final checks refused it
+    comparison: dict[str, Any] | None = None  # interleaved winner/default timing verdict
 
     def entry(self) -> dict[str, Any]:
         t = self.task
@@ -139,10 +161,6 @@ def make_storage(url: str | None, gpu: str, root: Path) -> Any:
     return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
-def space_context(task: Task, interpret: bool) -> SpaceContext:
-    return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret)
-
-
 @dataclass
 class Launch:
     """One config of one backend, bound to a task's inputs: ``run()`` launches it."""
@@ -199,7 +217,7 @@ def search_space_hash(kernel: str) -> str:
 
 def _choices(backend: Backend, ctx: SpaceContext, default_values: dict[str, Any]) -> dict[str, tuple]:
     """Per param, the choices used by at least one feasible config (so the sampler wastes few asks on
-    infeasible ones), plus the default's value (so it can be enqueued)."""
+    infeasible ones), plus the backend default's value (so it can be enqueued)."""
     space = backend.space
     feasible = [space.values(c) for c in space.prune(ctx)]
     out = {}
@@ -219,12 +237,48 @@ def _key(backend: str, values: dict[str, Any]) -> str:
     return backend + ":" + ",".join(f"{k}={values[k]}" for k in sorted(values))
 
 
+def _key_of_params(params: dict[str, Any]) -> str | None:
+    """The config key of a trial's (fixed or sampled) params."""
+    backend = params.get("backend")
+    if backend is None:
+        return None
+    prefix = f"{backend}."
+    return _key(backend, {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)})
+
+
 def _config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
 
 
+def _quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of a short list."""
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def compare_verdict(a_ms: list[float], b_ms: list[float]) -> dict[str, Any]:
+    """Paired verdict of interleaved timings: A (candidate) beats B (default) only when its median
+    gain over the per-round ratios B/A exceeds their spread (80th - 20th percentile)."""
+    ratios = [b / a for a, b in zip(a_ms, b_ms, strict=True) if a > 0]
+    if not ratios:
+        return {"rounds": 0, "speedup": None, "spread": None, "beats": False}
+    speedup = _quantile(ratios, 0.5)
+    spread = _quantile(ratios, 0.8) - _quantile(ratios, 0.2)
+    return {
+        "rounds": len(ratios),
+        "a_ms": _quantile(a_ms, 0.5),
+        "b_ms": _quantile(b_ms, 0.5),
+        "speedup": speedup,
+        "spread": spread,
+        "beats": speedup - 1.0 > spread and speedup > 1.0,
+    }
+
+
 class _Study:
-    """One task's study: sampling, bookkeeping of evaluated configs, the worker calls."""
+    """One task's study: sampling, bookkeeping of evaluated configs, the worker calls and their failures."""
 
     def __init__(self, task: Task, opts: TuneOptions, worker: Worker, storage: Any, reporter: Reporter) -> None:
         self.task, self.opts, self.worker, self.reporter = task, opts, worker, reporter
@@ -235,11 +289,10 @@ class _Study:
         # The baseline is what runs without artifacts: the Triton heuristic default when Triton is a backend.
         first = self.backends.get("triton") or next(iter(self.backends.values()))
         self.default_backend = first
-        self.default_values = first.space.values(first.space.default(self.ctx))
+        self.defaults = {n: b.space.values(b.space.default(self.ctx)) for n, b in self.backends.items()}
+        self.default_values = self.defaults[first.name]
         self.default_key = _key(first.name, self.default_values)
-        self.choices = {
-            n: _choices(b, self.ctx, self.default_values if b is first else {}) for n, b in self.backends.items()
-        }
+        self.choices = {n: _choices(b, self.ctx, self.defaults[n]) for n, b in self.backends.items()}
         self.study = optuna.create_study(
             study_name=study_name(task, list(self.backends)),
             storage=storage,
@@ -249,13 +302,33 @@ class _Study:
             load_if_exists=True,
         )
         self.study.set_user_attr("task", task.to_dict())
+        self.rejected: dict[str, str] = dict(self.study.user_attrs.get("rejected", {}))
         self.seen: dict[str, optuna.trial.FrozenTrial] = {}
+        self.flops: float | None = None
+        self._requeue_interrupted()
         done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         for t in self.study.get_trials(deepcopy=False, states=done):
             k = t.user_attrs.get("config_key")
-            if k and not t.user_attrs.get("duplicate"):
+            if k and not t.user_attrs.get("duplicate") and t.user_attrs.get("status") not in RETRY_STATUSES:
                 self.seen[k] = t
-        self.flops: float | None = None
+
+    def _requeue_interrupted(self) -> None:
+        """Trials a killed run left RUNNING are failed ("interrupted") and queued again.
+
+        A journal or SQLite study belongs to one ``autotune run`` at a time, so any RUNNING trial
+        found on opening it lost its process.
+        """
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            storage = self.study._storage
+            storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            key = t.user_attrs.get("config_key") or _key_of_params(t.params)
+            backend = t.user_attrs.get("backend") or t.params.get("backend")
+            if key and backend in self.backends:
+                prefix = f"{backend}."
+                values = {k[len(prefix) :]: v for k, v in t.params.items() if k.startswith(prefix)}
+                if values:
+                    self.queue(backend, values, "requeued after an interrupted run")
 
     @property
     def measured(self) -> int:
@@ -265,48 +338,100 @@ class _Study:
         """Number of distinct configs Optuna can propose (the loop ends once all were seen)."""
         return sum(math.prod(len(c) for c in choices.values()) for choices in self.choices.values())
 
-    def enqueue(self, backend: str, values: dict[str, Any], source: str) -> None:
+    def queue(self, backend: str, values: dict[str, Any], source: str) -> None:
+        """Enqueue a config unless it was measured or is already waiting (Optuna's own skip_if_exists
+        also skips configs whose only trial failed for reasons that were not the config's)."""
         choices = self.choices.get(backend)
         if choices is None or any(values.get(p) not in c for p, c in choices.items()):
             return
-        if _key(backend, values) in self.seen:
+        key = _key(backend, {p: values[p] for p in choices})
+        if key in self.seen:
             return
-        self.study.enqueue_trial(_params(backend, values), user_attrs={"source": source}, skip_if_exists=True)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if _key_of_params(t.system_attrs.get("fixed_params", {})) == key:
+                return
+        params = _params(backend, {p: values[p] for p in choices})
+        self.study.enqueue_trial(params, user_attrs={"source": source}, skip_if_exists=False)
 
-    def _call(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
-        if self.worker.task_key != self.task.study_name:
-            setup = {"cmd": "setup", "task": self.task.to_dict(), "cuda_graph": self.opts.cuda_graph}
-            reply = self.worker.call(setup, self.opts.setup_timeout_s)
-            if reply.get("status") != "ok":
-                raise RuntimeError(f"worker could not set up {self.task.label()}: {reply.get('error')}")
-            self.worker.task_key = self.task.study_name
-            self.flops = reply["flops"]
-        return self.worker.call(msg, timeout)
-
+    # ------------------------------------------------------------------------------- worker calls
     def ensure_setup(self) -> None:
-        if self.worker.task_key != self.task.study_name or self.flops is None:
+        """The worker holds this task's inputs; set-up failures are retried and never charged to a
+        config (a GPU still held by a dying worker, host OOM, ...): ``InfraError`` after the last try."""
+        if self.worker.alive() and self.worker.task_key == self.task.study_name and self.flops is not None:
+            return
+        msg = {"cmd": "setup", "task": self.task.to_dict(), "cuda_graph": self.opts.cuda_graph}
+        errors = []
+        for attempt in range(self.opts.setup_retries):
+            if attempt:
+                time.sleep(min(8.0, self.opts.setup_backoff_s * 2 ** (attempt - 1)))
             self.worker.task_key = None
-            self._call({"cmd": "noop"}, self.opts.eval_timeout_s)
+            try:
+                reply = self.worker.call(msg, self.opts.setup_timeout_s)
+            except WorkerError as e:
+                errors.append(f"{e.kind}: {e}")
+                continue
+            if reply.get("status") == "ok":
+                self.worker.task_key, self.flops = self.task.study_name, reply["flops"]
+                return
+            errors.append(str(reply.get("error")))
+            self.worker.kill()
+        raise InfraError(f"worker set-up for {self.task.label()} failed {len(errors)} times; last: {errors[-1]}")
 
-    def evaluate(self, backend: str, values: dict[str, Any], quick: bool) -> dict[str, Any]:
-        msg = {"cmd": "evaluate", "backend": backend, "config": values, "quick": quick}
-        msg["spill_limit"] = self.opts.spill_limit
+    def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """One request about one config. A crash or timeout is retried once on a fresh worker before it
+        counts; after any non-ok reply the worker is proven healthy (or replaced) before the next."""
+        timeout = timeout or self.opts.eval_timeout_s
+        first: dict[str, Any] | None = None
+        for attempt in (1, 2):
+            self.ensure_setup()
+            try:
+                reply = self.worker.call(msg, timeout)
+            except WorkerError as e:
+                reply = {"status": e.kind, "error": str(e)}
+            if reply.get("status") in ("crash", "timeout") and attempt == 1:
+                first = reply
+                self.worker.kill()
+                continue
+            break
+        reply["attempts"] = attempt
+        if first is not None:
+            reply["first_error"] = str(first.get("error"))[-400:]
+        if reply.get("status") != "ok":
+            self.heal()
+        return reply
+
+    def known_good(self) -> tuple[str, dict[str, Any]] | None:
+        """A config that ran correctly in this study (the default first), for health probes."""
+        default = self.seen.get(self.default_key)
+        if default is not None and default.user_attrs.get("status") == "ok":
+            return self.default_backend.name, self.default_values
+        best = self.best()
+        return (best.user_attrs["backend"], self.values_of(best)) if best else None
+
+    def heal(self) -> None:
+        """After a failed request: a known-good launch and a sync must pass, else the worker is replaced
+        (a sticky CUDA error, or memory a bad config overwrote, must not fail the configs after it)."""
+        good = self.known_good()
+        if not self.worker.alive() or good is None:
+            self.worker.kill()
+            return
         try:
-            return self._call(msg, self.opts.eval_timeout_s)
-        except WorkerError as e:
-            return {"status": e.kind, "error": str(e)}
+            reply = self.worker.call({"cmd": "probe", "backend": good[0], "config": good[1]}, self.opts.eval_timeout_s)
+        except WorkerError:
+            reply = {"status": "crash"}
+        if reply.get("status") != "ok":
+            self.worker.kill()
 
-    def time(self, backend: str, values: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return self._call({"cmd": "time", "backend": backend, "config": values}, self.opts.eval_timeout_s)
-        except WorkerError as e:
-            return {"status": e.kind, "error": str(e)}
+    def values_of(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        backend = trial.user_attrs["backend"]
+        return {p: trial.params[f"{backend}.{p}"] for p in self.choices[backend]}
 
+    # ------------------------------------------------------------------------------------ trials
     def step(self) -> str:
         """Ask, evaluate and tell one trial; returns its status."""
+        self.ensure_setup()  # before ask: an infrastructure failure then holds no trial
         trial = self.study.ask()
-        names = list(self.backends)
-        bname = trial.suggest_categorical("backend", names)
+        bname = trial.suggest_categorical("backend", list(self.backends))
         backend = self.backends[bname]
         values = {p: trial.suggest_categorical(f"{bname}.{p}", c) for p, c in self.choices[bname].items()}
         key = _key(bname, values)
@@ -318,6 +443,16 @@ class _Study:
             trial.set_user_attr("status", prev.user_attrs.get("status", "?"))
             self.study.tell(trial, prev.value if prev.state == TrialState.COMPLETE else None, state=prev.state)
             return "duplicate"
+        try:
+            return self._evaluate(trial, bname, backend, values, key)
+        except InfraError as e:
+            trial.set_user_attr("status", "infra")
+            trial.set_user_attr("error", str(e)[-800:])
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.queue(bname, values, "requeued after an infrastructure failure")
+            raise
+
+    def _evaluate(self, trial, bname: str, backend: Backend, values: dict[str, Any], key: str) -> str:
         is_default = key == self.default_key
         attrs: dict[str, Any] = {"is_default": is_default}
         try:
@@ -328,9 +463,10 @@ class _Study:
         if reason:
             return self._finish(trial, key, {**attrs, "status": "infeasible", "reason": reason}, None)
         attrs["config"] = _config_dict(config)
-        res = self.evaluate(bname, values, quick=not is_default)
-        attrs.update(measured=True, status=res["status"])
-        for k in ("compile_s", "error", "check"):
+        msg = {"cmd": "evaluate", "backend": bname, "config": values, "quick": not is_default}
+        res = self.request({**msg, "spill_limit": self.opts.spill_limit})
+        attrs.update(measured=True, status=res["status"], attempts=res["attempts"])
+        for k in ("compile_s", "error", "check", "first_error", "samples"):
             if k in res:
                 attrs[k] = res[k] if k != "error" else str(res[k])[-800:]
         report = res.get("report") or {}
@@ -345,10 +481,10 @@ class _Study:
         trial.report(res["median_ms"], step=0)
         if self.opts.prune and trial.should_prune():
             return self._finish(trial, key, {**attrs, "status": "pruned"}, None, TrialState.PRUNED)
-        full = self.time(bname, values)
+        full = self.request({"cmd": "time", "backend": bname, "config": values})
         if full["status"] != "ok":
-            return self._finish(trial, key, {**attrs, **full}, None)
-        attrs.update(median_ms=full["median_ms"], spread_ms=full["spread_ms"])
+            return self._finish(trial, key, {**attrs, **full, "error": str(full.get("error"))[-800:]}, None)
+        attrs.update(median_ms=full["median_ms"], spread_ms=full["spread_ms"], samples=full.get("samples"))
         return self._finish(trial, key, attrs, full["median_ms"])
 
     def _finish(
@@ -366,23 +502,77 @@ class _Study:
         self.seen[key] = frozen
         return status
 
+    def ranked(self) -> list[optuna.trial.FrozenTrial]:
+        """Correct, timed configs, fastest first, without those the final re-check rejected."""
+        ok = [
+            t
+            for k, t in self.seen.items()
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok" and k not in self.rejected
+        ]
+        return sorted(ok, key=lambda t: t.value)
+
     def best(self) -> optuna.trial.FrozenTrial | None:
-        ok = [t for t in self.seen.values() if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"]
-        return min(ok, key=lambda t: t.value) if ok else None
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    def reject(self, trial: optuna.trial.FrozenTrial, reason: str) -> None:
+        """A config that failed the final re-check never wins this study again (kept across resumes)."""
+        self.rejected[trial.user_attrs["config_key"]] = reason[-800:]
+        self.study.set_user_attr("rejected", self.rejected)
 
 
-def _retime(s: _Study, trial: optuna.trial.FrozenTrial, rounds: int) -> tuple[float, float]:
-    """Median of the trial's time and ``rounds`` fresh full measurements (a fair final comparison)."""
-    backend = trial.user_attrs["backend"]
-    values = {p: trial.params[f"{backend}.{p}"] for p in s.choices[backend]}
-    times, spread = [trial.value], trial.user_attrs.get("spread_ms", 0.0)
-    for _ in range(rounds):
-        r = s.time(backend, values)
-        if r.get("status") == "ok":
-            times.append(r["median_ms"])
-            spread = r["spread_ms"]
-    times.sort()
-    return times[len(times) // 2], spread
+def _ensure_default(s: _Study) -> None:
+    """The default is measured in every study, whatever the budget or an earlier kill left behind."""
+    for _ in range(3):
+        if s.default_key in s.seen:
+            return
+        s.queue(s.default_backend.name, s.default_values, "default")
+        s.step()
+
+
+def _verify(s: _Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    msg = {"cmd": "verify", "backend": trial.user_attrs["backend"], "config": s.values_of(trial)}
+    return s.request({**msg, "level": s.opts.verify}, timeout=max(s.opts.eval_timeout_s, s.opts.verify_timeout_s))
+
+
+def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
+    """The config to write: the fastest one that passes the re-check on the bucket's other shapes and
+    beats the default by more than the measured spread in interleaved timings; else the default."""
+    default = s.seen.get(s.default_key)
+    default_ok = default is not None and default.user_attrs.get("status") == "ok" and s.default_key not in s.rejected
+    for cand in s.ranked()[: s.opts.max_verify]:
+        if default_ok and cand.number == default.number:
+            break
+        v = _verify(s, cand)
+        if v["status"] != "ok":
+            s.reject(cand, f"{v['status']} on re-check: {v.get('error')}")
+            continue
+        if not default_ok:
+            result.verified = v.get("checked", [])
+            return cand
+        msg = {"cmd": "compare", "rounds": s.opts.compare_rounds}
+        msg["a"] = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
+        msg["b"] = {"backend": s.default_backend.name, "config": s.default_values}
+        cmp = s.request(msg, timeout=max(s.opts.eval_timeout_s, s.opts.verify_timeout_s))
+        if cmp["status"] != "ok":
+            if cmp.get("side") == "b":
+                break  # the default went wrong on the timed batch: keep the measured default decision below
+            s.reject(cand, f"{cmp['status']} in the final comparison: {cmp.get('error')}")
+            continue
+        result.comparison = compare_verdict(cmp["a_ms"], cmp["b_ms"])
+        if result.comparison["beats"]:
+            result.verified = v.get("checked", [])
+            return cand
+        break
+    if not default_ok:
+        return None
+    v = _verify(s, default)
+    if v["status"] != "ok":
+        s.reject(default, f"{v['status']} on re-check: {v.get('error')}")
+        return None
+    result.verified = v.get("checked", [])
+    result.kept_default = True
+    return default
 
 
 def tune_task(
@@ -394,14 +584,18 @@ def tune_task(
     warm_starts: list[tuple[str, dict[str, Any]]] = (),
     reporter: Reporter | None = None,
 ) -> TaskResult:
-    """Tune one task until ``opts.n_trials`` measured trials, the deadline, or an exhausted space."""
+    """Tune one task until ``opts.n_trials`` measured trials, the deadline, or an exhausted space.
+
+    The first trials are every backend's default and the warm starts (the bucket's last winner first).
+    """
     reporter = reporter or Reporter()
     t0 = time.time()
     s = _Study(task, opts, worker, storage, reporter)
-    s.enqueue(s.default_backend.name, s.default_values, "default")
+    s.queue(s.default_backend.name, s.default_values, "default")
+    for bname, values in s.defaults.items():
+        s.queue(bname, values, f"default of {bname}")
     for bname, values in warm_starts:
-        s.enqueue(bname, values, "warm-start")
-    s.ensure_setup()
+        s.queue(bname, values, "warm-start")
     result = TaskResult(task, timing="do_bench+cuda_graph" if opts.cuda_graph else "do_bench")
     asks, dup_streak, limit, size = 0, 0, 50 * opts.n_trials + 200, s.space_size()
     while s.measured < opts.n_trials and asks < limit and len(s.seen) < size and dup_streak < 40:
@@ -412,33 +606,32 @@ def tune_task(
         dup_streak = dup_streak + 1 if status == "duplicate" else 0
         best = s.best()
         reporter.trial_done(task, s.measured, status, best.value if best else None)
-    for t in s.seen.values():
-        st = t.user_attrs.get("status", "?")
+    _ensure_default(s)
+    chosen = _decide(s, result)
+    for k, t in s.seen.items():
+        st = "incorrect" if k in s.rejected else t.user_attrs.get("status", "?")
         result.statuses[st] = result.statuses.get(st, 0) + 1
-    result.trials = s.measured
-    best, default = s.best(), s.seen.get(s.default_key)
+    result.trials, result.rejected = s.measured, dict(s.rejected)
+    default = s.seen.get(s.default_key)
     result.default_config = s.default_values
-    default_ok = default is not None and default.state == TrialState.COMPLETE
-    if best is None:
-        result.error = "no config was correct (see trial statuses)"
+    if default is not None and default.state == TrialState.COMPLETE:
+        result.default_ms = default.value
+    if chosen is None:
+        result.error = "no config was correct on every check (see trial statuses and rejected)"
     else:
-        rounds = 2 if default_ok and best.number != default.number else 0
-        best_ms, best_spread = _retime(s, best, rounds)
-        if default_ok:
-            result.default_ms, _ = _retime(s, default, rounds)
-        if default_ok and (best.number == default.number or best_ms >= result.default_ms):
-            best, best_ms, best_spread = default, result.default_ms, default.user_attrs.get("spread_ms", 0.0)
-            result.kept_default = True
-        bname = best.user_attrs["backend"]
-        values = {p: best.params[f"{bname}.{p}"] for p in s.choices[bname]}
+        bname = chosen.user_attrs["backend"]
         result.backend = bname
-        result.config = _config_dict(s.backends[bname].space.make(values))
-        result.median_ms, result.spread_ms = best_ms, best_spread
+        result.config = _config_dict(s.backends[bname].space.make(s.values_of(chosen)))
+        result.median_ms, result.spread_ms = chosen.value, chosen.user_attrs.get("spread_ms", 0.0)
+        cmp = result.comparison
+        if cmp and cmp.get("rounds"):
+            result.default_ms = cmp["b_ms"]
+            result.median_ms = cmp["b_ms"] if result.kept_default else cmp["a_ms"]
         flops = s.flops or 0.0
-        result.tflops = flops / (best_ms * 1e-3) / 1e12
+        result.tflops = flops / (result.median_ms * 1e-3) / 1e12
         if result.default_ms:
             result.default_tflops = flops / (result.default_ms * 1e-3) / 1e12
-            result.speedup = result.default_ms / best_ms
+            result.speedup = result.default_ms / result.median_ms
     result.tuning_s = time.time() - t0
     s.study.set_user_attr("result", {k: v for k, v in result.entry().items()})
     reporter.task_end(result)
@@ -514,6 +707,9 @@ def run_tasks(
             try:
                 warm = warm_starts_for(task, winners)
                 r = tune_task(task, opts, worker, storages[task.gpu], deadline, warm, reporter)
+            except InfraError as e:
+                r = TaskResult(task, error=f"infrastructure: {e}")
+                reporter.task_end(r)
             except (RuntimeError, WorkerError) as e:
                 r = TaskResult(task, error=str(e))
                 reporter.task_end(r)

@@ -2,8 +2,11 @@
 
 The tuner talks to one long-lived ``spawn``ed worker (its compile cache and CUDA context survive
 across trials and tasks). A request that times out kills the worker (a hang); a worker that dies
-(segfault, abort, fatal CUDA error) is a crash; either way the tuner records the trial and starts a
-fresh worker. Fatal CUDA errors poison the context, so the worker exits after reporting them.
+(segfault, abort, fatal CUDA error) is a crash. The tuner decides what follows (``autotune.tuner``):
+a retry on a fresh worker, a health probe with a known-good config after any failed request, and
+set-up failures treated as infrastructure, never as a config's fault. Every output that is timed is
+first checked against the reference on the same inputs (outputs pre-filled with NaN), and the
+final winner is re-checked on several shapes, masks and dtypes of its bucket (``verify``).
 """
 
 from __future__ import annotations
@@ -102,12 +105,55 @@ def check_lengths(max_len: int, seed: int) -> list[int]:
     return [max_len, *mid, 1, 0]
 
 
+def verify_lengths(max_len: int, seed: int) -> dict[str, list[int]]:
+    """The winner's extra shapes: many short sequences (odd lengths, empty and single ones) and one
+    very long sequence beside tiny ones. Deterministic per (seed, max_len)."""
+    rng = random.Random(f"verify:{seed}:{max_len}")
+    short_cap = max(1, min(max_len, 96))
+    many_short = [rng.randint(0, short_cap) for _ in range(94)] + [1, 0]
+    one_long = [1, max_len, 0, rng.randint(1, max(1, min(max_len, 33)))]
+    return {"many-short": many_short, "one-long": one_long}
+
+
+def verify_dtypes(task_dtype: str, on_gpu: bool) -> tuple[str, ...]:
+    """Both half types on a GPU (plus fp32 when tuned in fp32); off the GPU the interpreter's
+    bfloat16 is wrong, so the task's dtype and float16."""
+    if on_gpu:
+        out = ("bfloat16", "float16") + (("float32",) if task_dtype == "float32" else ())
+    else:
+        out = (task_dtype, "float16")
+    return tuple(dict.fromkeys((task_dtype, *out)))
+
+
+class _Reference:
+    """One input set with its fp32 reference and PyTorch's own error in the kernel's dtype."""
+
+    def __init__(self, op: Any, task: Any, lengths: list[int], seed: int, device: str) -> None:
+        import torch
+
+        from autotune import measure
+
+        self.dtype = getattr(torch, task.dtype)
+        self.inputs = op.make_inputs(task, lengths, seed, device, self.dtype)
+        self.ref32 = op.reference(self.inputs, torch.float32)
+        ref_lo = self.ref32 if self.dtype == torch.float32 else op.reference(self.inputs, self.dtype)
+        self.errs = measure.torch_errors(self.ref32, ref_lo)
+        self.names = op.output_names
+        self.op = op
+
+    def check(self, backend: Any, config: Any) -> tuple[bool, Any]:
+        """Launch ``config`` once on NaN-filled outputs, synchronise, compare with the reference."""
+        from autotune import measure
+
+        outs = backend.launch(self.inputs, config, self.op.alloc_out(self.inputs))
+        measure.synchronize()
+        return measure.check_outputs(outs, self.ref32, self.errs, self.names)
+
+
 class _Session:
     """Per-task state in the worker: timing inputs, correctness inputs and their references."""
 
     def __init__(self, msg: dict[str, Any]) -> None:
-        import torch
-
         from autotune import measure
         from autotune.registry import get_op
         from autotune.tasks import Task
@@ -116,14 +162,12 @@ class _Session:
         self.task = Task.from_dict(msg["task"])
         self.op = get_op(self.task.kernel)
         self.device = measure.device()
-        self.dtype = getattr(torch, self.task.dtype)
         seed = self.task.seed
-        self.inputs = self.op.make_inputs(self.task, self.task.lengths(), 1000 * seed + 1, self.device, self.dtype)
-        self.check_inputs = self.op.make_inputs(
-            self.task, check_lengths(self.task.max_len, seed), 1000 * seed + 2, self.device, self.dtype
+        self.check_ref = _Reference(
+            self.op, self.task, check_lengths(self.task.max_len, seed), 1000 * seed + 2, self.device
         )
-        self.ref32 = self.op.reference(self.check_inputs, torch.float32)
-        self.ref_lo = self.ref32 if self.dtype == torch.float32 else self.op.reference(self.check_inputs, self.dtype)
+        self.timed = _Reference(self.op, self.task, self.task.lengths(), 1000 * seed + 1, self.device)
+        self.inputs = self.timed.inputs
         self.flops = self.op.flops(self.inputs)
         self.cuda_graph = bool(msg.get("cuda_graph", False))
         self.setup_s = time.perf_counter() - t0
@@ -135,59 +179,136 @@ class _Session:
         return backend, backend.space.make(msg["config"])
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Compile (first launch, on poisoned outputs), read the report, check, quick-time."""
+        """Compile (first launch, on poisoned outputs), read the report, check, then time (checked)."""
         from autotune import measure
 
         backend, config = self._config(msg)
-        out = self.op.alloc_out(self.check_inputs)
-        nbytes = sum(t.numel() * t.element_size() for t in self.check_inputs.values() if hasattr(t, "numel"))
+        ref = self.check_ref
+        out = self.op.alloc_out(ref.inputs)
+        nbytes = sum(t.numel() * t.element_size() for t in ref.inputs.values() if hasattr(t, "numel"))
         measure.poison_allocator(2 * nbytes)
         t0 = time.perf_counter()
         try:
             with measure.capture_compiled(backend.jit_functions()) as kernels:
-                outs = backend.launch(self.check_inputs, config, out)
+                outs = backend.launch(ref.inputs, config, out)
                 measure.synchronize()
         except Exception as e:  # noqa: BLE001 - any failure of the first launch is a compile failure
             return _failure("compile", e)
         compile_s = time.perf_counter() - t0
         if backend.compile_report is not None:
-            report = backend.compile_report(self.check_inputs, config)
+            report = backend.compile_report(ref.inputs, config)
         else:
             report = measure.compile_report(kernels)
         res: dict[str, Any] = {"report": report, "compile_s": compile_s}
         spills = report.get("n_spills")
         if spills is not None and spills > msg.get("spill_limit", 1 << 30):
             return {**res, "status": "spill", "error": f"{spills} spills > limit {msg['spill_limit']}"}
-        ok, detail = measure.check_outputs(outs, self.ref32, self.ref_lo, self.op.output_names)
+        ok, detail = measure.check_outputs(outs, ref.ref32, ref.errs, self.op.output_names)
         res["check"] = detail
         if not ok:
-            return {**res, "status": "incorrect", "error": f"outside tolerance: {detail}"}
-        try:
-            median, spread = self._time(backend, config, quick=msg.get("quick", True))
-        except Exception as e:  # noqa: BLE001
-            return {**res, **_failure("crash", e)}
-        return {**res, "status": "ok", "median_ms": median, "spread_ms": spread}
+            return {**res, "status": "incorrect", "error": f"outside tolerance on the check batch: {detail}"}
+        return {**res, **self.timed_run(backend, config, quick=msg.get("quick", True))}
 
-    def _time(self, backend, config, quick: bool) -> tuple[float, float]:
+    def timed_run(self, backend: Any, config: Any, quick: bool) -> dict[str, Any]:
+        """Check the first launch on the timing batch itself, then time it: a config wrong only on
+        the timed inputs (a grid too small for many sequences) never gets a time."""
         from autotune import measure
 
+        try:
+            ok, detail = self.timed.check(backend, config)
+        except Exception as e:  # noqa: BLE001
+            return _failure("crash", e)
+        if not ok:
+            return {"status": "incorrect", "error": f"outside tolerance on the timed batch: {detail}", "check": detail}
         out = self.op.alloc_out(self.inputs)
         launch = lambda: backend.launch(self.inputs, config, out)
-        return measure.bench(launch, quick=quick, cuda_graph=self.cuda_graph)
+        try:
+            t = measure.bench(launch, quick=quick, cuda_graph=self.cuda_graph)
+        except Exception as e:  # noqa: BLE001
+            return _failure("crash", e)
+        return {"status": "ok", "median_ms": t.median_ms, "spread_ms": t.spread_ms, "samples": t.samples}
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
         backend, config = self._config(msg)
+        return self.timed_run(backend, config, quick=msg.get("quick", False))
+
+    def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Health check after a failed request: a known-good config on the check batch, synchronised."""
+        backend, config = self._config(msg)
         try:
-            median, spread = self._time(backend, config, quick=msg.get("quick", False))
+            ok, detail = self.check_ref.check(backend, config)
         except Exception as e:  # noqa: BLE001
             return _failure("crash", e)
-        return {"status": "ok", "median_ms": median, "spread_ms": spread}
+        return {"status": "ok"} if ok else {"status": "incorrect", "error": f"probe outside tolerance: {detail}"}
+
+    def compare(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Interleaved timings A, B, A, B, ... (each checked on its first launch), so drift in clocks
+        or temperature hits both configs alike."""
+        from autotune import measure
+
+        pairs = [self._config(msg["a"]), self._config(msg["b"])]
+        times: list[list[float]] = [[], []]
+        for side, (backend, config) in enumerate(pairs):
+            ok, detail = self.timed.check(backend, config)
+            if not ok:
+                return {"status": "incorrect", "side": "ab"[side], "error": f"outside tolerance: {detail}"}
+        outs = [self.op.alloc_out(self.inputs) for _ in pairs]
+        for _ in range(int(msg.get("rounds", 6))):
+            for side, (backend, config) in enumerate(pairs):
+                out = outs[side]
+                t = measure.bench(lambda b=backend, c=config, o=out: b.launch(self.inputs, c, o), quick=True)
+                times[side].append(t.median_ms)
+        return {"status": "ok", "a_ms": times[0], "b_ms": times[1]}
+
+    def verify(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Re-check a config on the bucket's other shapes, every mask the op has and both dtypes.
+
+        ``level`` "full": masks x dtypes on many short sequences, plus one very long sequence with
+        every mask in the task's dtype; "quick": the task's mask and dtype only. Cases the config's
+        space rules out for a dtype are listed as skipped with the reason.
+        """
+        import dataclasses
+
+        from autotune.tasks import space_context
+
+        backend, config = self._config(msg)
+        full = msg.get("level", "full") == "full"
+        task = self.task
+        masks = self.op.verify_masks if full and self.op.verify_masks else (task.mask,)
+        dtypes = verify_dtypes(task.dtype, self.device == "cuda") if full else (task.dtype,)
+        shapes = verify_lengths(task.max_len, task.seed)
+        cases: list[tuple[str, Any, list[int]]] = []
+        for dtype in dtypes:
+            for mask in masks:
+                variant = dataclasses.replace(task, dtype=dtype, mask=mask)
+                for name, lengths in shapes.items():
+                    if name == "one-long" and dtype != task.dtype:
+                        continue  # the long shape adds no compile; one dtype is enough
+                    cases.append((f"{name}/{mask}/{dtype}", variant, lengths))
+        checked, skipped = [], []
+        for i, (label, variant, lengths) in enumerate(cases):
+            reason = backend.space.why_infeasible(config, space_context(variant, self.device != "cuda"))
+            if reason:
+                skipped.append(f"{label}: {reason}")
+                continue
+            try:
+                ref = _Reference(self.op, variant, lengths, 1000 * task.seed + 10 + i, self.device)
+                ok, detail = ref.check(backend, config)
+            except Exception as e:  # noqa: BLE001
+                return {**_failure("crash", e), "case": label, "checked": checked}
+            if not ok:
+                return {"status": "incorrect", "case": label, "error": f"{label}: {detail}", "checked": checked}
+            checked.append(label)
+        return {"status": "ok", "checked": checked, "skipped": skipped}
 
 
 def _failure(status: str, e: BaseException) -> dict[str, Any]:
     text = f"{type(e).__name__}: {e}"
     fatal = any(m in text for m in FATAL_MARKERS)
     return {"status": status, "error": text[-2000:], "trace": traceback.format_exc()[-4000:], "fatal": fatal}
+
+
+_COMMANDS = ("evaluate", "time", "probe", "compare", "verify")
 
 
 def _main(conn, plugins: list[str]) -> None:
@@ -213,10 +334,8 @@ def _main(conn, plugins: list[str]) -> None:
                 reply = {"status": "crash", "error": "no task set up"}
             elif cmd == "noop":
                 reply = {"status": "ok"}
-            elif cmd == "evaluate":
-                reply = session.evaluate(msg)
-            elif cmd == "time":
-                reply = session.time(msg)
+            elif cmd in _COMMANDS:
+                reply = getattr(session, cmd)(msg)
             else:
                 reply = {"status": "crash", "error": f"unknown command {cmd!r}"}
         except Exception as e:  # noqa: BLE001 - reported to the tuner, which decides

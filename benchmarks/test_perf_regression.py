@@ -86,7 +86,7 @@ def test_attention_throughput(benchmark, case):
 
     benchmark.group = f"{kernel} d{d} {dist} 4K"
     benchmark.pedantic(run, setup=setup, rounds=20, warmup_rounds=3, iterations=1)
-    median_ms, spread_ms = measure.bench(launch, quick=False)
+    median_ms, spread_ms, _ = measure.bench(launch, quick=False)
     tflops = flops / median_ms / 1e9
     floor = floors[name]["tflops"] * (1 - TOLERANCE)
     benchmark.extra_info.update(config=label, median_ms=median_ms, spread_ms=spread_ms, tflops=tflops, floor=floor)

@@ -1,0 +1,217 @@
+"""Planted faults against the tuner's trust rules (CPU, the ``fake_faults`` op of ``autotune.fake``).
+
+Each planted config is the fastest of its study, so only a working rule keeps it out of the
+artifact: the best correct config must win and no wrong config may be written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import artifacts as art
+from autotune.registry import load_plugins
+from autotune.tasks import Task
+from autotune.tuner import TuneOptions, compare_verdict, make_storage, run_tasks
+
+load_plugins(["autotune.fake"])
+REPO = Path(__file__).resolve().parents[1]
+OK = {"mode": "ok", "size": 1}
+
+
+def _task(batch: int = 8) -> Task:
+    return Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=batch, seq_cap=16)
+
+
+def _opts(tmp_path, **kw) -> TuneOptions:
+    base = dict(
+        n_trials=10,
+        sampler="bruteforce",
+        artifacts_root=tmp_path,
+        eval_timeout_s=4.0,
+        plugins=["autotune.fake"],
+        interpret=True,
+        setup_backoff_s=0.05,
+    )
+    base.update(kw)
+    return TuneOptions(**base)
+
+
+def _trials(tmp_path, task: Task) -> dict[str, optuna.trial.FrozenTrial]:
+    """Last non-duplicate trial per mode."""
+    storage = make_storage(None, task.gpu, tmp_path)
+    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
+    out = {}
+    for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+        if not t.user_attrs.get("duplicate") and "fake.mode" in t.params:
+            out[t.params["fake.mode"]] = t
+    return out
+
+
+def _written(tmp_path) -> dict:
+    entry = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries[0]
+    return entry["config"]
+
+
+def _plant(monkeypatch, modes: str) -> None:
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", modes)
+
+
+def test_sticky_unknown_error_does_not_poison_later_configs(tmp_path, monkeypatch):
+    _plant(monkeypatch, "sticky,ok,ok2")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path), None)
+    by_mode = _trials(tmp_path, task)
+    assert by_mode["sticky"].user_attrs["status"] in ("compile", "crash")
+    # Every config measured after the sticky one ran on a healthy worker.
+    assert by_mode["ok"].user_attrs["status"] == "ok" and by_mode["ok2"].user_attrs["status"] == "ok"
+    assert by_mode["slow"].user_attrs["status"] == "ok"
+    assert r.error is None and r.config == OK and _written(tmp_path) == OK
+
+
+def test_config_wrong_only_on_the_timed_batch_never_wins(tmp_path, monkeypatch):
+    _plant(monkeypatch, "bigwrong,ok")
+    task = _task(batch=8)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    t = _trials(tmp_path, task)["bigwrong"]
+    assert t.user_attrs["status"] == "incorrect" and "timed batch" in t.user_attrs["error"]
+    assert t.state != optuna.trial.TrialState.COMPLETE
+    assert r.config == OK and _written(tmp_path) == OK
+
+
+def test_config_wrong_only_on_other_shapes_is_rejected_by_the_final_recheck(tmp_path, monkeypatch):
+    _plant(monkeypatch, "narrow,ok")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path))
+    narrow = _trials(tmp_path, task)["narrow"]
+    assert narrow.user_attrs["status"] == "ok"  # correct on everything it was timed on ...
+    assert narrow.user_attrs["config_key"] in r.rejected  # ... but refused at the end
+    assert "many-short" in r.rejected[narrow.user_attrs["config_key"]]
+    assert r.config == OK and _written(tmp_path) == OK
+    assert any(c.startswith("many-short/") for c in r.verified) and any(c.startswith("one-long/") for c in r.verified)
+    assert r.statuses.get("incorrect", 0) >= 1
+
+
+def test_nan_output_is_incorrect(tmp_path, monkeypatch):
+    _plant(monkeypatch, "nan,ok")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path))
+    t = _trials(tmp_path, task)["nan"]
+    assert t.user_attrs["status"] == "incorrect" and "non-finite" in t.user_attrs["error"]
+    assert r.config == OK
+
+
+@pytest.mark.parametrize(("mode", "status"), [("hang", "timeout"), ("crash", "crash")])
+def test_hang_and_crash_are_retried_once_on_a_fresh_worker(tmp_path, monkeypatch, mode, status):
+    _plant(monkeypatch, f"{mode},ok")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path, eval_timeout_s=3.0))
+    t = _trials(tmp_path, task)[mode]
+    assert t.user_attrs["status"] == status and t.user_attrs["attempts"] == 2
+    assert "first_error" in t.user_attrs
+    assert _trials(tmp_path, task)["ok"].user_attrs["status"] == "ok"
+    assert r.config == OK and _written(tmp_path) == OK
+
+
+def test_setup_dying_twice_is_infrastructure_not_a_config_failure(tmp_path, monkeypatch):
+    _plant(monkeypatch, "ok,ok2")
+    counter = tmp_path / "deaths"
+    monkeypatch.setenv("AUTOTUNE_FAKE_SETUP_DEATHS", f"{counter}:2")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path))
+    assert counter.read_text() == "2"
+    statuses = {m: t.user_attrs["status"] for m, t in _trials(tmp_path, task).items()}
+    assert statuses == {"slow": "ok", "ok": "ok", "ok2": "ok"}
+    assert r.error is None and r.config == OK and r.default_ms is not None
+
+
+def test_setup_that_never_works_fails_the_task_but_charges_no_config(tmp_path, monkeypatch):
+    _plant(monkeypatch, "ok")
+    counter = tmp_path / "deaths"
+    monkeypatch.setenv("AUTOTUNE_FAKE_SETUP_DEATHS", f"{counter}:3")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path, setup_retries=3))
+    assert r.error and r.error.startswith("infrastructure") and r.config is None
+    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
+    # The set-up deaths are used up: a re-run measures every config, none was recorded as failed.
+    (again,) = run_tasks([task], _opts(tmp_path))
+    statuses = {m: t.user_attrs["status"] for m, t in _trials(tmp_path, task).items()}
+    assert statuses == {"slow": "ok", "ok": "ok"} and again.config == OK
+
+
+_KILLED_RUN = """
+import sys
+from pathlib import Path
+from autotune.registry import load_plugins
+from autotune.tasks import Task
+from autotune.tuner import TuneOptions, run_tasks
+load_plugins(["autotune.fake"])
+task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=8, seq_cap=16)
+opts = TuneOptions(n_trials=10, sampler="bruteforce", artifacts_root=Path(sys.argv[1]), eval_timeout_s=120,
+                   plugins=["autotune.fake"], interpret=True)
+run_tasks([task], opts)
+"""
+
+
+def test_kill_during_the_defaults_trial_then_resume_measures_the_default(tmp_path, monkeypatch):
+    _plant(monkeypatch, "ok")
+    env = {**os.environ, "AUTOTUNE_FAKE_DEFAULT_SLEEP": "60", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_KILLED_RUN), str(tmp_path)], env=env, start_new_session=True
+    )
+    task = _task()
+    storage = make_storage(None, task.gpu, tmp_path)
+    deadline = time.time() + 120
+    running = None
+    try:
+        while running is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            for name in optuna.get_all_study_names(storage):
+                for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+                    if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("config_key"):
+                        running = t
+        assert running is not None and running.user_attrs["config_key"] == "fake:mode=slow"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    trials = _trials(tmp_path, task)
+    assert trials["slow"].user_attrs["status"] == "ok" and r.default_ms is not None
+    assert r.config == OK and r.speedup > 1.0
+    entry = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries[0]
+    assert entry["default_ms"] is not None and entry["config"] == OK
+    storage = make_storage(None, task.gpu, tmp_path)
+    name = optuna.get_all_study_names(storage)[0]
+    states = [t.user_attrs.get("status") for t in optuna.load_study(study_name=name, storage=storage).trials]
+    assert "interrupted" in states and optuna.trial.TrialState.RUNNING not in [
+        t.state for t in optuna.load_study(study_name=name, storage=storage).trials
+    ]
+
+
+def test_compare_verdict_needs_a_gain_beyond_the_spread():
+    steady = compare_verdict([1.0] * 6, [1.10] * 6)
+    assert steady["beats"] and steady["speedup"] == pytest.approx(1.10) and steady["rounds"] == 6
+    assert not compare_verdict([1.0] * 6, [1.0] * 6)["beats"]
+    noisy = compare_verdict([1.0] * 6, [0.9, 1.3, 0.95, 1.25, 1.0, 1.2])
+    assert noisy["speedup"] > 1.0 and not noisy["beats"]  # a median gain inside the noise is not kept
+    assert not compare_verdict([1.0] * 6, [0.95] * 6)["beats"]
+
+
+def test_autotune_run_exits_nonzero_naming_the_failed_task(tmp_path, monkeypatch, capsys):
+    from autotune.cli import main
+
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")
+    monkeypatch.setenv("AUTOTUNE_FAKE_SETUP_DEATHS", f"{tmp_path / 'deaths'}:100")
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.fake", "--artifacts", str(tmp_path)]
+    code = main([*argv, "--trials", "2", "--distributions", "uniform"])
+    out = capsys.readouterr()
+    assert code != 0
+    assert "fake_faults" in out.out + out.err and "infrastructure" in out.out + out.err

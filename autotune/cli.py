@@ -177,7 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(str(e)) from None
         if not backends_for(k, args.backends, available_only=False):
             raise CLIError(f"no backend {args.backends} registered for {k}")
-    from autotune.tuner import space_context
+    from autotune.tasks import space_context
 
     for t in tasks:
         ctx = space_context(t, args.interpret)
@@ -199,6 +199,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         backends=args.backends,
         plugins=list(args.plugin),
         interpret=args.interpret,
+        verify=args.verify,
+        compare_rounds=args.compare_rounds,
     )
     mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
     console.print(
@@ -233,14 +235,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print(f"Artifacts: {args.artifacts}/{gpu}/<kernel>.json")
-    return 1 if failed == len(results) and results else 0
+    if failed:
+        console.print(f"[red]{failed} of {len(results)} tasks failed[/] (no artifact entry written for them):")
+        for r in results:
+            if r.error:
+                console.print(f"  {r.task.label()}: {r.error}", markup=False, soft_wrap=True)
+    return 1 if failed else 0
 
 
 def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from autotune.registry import backends_for
-    from autotune.tuner import space_context
+    from autotune.tasks import space_context
 
     table = Table(title=f"dry run: {len(tasks)} tasks on {tasks[0].gpu if tasks else '?'}")
     for col in ("task", "batch", "lengths (mean/max)", "configs: full -> feasible"):
@@ -399,10 +406,10 @@ def _bench_row(t, gpu: str, args: argparse.Namespace) -> list[str]:
 
     artifact = load_artifact_or_none(artifact_path(gpu, t.kernel, args.artifacts))
     flops, default, tuned = bench_launches(t, artifact)
-    d_ms, _ = measure.bench(default.run, quick=False)
+    d_ms = measure.bench(default.run, quick=False).median_ms
     row_cfg, tuned_tf, speed = "(no artifact entry: default)", None, None
     if tuned is not None:
-        t_ms, _ = measure.bench(tuned.run, quick=False)
+        t_ms = measure.bench(tuned.run, quick=False).median_ms
         row_cfg = f"{tuned.backend} {config_str(tuned.config.to_dict())}"
         tuned_tf, speed = flops / t_ms / 1e9, d_ms / t_ms
     return [
@@ -448,6 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--eval-timeout", type=float, default=60.0, help="seconds per compile/check/time request")
     run.add_argument("--no-prune", action="store_true", help="fully time every correct config")
     run.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (no launch overhead)")
+    run.add_argument(
+        "--verify",
+        default="full",
+        choices=("full", "quick"),
+        help="final re-check of each winner: full = every mask x bf16/fp16 x short/long shapes (default); "
+        "quick = the task's own mask and dtype on short/long shapes",
+    )
+    run.add_argument("--compare-rounds", type=int, default=6, help="interleaved winner/default timing rounds")
     run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
     run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")
     show = sub.add_parser("show", help="print what artifacts hold")

@@ -67,7 +67,9 @@ ENTRY_KEYS: dict[str, tuple] = {
     "tuning_s": _NUM,
 }
 # Keys an entry may carry beyond ENTRY_KEYS (older artifacts lack them).
-OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {"timing": (str,)}
+# "verified": the re-check cases the config passed before it was written; "samples": timed samples
+# behind median_ms; "compare": the interleaved winner/default verdict (rounds, speedup, spread).
+OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {"timing": (str,), "verified": (list,), "samples": (int,), "compare": (dict,)}
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 
 # (kernel, backend) -> template source files (relative to the repo root) hashed into "template_hash".

@@ -96,6 +96,7 @@ class TaskResult:
     verified: list[str] = field(default_factory=list)  # cases the written config passed at the end
     rejected: dict[str, str] = field(default_factory=dict)  # config key -> why the final checks refused it
     comparison: dict[str, Any] | None = None  # interleaved winner/default timing verdict
+    samples: int | None = None  # timed samples behind the chosen config's trial time
 
     def entry(self) -> dict[str, Any]:
         t = self.task
@@ -118,6 +119,9 @@ class TaskResult:
             "trials": self.trials,
             "tuning_s": round(self.tuning_s, 2),
             "timing": self.timing,
+            "verified": list(self.verified),
+            **({"samples": self.samples} if self.samples else {}),
+            **({"compare": _rounded(self.comparison)} if self.comparison else {}),
         }
 
 
@@ -244,6 +248,10 @@ def _key_of_params(params: dict[str, Any]) -> str | None:
         return None
     prefix = f"{backend}."
     return _key(backend, {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)})
+
+
+def _rounded(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
@@ -623,6 +631,7 @@ def tune_task(
         result.backend = bname
         result.config = _config_dict(s.backends[bname].space.make(s.values_of(chosen)))
         result.median_ms, result.spread_ms = chosen.value, chosen.user_attrs.get("spread_ms", 0.0)
+        result.samples = chosen.user_attrs.get("samples")
         cmp = result.comparison
         if cmp and cmp.get("rounds"):
             result.default_ms = cmp["b_ms"]

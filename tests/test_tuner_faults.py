@@ -98,6 +98,8 @@ def test_config_wrong_only_on_other_shapes_is_rejected_by_the_final_recheck(tmp_
     assert r.config == OK and _written(tmp_path) == OK
     assert any(c.startswith("many-short/") for c in r.verified) and any(c.startswith("one-long/") for c in r.verified)
     assert r.statuses.get("incorrect", 0) >= 1
+    entry = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries[0]
+    assert entry["verified"] == r.verified and entry["compare"]["beats"] and entry["compare"]["rounds"] == 6
 
 
 def test_nan_output_is_incorrect(tmp_path, monkeypatch):

@@ -27,7 +27,8 @@ coordinate offset by the sequence start, so a tile may hold rows of the next seq
 and keys are masked (P = dS = 0) on every block that can hold them (the last query block, and every
 block of a key tile that crosses the sequence end); a zero dS row adds exactly 0 to the next
 sequence's dQ, and dK/dV rows past the end are never stored. Query-block ranges follow
-``triton_common.row_range_for_keys``: [lo, full_start) masked, [full_start, hi) mask-free.
+``triton_common.row_range_for_keys``: [lo, full_start) masked, [full_start, hi) mask-free. Offsets
+and targets are clamped to the L rows in the prologue (``hstu_fwd_sm90.seq_bounds``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
-from .hstu_fwd_sm90 import _position_id
+from .hstu_fwd_sm90 import _position_id, seq_bounds
 from .schedule import grouped_block_order
 
 LOG2E = math.log2(math.e)
@@ -183,9 +184,11 @@ class HSTUBwdSm90:
         self.shared_storage = SharedStorage
         num_heads = cute.size(mQ.shape[2])
         batch = cute.size(mOffsets.shape[0]) - 1
+        # Rows every sequence must stay within: those of Q and of dK, dV (the only non-TMA accesses).
+        num_rows = cutlass.min(cute.size(mQ.shape[0]), cutlass.min(cute.size(mdK.shape[0]), cute.size(mdV.shape[0])))
         self.kernel(
             tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
-            mdK, mdV, mOffsets, mTargets, alpha, inv_scale, ctx_len, max_attn_len,
+            mdK, mdV, mOffsets, mTargets, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
         ).launch(
@@ -213,6 +216,7 @@ class HSTUBwdSm90:
         mdV: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
+        num_rows: Int32,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
@@ -250,11 +254,7 @@ class HSTUBwdSm90:
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
 
-        seq_start = mOffsets[bid_b]
-        n = mOffsets[bid_b + 1] - seq_start
-        num_t = Int32(0)
-        if const_expr(self.has_targets):
-            num_t = Int32(mTargets[bid_b])
+        seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
         hist_end = n - num_t
         m_id = n - ctx_len + 1 - num_t
         start_n = n_block * self.tile_n

@@ -13,7 +13,8 @@ Jagged sequences: Q/K/V are viewed as 3-D (row, dim, head) TMA tensors over the 
 each CTA offsets the row coordinate by its sequence start. A tile may read rows of the next sequence
 (or zero-filled rows past L): key columns j >= n get P = 0 and query rows i >= n are never stored.
 Key blocks follow the Triton template's range logic: [lo, full_end) is mask-free, [full_end, hi)
-is masked; blocks outside are skipped.
+is masked; blocks outside are skipped. The prologue clamps what it reads from the offsets and targets
+to the L rows (``seq_bounds``), so no input makes a CTA store outside them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def _position_id(p: Int32, ctx: Int32, m_id: Int32, has_context: cutlass.Constex
     if const_expr(has_targets):
         pid = cutlass.min(pid, m_id)
     return pid
+
+
+@cute.jit
+def seq_bounds(mOffsets: cute.Tensor, mTargets: cute.Tensor, b: Int32, num_rows: Int32, has_targets: cutlass.Constexpr):
+    """(start, length n, targets) of sequence b, clamped: start to [0, L], end to [start, L], targets to
+    [0, n]. No offsets can then move a predicated store (or a TMA coordinate) outside the L rows; valid
+    inputs are unchanged, bad ones give wrong rows that the input check reports."""
+    seq_start = cutlass.min(cutlass.max(Int32(mOffsets[b]), Int32(0)), num_rows)
+    seq_end = cutlass.min(cutlass.max(Int32(mOffsets[b + 1]), seq_start), num_rows)
+    n = seq_end - seq_start
+    num_t = Int32(0)
+    if const_expr(has_targets):
+        num_t = cutlass.min(cutlass.max(Int32(mTargets[b]), Int32(0)), n)
+    return seq_start, n, num_t
 
 
 class HSTUFwdSm90:
@@ -149,6 +164,8 @@ class HSTUFwdSm90:
         self.shared_storage = SharedStorage
         num_heads = cute.size(mQ.shape[2])
         batch = cute.size(mOffsets.shape[0]) - 1
+        # Rows every sequence must stay within: those of Q and of O (the only non-TMA accesses).
+        num_rows = cutlass.min(cute.size(mQ.shape[0]), cute.size(mO.shape[0]))
         self.kernel(
             tma_atom_q,
             tma_q,
@@ -159,6 +176,7 @@ class HSTUFwdSm90:
             mO,
             mOffsets,
             mTargets,
+            num_rows,
             alpha,
             inv_scale,
             ctx_len,
@@ -189,6 +207,7 @@ class HSTUFwdSm90:
         mO: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
+        num_rows: Int32,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
@@ -220,11 +239,7 @@ class HSTUFwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        seq_start = mOffsets[bid_b]
-        n = mOffsets[bid_b + 1] - seq_start
-        num_t = Int32(0)
-        if const_expr(self.has_targets):
-            num_t = Int32(mTargets[bid_b])
+        seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
         hist_end = n - num_t
         m_id = n - ctx_len + 1 - num_t
         start_m = m_block * self.tile_m

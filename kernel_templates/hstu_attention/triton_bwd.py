@@ -91,7 +91,8 @@ def _bwd_kv_tile(
     return dk, dv
 
 
-@triton.jit
+# L (the batch's row count) changes every batch: no recompiles for it.
+@triton.jit(do_not_specialize=["L"])
 def _hstu_bwd_kv_kernel(
     Q,
     K,
@@ -119,6 +120,7 @@ def _hstu_bwd_kv_kernel(
     stride_dvh,
     alpha,
     inv_scale,
+    L,
     H,
     contextual_seq_len,
     max_attn_len,
@@ -139,6 +141,7 @@ def _hstu_bwd_kv_kernel(
     h, seq_start, n, m_id, start_n, lo, full_start, hi = key_block_setup(
         seq_offsets,
         num_targets,
+        L,
         H,
         contextual_seq_len,
         max_attn_len,
@@ -298,8 +301,8 @@ def _bwd_q_tile(
     return dq
 
 
-# num_m_blocks follows max_seq_len, which may change every batch: no recompiles for it.
-@triton.jit(do_not_specialize=["num_m_blocks"])
+# num_m_blocks follows max_seq_len and L the batch's row count: no recompiles for them.
+@triton.jit(do_not_specialize=["num_m_blocks", "L"])
 def _hstu_bwd_q_kernel(
     Q,
     K,
@@ -320,6 +323,7 @@ def _hstu_bwd_q_kernel(
     stride_dqh,
     alpha,
     inv_scale,
+    L,
     H,
     contextual_seq_len,
     max_attn_len,
@@ -337,6 +341,7 @@ def _hstu_bwd_q_kernel(
     h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
         seq_offsets,
         num_targets,
+        L,
         H,
         num_m_blocks,
         contextual_seq_len,
@@ -484,7 +489,7 @@ def hstu_attention_bwd(
     passes = ((False, True), (True, False)) if config.dkv_split else ((True, True),)
     # Shared launch arguments: (row, head) strides of q, k, v, do, dQ, then the scalars.
     strides = row_head_strides(q, k, v, do, dq_acc)
-    scalars = (float(alpha), 1.0 / float(scale), H, int(contextual_seq_len), int(max_attn_len))
+    scalars = (float(alpha), 1.0 / float(scale), L, H, int(contextual_seq_len), int(max_attn_len))
     for compute_dk, compute_dv in passes:
         _hstu_bwd_kv_kernel[grid](
             *(q, k, v, do, dq_acc, dq_desc, dk, dv, seq_offsets, nt),

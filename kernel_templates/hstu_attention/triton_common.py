@@ -19,13 +19,21 @@ def row_head_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
 
 
 @triton.jit
-def seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS: tl.constexpr):
-    """(start offset as int64, length n, first target position, target id m) of sequence b."""
+def seq_info(seq_offsets, num_targets, b, L, contextual_seq_len, HAS_TARGETS: tl.constexpr):
+    """(start offset as int64, length n, first target position, target id m) of sequence b.
+
+    What is read from the offsets and targets is clamped (start to [0, L], end to [start, L], targets
+    to [0, n]) so that no input moves a tile outside the L rows: bad offsets give wrong rows (which the
+    input check reports), never an out-of-bounds access. Valid inputs are unchanged by the clamps.
+    """
     seq_start = tl.load(seq_offsets + b).to(tl.int64)
     seq_end = tl.load(seq_offsets + b + 1).to(tl.int64)
+    seq_start = tl.minimum(tl.maximum(seq_start, 0), L)
+    seq_end = tl.minimum(tl.maximum(seq_end, seq_start), L)
     n = (seq_end - seq_start).to(tl.int32)
     if HAS_TARGETS:
-        t = tl.load(num_targets + b).to(tl.int32)
+        t = tl.load(num_targets + b).to(tl.int64)
+        t = tl.minimum(tl.maximum(t, 0), n).to(tl.int32)
     else:
         t = 0
     hist_end = n - t
@@ -150,6 +158,7 @@ def grouped_block_order(L2_GROUP: tl.constexpr):
 def query_block_setup(
     seq_offsets,
     num_targets,
+    L,
     H,
     num_m_blocks,
     contextual_seq_len,
@@ -170,7 +179,7 @@ def query_block_setup(
     pid_m = num_m_blocks - 1 - i
     b = pid_bh // H
     h = pid_bh % H
-    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
+    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, L, contextual_seq_len, HAS_TARGETS)
     start_m = pid_m * BLOCK_M
     lo, full_end, hi = key_range_for_rows(
         start_m,
@@ -235,6 +244,7 @@ def row_range_for_keys(
 def key_block_setup(
     seq_offsets,
     num_targets,
+    L,
     H,
     contextual_seq_len,
     max_attn_len,
@@ -253,7 +263,7 @@ def key_block_setup(
     pid_bh, pid_n = grouped_block_order(L2_GROUP)
     b = pid_bh // H
     h = pid_bh % H
-    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, contextual_seq_len, HAS_TARGETS)
+    seq_start, n, hist_end, m_id = seq_info(seq_offsets, num_targets, b, L, contextual_seq_len, HAS_TARGETS)
     start_n = pid_n * BLOCK_N
     lo, full_start, hi = row_range_for_keys(
         start_n,

@@ -55,8 +55,9 @@ def _fwd_tile(
     return acc
 
 
-# num_m_blocks follows max_seq_len, which may change every batch: no recompiles for it.
-@triton.jit(do_not_specialize=["num_m_blocks"])
+# num_m_blocks follows max_seq_len and L the batch's row count, which may change every batch: no
+# recompiles for them.
+@triton.jit(do_not_specialize=["num_m_blocks", "L"])
 def _hstu_fwd_kernel(
     Q,
     K,
@@ -74,6 +75,7 @@ def _hstu_fwd_kernel(
     stride_oh,
     alpha,
     inv_scale,
+    L,
     H,
     contextual_seq_len,
     max_attn_len,
@@ -91,6 +93,7 @@ def _hstu_fwd_kernel(
     h, seq_start, n, m_id, start_m, lo, full_end, hi = query_block_setup(
         seq_offsets,
         num_targets,
+        L,
         H,
         num_m_blocks,
         contextual_seq_len,
@@ -205,6 +208,7 @@ def hstu_attention_fwd(
         *row_head_strides(q, k, v, out),
         float(alpha),
         1.0 / float(scale),
+        L,
         H,
         int(contextual_seq_len),
         int(max_attn_len),

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from autotune import dispatch
+from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
 from kernel_templates.hstu_attention.op import validate_hstu_inputs
 
 FWD = "hstu_attention_fwd"
@@ -60,13 +61,22 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
 _FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor seq_offsets, Tensor? num_targets, int max_seq_len, float alpha, "
     "int contextual_seq_len, int max_attn_len, int? scaling_seqlen, str backend, str config, str bwd_backend, "
-    "str bwd_config) -> Tensor"
+    "str bwd_config, str validate='async') -> Tensor"
 )
 _BWD_SCHEMA = (
     "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor seq_offsets, Tensor? num_targets, int max_seq_len, "
-    "float alpha, int contextual_seq_len, int max_attn_len, int? scaling_seqlen, str backend, str config) "
-    "-> (Tensor, Tensor, Tensor)"
+    "float alpha, int contextual_seq_len, int max_attn_len, int? scaling_seqlen, str backend, str config, "
+    "str validate='async') -> (Tensor, Tensor, Tensor)"
 )
+
+
+def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
+    """The offsets check of one op call; the reference reads the offsets on the host anyway, so its
+    "async" is "full" (a ValueError at the call)."""
+    mode = validate_mode(validate)
+    if backend == "reference" and mode == "async":
+        mode = "full"
+    check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
 
 
 # Explicit schemas: no reliance on annotation inference across torch versions.
@@ -86,8 +96,13 @@ def attention_fwd(
     config: str,
     bwd_backend: str,
     bwd_config: str,
+    validate: str = "async",
 ) -> torch.Tensor:
-    """Forward with an explicit backend/config. ``bwd_*`` ride along for the autograd backward."""
+    """Forward with an explicit backend/config. ``bwd_*`` ride along for the autograd backward.
+
+    ``validate`` checks the offsets as ``hstu_attention`` documents (the kernels clamp them anyway).
+    """
+    _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_fwd(
             q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen
@@ -100,7 +115,7 @@ def attention_fwd(
 
 
 @attention_fwd.register_fake
-def _(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, backend, config, bb, bc):
+def _(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, backend, config, bb, bc, validate=""):
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
 
@@ -119,8 +134,13 @@ def attention_bwd(
     scaling_seqlen: int | None,
     backend: str,
     config: str,
+    validate: str = "async",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) with an explicit backend/config; recomputes S from q, k."""
+    """(dq, dk, dv) with an explicit backend/config; recomputes S from q, k.
+
+    The autograd backward passes ``validate="none"``: its forward checked the same offsets.
+    """
+    _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_bwd(
             do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen
@@ -134,12 +154,13 @@ def attention_bwd(
 
 
 @attention_bwd.register_fake
-def _(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, backend, config):
+def _(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, backend, config, validate=""):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, _, _, bb, bc = inputs
+    q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling = inputs[:10]
+    bb, bc = inputs[12:14]
     ctx.save_for_backward(q, k, v, seq_offsets, num_targets)
     ctx.args = (max_seq_len, alpha, ctx_len, win, scaling, bb, bc)
 
@@ -148,9 +169,9 @@ def _backward(ctx, do):
     q, k, v, seq_offsets, num_targets = ctx.saved_tensors
     max_seq_len, alpha, ctx_len, win, scaling, bb, bc = ctx.args
     dq, dk, dv = attention_bwd(
-        do.contiguous(), q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, bb, bc
+        do.contiguous(), q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, bb, bc, "none"
     )
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, *([None] * 12)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -188,20 +209,41 @@ def hstu_attention(
     *,
     source: str = "tuned",
     distribution: str | None = None,
-    validate: bool = True,
+    validate: str | bool = "async",
 ) -> torch.Tensor:
     """Jagged HSTU attention (HSTU.md contract) with the config dispatch picks for this shape.
 
     q, k, v must share one dtype (cast before calling under autocast). ``source`` is "tuned"
     (artifacts from ``autotune.load``, with fallbacks), "default" (heuristic) or "reference".
-    ``validate`` checks shapes, dtypes and head dims on the host (no sync; offsets are trusted).
+
+    No input makes a kernel read or write out of bounds: the kernels clamp what they read from
+    ``seq_offsets`` and ``num_targets``. ``validate`` says how bad inputs are reported (True/False
+    are the old spellings of "async"/"none"):
+
+    - "async" (default): shapes, dtypes, strides and devices checked on the host (about 2 us, no
+      sync), plus one launch of a one-program check kernel on a GPU (no sync, no allocation): bad
+      offsets (not starting at 0, decreasing, not ending at ``q.shape[0]``, e.g. (H, L, D) tensors),
+      a ``max_seq_len`` below the longest sequence or ``num_targets`` outside [0, length] fail a
+      device assertion naming the argument (on stderr); the error surfaces at the next
+      synchronisation as "device-side assert triggered" and the CUDA context is lost, as with any
+      device assertion. On CPU, and with source="reference" (which reads the offsets anyway), the
+      same check runs on the host and raises ``ValueError`` at the call.
+    - "full": the shape checks plus the offsets read on the host: one host-device sync per call
+      (tens of microseconds, the CPU can no longer run ahead of the GPU, and no CUDA-graph capture);
+      ``ValueError`` naming the argument and the bad value, at the call. For debugging and for data
+      you do not trust.
+    - "none": no check at all: bad shapes or offsets give wrong results (never an out-of-bounds
+      access through the offsets; shapes and strides are trusted).
+
+    ``benchmarks/bench_validation.py`` measures the per-call host cost of each mode.
     """
+    mode = validate_mode(validate)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
-    if validate and source != "reference":
+    if mode != "none":
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
-            check_offsets=False,
+            check_offsets=False, check_head_dims=source != "reference",
         )  # fmt: skip
     dqk, dv, heads = q.shape[2], v.shape[2], q.shape[1]
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
@@ -224,13 +266,15 @@ def hstu_attention(
         fwd_config,
         bwd_backend,
         bwd_config,
+        mode,
     )
 
 
 class HSTUAttention(nn.Module):
     """Drop-in jagged HSTU attention module: ``(q, k, v, seq_offsets, max_seq_len) -> out``.
 
-    Holds no parameters; it fixes the kernel source and the length distribution hint.
+    Holds no parameters; it fixes the kernel source, the length distribution hint and the
+    ``validate`` mode of ``hstu_attention`` ("async" by default).
     """
 
     def __init__(
@@ -239,10 +283,12 @@ class HSTUAttention(nn.Module):
         distribution: str | None = None,
         contextual_seq_len: int = 0,
         max_attn_len: int = 0,
+        validate: str | bool = "async",
     ) -> None:
         super().__init__()
         if source not in dispatch.SOURCES:
             raise ValueError(f"unknown kernel source {source!r}; expected one of {dispatch.SOURCES}")
+        self.validate = validate_mode(validate)
         self.source = source
         self.distribution = distribution
         self.contextual_seq_len = contextual_seq_len
@@ -272,7 +318,8 @@ class HSTUAttention(nn.Module):
             scaling_seqlen,
             source=self.source,
             distribution=self.distribution,
+            validate=self.validate,
         )
 
     def extra_repr(self) -> str:
-        return f"source={self.source!r}, distribution={self.distribution!r}"
+        return f"source={self.source!r}, distribution={self.distribution!r}, validate={self.validate!r}"

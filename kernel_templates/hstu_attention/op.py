@@ -8,6 +8,7 @@ import os
 import torch
 
 from .config import SUPPORTED_HEAD_DIMS, HSTUBwdConfig, HSTUFwdConfig, default_bwd_config, default_fwd_config
+from .input_check import check_offsets_host, shapes_look_valid
 from .triton_bwd import hstu_attention_bwd
 from .triton_fwd import hstu_attention_fwd
 
@@ -29,12 +30,19 @@ def validate_hstu_inputs(
     max_attn_len: int,
     scaling_seqlen: int | None,
     check_offsets: bool = True,
+    check_head_dims: bool = True,
 ) -> None:
     """Raise ``ValueError`` naming the argument when inputs break the HSTU.md contract.
 
-    ``check_offsets`` reads the offsets on the host (one sync); hot paths that already trust their
-    offsets may skip it.
+    ``check_offsets`` reads the offsets on the host (one sync; ``input_check`` has the sync-free
+    device check); ``check_head_dims`` limits head dims to the kernels' (the reference takes any).
     """
+    dims = SUPPORTED_HEAD_DIMS if check_head_dims else None
+    args = (q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
+    if shapes_look_valid(*args, dims):
+        if check_offsets:
+            check_offsets_host(seq_offsets, num_targets, q.shape[0], max_seq_len)
+        return
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -51,7 +59,7 @@ def validate_hstu_inputs(
     if v.shape[:2] != q.shape[:2]:
         raise ValueError(f"v must have shape (L, H, Dv) = ({q.shape[0]}, {q.shape[1]}, Dv), got {tuple(v.shape)}")
     for name, d in (("q/k head dim (Dqk)", q.shape[2]), ("v head dim (Dv)", v.shape[2])):
-        if d not in SUPPORTED_HEAD_DIMS:
+        if check_head_dims and d not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
     devices = {str(t.device) for t in (q, k, v, seq_offsets)} | (
         set() if num_targets is None else {str(num_targets.device)}
@@ -79,20 +87,7 @@ def validate_hstu_inputs(
     if scaling_seqlen is None and max_seq_len == 0 and q.shape[0] > 0:
         raise ValueError("max_seq_len must be positive when it is the divisor (scaling_seqlen is None)")
     if check_offsets:
-        off = seq_offsets.detach().cpu()
-        if int(off[0]) != 0:
-            raise ValueError(f"seq_offsets must start at 0, got {int(off[0])}")
-        if int(off[-1]) != q.shape[0]:
-            raise ValueError(f"seq_offsets must end at L = {q.shape[0]}, got {int(off[-1])}")
-        lengths = off[1:] - off[:-1]
-        if batch and bool((lengths < 0).any()):
-            raise ValueError("seq_offsets must be non-decreasing")
-        if batch and int(lengths.max()) > max_seq_len:
-            raise ValueError(f"max_seq_len={max_seq_len} is below the longest sequence ({int(lengths.max())})")
-        if num_targets is not None and batch:
-            nt = num_targets.detach().cpu()
-            if bool((nt < 0).any()) or bool((nt > lengths).any()):
-                raise ValueError("num_targets must be within [0, sequence length] for every sequence")
+        check_offsets_host(seq_offsets, num_targets, q.shape[0], max_seq_len)
 
 
 class HSTUAttentionFunction(torch.autograd.Function):

@@ -1,0 +1,140 @@
+"""Benchmark: per-call host cost of each ``validate`` mode of ``autotune.ops.hstu_attention``.
+
+Times ``--calls`` forward calls on a small jagged batch (so the kernels are short and the host is what
+is measured), ``--repeats`` times, and reports medians in microseconds per call:
+
+- ``enqueue_us``: CPU time to issue the calls (synchronised before, not after: the host cost);
+- ``wall_us``: the same loop with a synchronisation after it (host + device, whichever bounds);
+- ``launches``: CUDA kernels per call (torch.profiler), so "async" shows its one extra launch;
+- ``extra_us``: ``enqueue_us`` minus that of ``validate="none"``.
+
+Modes: "none", "async" (default: host shape checks + one check-kernel launch, no sync), "full" (host
+shape checks + the offsets read on the host: one sync per call). Also the parts alone: the host shape
+check, the check kernel's launch, the host offsets check. Rows go to ``--json`` or
+``$OUT/bench_validation.json``.
+
+    python benchmarks/bench_validation.py [--calls 2000] [--repeats 7] [--source default] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune import ops  # noqa: E402
+from kernel_templates.hstu_attention import input_check as ic  # noqa: E402
+from kernel_templates.hstu_attention.op import validate_hstu_inputs  # noqa: E402
+
+
+def make_inputs(batch: int, length: int, heads: int, dim: int) -> dict[str, Any]:
+    """A small uniform batch: ``batch`` sequences of ``length`` rows, bf16 on the GPU."""
+    g = torch.Generator().manual_seed(0)
+    rows = batch * length
+    q, k, v = (torch.randn(rows, heads, dim, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    off = torch.arange(0, rows + 1, length, device="cuda", dtype=torch.int64)
+    return dict(q=q, k=k, v=v, seq_offsets=off, max_seq_len=length)
+
+
+def time_loop(fn: Callable[[], object], calls: int, repeats: int) -> tuple[float, float]:
+    """(median enqueue us per call, median wall us per call) over ``repeats`` loops of ``calls``."""
+    enqueue, wall = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        enqueue.append((t1 - t0) / calls * 1e6)
+        wall.append((t2 - t0) / calls * 1e6)
+    return statistics.median(enqueue), statistics.median(wall)
+
+
+def count_launches(fn: Callable[[], object]) -> int:
+    """CUDA kernels one call launches (memsets and copies excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return sum(1 for n in names if "memcpy" not in n.lower() and "memset" not in n.lower())
+
+
+def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+    inp = make_inputs(args.batch, args.length, args.heads, args.dim)
+    shape = f"B{args.batch} n{args.length} H{args.heads} D{args.dim} bf16"
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for mode in ("none", "async", "full"):
+
+            def call(mode: str = mode) -> object:
+                return ops.hstu_attention(**inp, source=args.source, validate=mode)
+
+            call()  # compile, dispatch
+            enq, wall = time_loop(call, args.calls, args.repeats)
+            rows.append(dict(what=f"hstu_attention validate={mode!r}", mode=mode, enqueue_us=enq, wall_us=wall,
+                             launches=count_launches(call)))  # fmt: skip
+        q, k, v, off, n = (inp[x] for x in ("q", "k", "v", "seq_offsets", "max_seq_len"))
+        parts = {
+            "host shape check (validate_hstu_inputs, check_offsets=False)": lambda: validate_hstu_inputs(
+                q, k, v, off, n, None, 0, 0, None, check_offsets=False
+            ),
+            "check kernel launch (launch_offsets_check)": lambda: ic.launch_offsets_check(off, None, q.shape[0], n),
+            "host offsets check (check_offsets_host, syncs)": lambda: ic.check_offsets_host(off, None, q.shape[0], n),
+        }
+        for what, fn in parts.items():
+            fn()
+            enq, wall = time_loop(fn, args.calls, args.repeats)
+            rows.append(dict(what=what, mode=None, enqueue_us=enq, wall_us=wall, launches=None))
+    base = rows[0]["enqueue_us"]
+    for r in rows:
+        r.update(shape=shape, source=args.source, calls=args.calls, repeats=args.repeats,
+                 gpu=torch.cuda.get_device_name(), torch=torch.__version__)  # fmt: skip
+        if r["mode"] is not None:
+            r["extra_us"] = r["enqueue_us"] - base
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--source", default="default", choices=["default", "tuned"])
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_validation needs a CUDA GPU")
+    rows = bench(args)
+    print(f"{'what':66s} {'enqueue us':>11s} {'wall us':>9s} {'extra us':>9s} {'launches':>8s}")
+    for r in rows:
+        extra = f"{r['extra_us']:9.2f}" if "extra_us" in r else " " * 9
+        launches = str(r["launches"]) if r["launches"] is not None else ""
+        print(f"{r['what']:66s} {r['enqueue_us']:11.2f} {r['wall_us']:9.2f} {extra} {launches:>8s}")
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_validation.json") if os.environ.get("OUT") else None)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(rows, indent=1))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The offsets check of jagged HSTU attention: what no shape check can see, in three modes.
+
+``seq_offsets`` (and ``num_targets``) live on the device, so whether they start at 0, end at the row
+count L, never decrease, fit ``max_seq_len`` and bound the targets is only known after reading them.
+The kernels clamp what they read (``triton_common.seq_info`` and the CuTe prologues), so a bad batch
+can give wrong rows but never an out-of-bounds access; this module tells the caller about it:
+
+- ``"full"``: read the offsets on the host (one host-device sync) and raise ``ValueError`` naming the
+  argument and the offending value, at the call.
+- ``"async"`` (the default of ``autotune.ops.hstu_attention``): on a CUDA device, one extra launch of
+  a one-program Triton kernel that loops over the batch and fails a device-side assertion naming the
+  argument (printed on stderr by the CUDA runtime). No sync and no allocation: the error surfaces at
+  the next synchronisation as ``RuntimeError: CUDA error: device-side assert triggered`` and, as with
+  every device assertion (PyTorch's index checks included), the process's CUDA context is lost. Re-run
+  with ``validate="full"`` to get the ``ValueError`` with the values. On CPU (the Triton interpreter,
+  the reference) the host check is as cheap as a launch, so "async" raises the ``ValueError`` at the call.
+- ``"none"``: no check; the kernels' clamps still keep every access in bounds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+VALIDATE_MODES = ("async", "full", "none")
+
+# Error bits of one offsets check; the device kernel writes the same mask (literals there, same order).
+BAD_START, BAD_END, DECREASING, TOO_LONG, BAD_TARGETS = 1, 2, 4, 8, 16
+MESSAGES = {
+    BAD_START: "seq_offsets must start at 0",
+    BAD_END: "seq_offsets must end at L = q.shape[0] (q, k, v are (L, H, D), not (H, L, D))",
+    DECREASING: "seq_offsets must be non-decreasing",
+    TOO_LONG: "max_seq_len is below the longest sequence",
+    BAD_TARGETS: "num_targets must be within [0, sequence length] for every sequence",
+}
+_BLOCK = 512
+
+
+def validate_mode(validate: bool | str) -> str:
+    """The mode name of a ``validate`` argument: True/False are the old spellings of "async"/"none"."""
+    if validate is True:
+        return "async"
+    if validate is False:
+        return "none"
+    if isinstance(validate, str) and validate in VALIDATE_MODES:
+        return validate
+    raise ValueError(f"validate must be one of {VALIDATE_MODES} (or True/False), got {validate!r}")
+
+
+def describe(bits: int) -> list[str]:
+    """The messages of an error mask, in bit order."""
+    return [msg for bit, msg in MESSAGES.items() if bits & bit]
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_INTS = (torch.int32, torch.int64)
+
+
+def shapes_look_valid(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    num_targets: torch.Tensor | None,
+    contextual_seq_len: int,
+    max_attn_len: int,
+    scaling_seqlen: int | None,
+    head_dims: tuple[int, ...] | None,
+) -> bool:
+    """True only when ``validate_hstu_inputs(check_offsets=False)`` would pass: its fast path (about
+    2 us instead of 5 on the host). False means "look closer", and the slow path names the argument."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return False
+    if not isinstance(seq_offsets, torch.Tensor):
+        return False
+    qs, vs, dev, dt = q.shape, v.shape, q.device, q.dtype
+    if len(qs) != 3 or k.shape != qs or len(vs) != 3 or vs[0] != qs[0] or vs[1] != qs[1]:
+        return False
+    if dt not in _FLOATS or k.dtype != dt or v.dtype != dt:
+        return False
+    if head_dims is not None and (qs[2] not in head_dims or vs[2] not in head_dims):
+        return False
+    if (qs[2] > 1 and (q.stride(2) != 1 or k.stride(2) != 1)) or (vs[2] > 1 and v.stride(2) != 1):
+        return False
+    if k.device != dev or v.device != dev or seq_offsets.device != dev:
+        return False
+    if seq_offsets.dim() != 1 or seq_offsets.numel() < 1 or seq_offsets.dtype not in _INTS:
+        return False
+    if type(max_seq_len) is not int or max_seq_len <= 0:
+        return False
+    if type(contextual_seq_len) is not int or contextual_seq_len < 0:
+        return False
+    if type(max_attn_len) is not int or max_attn_len < 0:
+        return False
+    if scaling_seqlen is not None and (type(scaling_seqlen) is not int or scaling_seqlen <= 0):
+        return False
+    if num_targets is None:
+        return True
+    return (
+        isinstance(num_targets, torch.Tensor)
+        and num_targets.device == dev
+        and num_targets.dim() == 1
+        and num_targets.numel() == seq_offsets.numel() - 1
+        and num_targets.dtype in _INTS
+    )
+
+
+def offsets_problems(
+    seq_offsets: torch.Tensor, num_targets: torch.Tensor | None, rows: int, max_seq_len: int
+) -> tuple[int, list[str]]:
+    """(error mask, messages with the offending values) of the offsets, computed on the host.
+
+    The mask is the device kernel's (same rules, in int64); the messages name the argument and say
+    where it goes wrong. Reads the offsets (and targets) on the host: one sync on a GPU.
+    """
+    off = seq_offsets.detach().to("cpu", torch.int64)
+    batch = off.numel() - 1
+    bits, found = 0, []
+    first, last = int(off[0]), int(off[-1])
+    if first != 0:
+        bits |= BAD_START
+        found.append(f"{MESSAGES[BAD_START]}, got seq_offsets[0] = {first}")
+    if last != rows:
+        bits |= BAD_END
+        found.append(f"seq_offsets must end at L = {rows} (q.shape[0]), got seq_offsets[-1] = {last}"
+                     " (q, k, v are (L, H, D), not (H, L, D))")  # fmt: skip
+    if batch <= 0:
+        return bits, found
+    lengths = off[1:] - off[:-1]
+    if bool((lengths < 0).any()):
+        bits |= DECREASING
+        i = int(torch.nonzero(lengths < 0)[0])
+        pair = f"seq_offsets[{i}] = {int(off[i])} > seq_offsets[{i + 1}] = {int(off[i + 1])}"
+        found.append(f"{MESSAGES[DECREASING]}, got {pair}")
+    longest = int(lengths.max())
+    if longest > max_seq_len:
+        bits |= TOO_LONG
+        i = int(torch.argmax(lengths))
+        found.append(f"max_seq_len={max_seq_len} is below the longest sequence ({longest}, sequence {i})")
+    if num_targets is not None:
+        nt = num_targets.detach().to("cpu", torch.int64)
+        bad = (nt < 0) | (nt > lengths)
+        if bool(bad.any()):
+            bits |= BAD_TARGETS
+            i = int(torch.nonzero(bad)[0])
+            found.append(f"{MESSAGES[BAD_TARGETS]}, got num_targets[{i}] = {int(nt[i])} for length {int(lengths[i])}")
+    return bits, found
+
+
+def check_offsets_host(
+    seq_offsets: torch.Tensor, num_targets: torch.Tensor | None, rows: int, max_seq_len: int
+) -> None:
+    """Raise ``ValueError`` naming every bad argument (one sync on a GPU); the "full" mode."""
+    _, found = offsets_problems(seq_offsets, num_targets, rows, max_seq_len)
+    if found:
+        raise ValueError("; ".join(found))
+
+
+# B, L and max_seq_len change every batch: one compile for all of them. debug=True keeps the
+# device assertions (Triton drops them otherwise); every integer op here is int64, so the debug
+# overflow checks never fire.
+@triton.jit(debug=True, do_not_specialize=["B", "L", "max_seq_len"])
+def _offsets_check_kernel(
+    seq_offsets,
+    num_targets,
+    err,
+    B,
+    L,
+    max_seq_len,
+    HAS_TARGETS: tl.constexpr,
+    WRITE_ERR: tl.constexpr,
+    ASSERT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program: the error mask of ``offsets_problems`` (bits 1 start, 2 end, 4 decreasing,
+    8 too long, 16 targets), stored to ``err`` and/or asserted."""
+    first = tl.load(seq_offsets).to(tl.int64)
+    last = tl.load(seq_offsets + B).to(tl.int64)
+    dec = tl.zeros([BLOCK], dtype=tl.int32)
+    too_long = tl.zeros([BLOCK], dtype=tl.int32)
+    tgt = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(0, B, BLOCK):
+        idx = i + tl.arange(0, BLOCK).to(tl.int64)
+        ok = idx < B
+        s = tl.load(seq_offsets + idx, mask=ok, other=0).to(tl.int64)
+        e = tl.load(seq_offsets + idx + 1, mask=ok, other=0).to(tl.int64)
+        n = e - s
+        dec = dec | ((n < 0) & ok).to(tl.int32)
+        too_long = too_long | ((n > max_seq_len) & ok).to(tl.int32)
+        if HAS_TARGETS:
+            t = tl.load(num_targets + idx, mask=ok, other=0).to(tl.int64)
+            tgt = tgt | (((t < 0) | (t > n)) & ok).to(tl.int32)
+    bad_start = (first != 0).to(tl.int32)
+    bad_end = (last != L).to(tl.int32)
+    n_dec = tl.max(dec, axis=0)
+    n_long = tl.max(too_long, axis=0)
+    n_tgt = tl.max(tgt, axis=0)
+    if WRITE_ERR:
+        tl.store(err, bad_start | (bad_end << 1) | (n_dec << 2) | (n_long << 3) | (n_tgt << 4))
+    if ASSERT:
+        tl.device_assert(bad_start == 0, "hstu_attention: seq_offsets must start at 0")
+        tl.device_assert(bad_end == 0, "hstu_attention: seq_offsets must end at L = q.shape[0] (q, k, v in (L, H, D))")
+        tl.device_assert(n_dec == 0, "hstu_attention: seq_offsets must be non-decreasing")
+        tl.device_assert(n_long == 0, "hstu_attention: max_seq_len is below the longest sequence")
+        tl.device_assert(n_tgt == 0, "hstu_attention: num_targets must be within [0, sequence length]")
+
+
+def launch_offsets_check(
+    seq_offsets: torch.Tensor,
+    num_targets: torch.Tensor | None,
+    rows: int,
+    max_seq_len: int,
+    err: torch.Tensor | None = None,
+    assert_on_device: bool = True,
+) -> None:
+    """One launch of the check kernel on the current stream: asserts on the device and/or stores the
+    error mask into ``err`` (an int32 tensor of one element). Under the interpreter it runs on CPU."""
+    _offsets_check_kernel[(1,)](
+        seq_offsets,
+        seq_offsets if num_targets is None else num_targets,
+        seq_offsets if err is None else err,
+        seq_offsets.numel() - 1,
+        rows,
+        max_seq_len,
+        HAS_TARGETS=num_targets is not None,
+        WRITE_ERR=err is not None,
+        ASSERT=assert_on_device,
+        BLOCK=_BLOCK,
+        num_warps=4,
+    )
+
+
+def check_offsets(
+    mode: str, seq_offsets: torch.Tensor, num_targets: torch.Tensor | None, rows: int, max_seq_len: int
+) -> None:
+    """The offsets check of one call in ``mode`` (see the module docstring for what each costs)."""
+    if mode == "none":
+        return
+    if mode == "async" and seq_offsets.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        launch_offsets_check(seq_offsets, num_targets, rows, max_seq_len)
+        return
+    check_offsets_host(seq_offsets, num_targets, rows, max_seq_len)

@@ -179,12 +179,20 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.compiler.assume_constant_result
 def _choose(
-    dtype: torch.dtype, dqk: int, dv: int, heads: int, max_seq_len: int, distribution: str | None, source: str
+    dtype: torch.dtype,
+    dqk: int,
+    dv: int,
+    heads: int,
+    max_seq_len: int,
+    distribution: str | None,
+    source: str,
+    mask: str = "causal",
 ) -> tuple[str, str, str, str]:
-    """(fwd backend, fwd config, bwd backend, bwd config). Under torch.compile the result is a
-    trace-time constant (dispatch is deterministic), so the graph holds the op with plain strings."""
-    fwd = dispatch.select(FWD, dtype, dqk, dv, heads, max_seq_len, distribution, source)
-    bwd = dispatch.select(BWD, dtype, dqk, dv, heads, max_seq_len, distribution, source)
+    """(fwd backend, fwd config, bwd backend, bwd config) for the call's shape, heads and mask features.
+    Under torch.compile the result is a trace-time constant (dispatch is deterministic), so the graph
+    holds the op with plain strings."""
+    fwd = dispatch.select(FWD, dtype, dqk, dv, heads, max_seq_len, distribution, source, mask)
+    bwd = dispatch.select(BWD, dtype, dqk, dv, heads, max_seq_len, distribution, source, mask)
     return fwd.backend, fwd.config, bwd.backend, bwd.config
 
 
@@ -246,8 +254,9 @@ def hstu_attention(
             check_offsets=False, check_head_dims=source != "reference",
         )  # fmt: skip
     dqk, dv, heads = q.shape[2], v.shape[2], q.shape[1]
+    mask = dispatch.mask_of(int(contextual_seq_len), num_targets is not None, int(max_attn_len))
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
-        q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source
+        q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source, mask
     )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)

@@ -154,3 +154,30 @@ def test_cute_fwd_and_bwd_through_the_custom_op_on_uvqk_slices(d):
     _, gv, gq, gk = (g.view(L, h, d) for g in torch.split(grad, h * d, dim=1))  # slices of the uvqk gradient
     for name, g, i in (("dq", gq, 0), ("dk", gk, 1), ("dv", gv, 2)):
         check_tolerance(name, g, ref_g[i], low_g[i], atol=2e-3 * ref_g[i].abs().max().item() + 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "mask"),
+    [
+        ({}, "causal"),
+        ({"num_targets": "nt"}, "targets"),
+        ({"contextual_seq_len": 2}, "context"),
+        ({"contextual_seq_len": 2, "num_targets": "nt"}, "context+targets"),
+        ({"max_attn_len": 4}, "window"),
+    ],
+)
+def test_drop_in_call_dispatches_on_its_heads_and_mask(monkeypatch, kwargs, mask):
+    """The public call asks dispatch for its own head count and mask features (entries are keyed by both)."""
+    q, k, v, off = _inputs("cpu", heads=2)
+    asked = []
+    real = dispatch.select
+
+    def spy(kind, dtype, dqk, dv, heads, max_seq_len, distribution=None, source="tuned", m="causal"):
+        asked.append((kind, heads, m))
+        return real(kind, dtype, dqk, dv, heads, max_seq_len, distribution, source, m)
+
+    monkeypatch.setattr(dispatch, "select", spy)
+    if kwargs.get("num_targets") == "nt":
+        kwargs = {**kwargs, "num_targets": torch.tensor([1, 0, 0, 2])}
+    ops.hstu_attention(q, k, v, off, 13, source="reference", **kwargs)
+    assert asked == [("hstu_attention_fwd", 2, mask), ("hstu_attention_bwd", 2, mask)]

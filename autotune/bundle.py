@@ -1,0 +1,151 @@
+"""Artifacts that travel with the module: the packaged copy and self-contained export bundles.
+
+A wheel of the project installs the committed ``artifacts/<gpu>/<kernel>.json`` beside the packages
+(``site-packages/artifacts``, the place ``autotune.artifacts.DEFAULT_ROOT`` already names in a source
+checkout), so ``packaged_artifacts_root()`` finds them in both layouts without a path argument.
+
+``export_bundle`` writes one folder a training job can ship: ``<out>/<gpu>/<kernel>.json`` (the layout
+``autotune.load(out)`` reads) plus ``manifest.json`` with the GPU, the package and library versions,
+and the sha256 of every file; ``verify_bundle`` re-checks those hashes. Only usable artifacts are
+exported (valid, not stale, of the named GPU): a bundle never carries a file dispatch would reject.
+Stdlib only, like ``autotune.artifacts``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autotune import artifacts as art
+
+MANIFEST = "manifest.json"
+FORMAT = "hstu-autotune-artifact-bundle"
+FORMAT_VERSION = 1
+_VERSIONED = ("hstu-autotune", "torch", "triton", "nvidia-cutlass-dsl", "optuna")
+
+
+class BundleError(ValueError):
+    """Nothing to export, an unusable artifact, a bad destination or a bundle that fails its hashes."""
+
+
+def packaged_artifacts_root() -> Path:
+    """The artifacts shipped with the installed package (a checkout: the repository's ``artifacts``)."""
+    return art.DEFAULT_ROOT
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _usable_files(root: Path, gpu: str, kernels: list[str] | None) -> list[tuple[Path, Any]]:
+    """(file, artifact) of every kernel of ``gpu`` under ``root``; ``BundleError`` naming each rejected one."""
+    folder = root / gpu
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if kernels:
+        unknown = sorted(set(kernels) - {f.stem for f in files})
+        if unknown:
+            raise BundleError(f"no artifact for {', '.join(unknown)} in {folder}")
+        files = [f for f in files if f.stem in kernels]
+    if not files:
+        raise BundleError(f"no artifacts to export: {folder} holds no <kernel>.json")
+    out, problems = [], []
+    for f in files:
+        verdict = art.assess_artifact(f, gpu, None)  # for the target GPU, whatever this machine has
+        if verdict.usable:
+            out.append((f, verdict.artifact))
+        else:
+            problems.append(f"{f.name}: {verdict.reason}")
+    if problems:
+        raise BundleError("refusing to export artifacts dispatch would reject:\n  " + "\n  ".join(problems))
+    return out
+
+
+def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, kernels: list[str] | None = None) -> dict:
+    """Write ``out/<gpu>/*.json`` and ``out/manifest.json``; returns the manifest.
+
+    ``out`` must be missing or empty. The files are copied byte for byte (their template hashes
+    stay what tuning recorded), then the manifest, last, so a half-written bundle has none.
+    """
+    root = Path(root) if root is not None else packaged_artifacts_root()
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError(f"--out {out}: exists and is not an empty directory")
+    if not out.parent.is_dir():
+        raise BundleError(f"--out {out}: parent directory {out.parent} does not exist")
+    files = _usable_files(root, gpu, kernels)
+    (out / gpu).mkdir(parents=True, exist_ok=True)
+    listed = []
+    for src, artifact in files:
+        dst = out / gpu / src.name
+        shutil.copyfile(src, dst)
+        listed.append(
+            {
+                "path": f"{gpu}/{src.name}",
+                "kernel": artifact.kernel,
+                "sha256": _sha256(dst),
+                "entries": len(artifact.entries),
+                "created": artifact.created,
+                "template_hash": artifact.template_hash,
+                "search_space_hash": artifact.search_space_hash,
+                "environment": artifact.environment,
+            }
+        )
+    env = files[0][1].environment
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "gpu": gpu,
+        "gpu_name": env.get("gpu_name"),
+        "compute_capability": env.get("compute_capability"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "exported_with": _versions(),
+        "files": listed,
+    }
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".manifest.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(manifest, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, out / MANIFEST)
+    return manifest
+
+
+def verify_bundle(path: str | Path) -> list[str]:
+    """Problems of a bundle (missing/bad manifest, a missing, changed or unlisted file); [] when sound."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return [f"{path / MANIFEST}: cannot read the manifest ({e})"]
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return [f"{path / MANIFEST}: not an {FORMAT} manifest"]
+    problems = []
+    listed = set()
+    for item in manifest.get("files", []):
+        f = path / item["path"]
+        listed.add(f.resolve())
+        if not f.is_file():
+            problems.append(f"{item['path']}: listed in the manifest but missing")
+        elif _sha256(f) != item["sha256"]:
+            problems.append(f"{item['path']}: sha256 differs from the manifest (edited after export)")
+    for f in sorted(path.glob("*/*.json")):
+        if f.resolve() not in listed:
+            problems.append(f"{f.relative_to(path)}: not listed in the manifest")
+    return problems

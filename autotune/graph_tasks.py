@@ -1,0 +1,581 @@
+"""Tuning tasks read from the model graph (``torch.export`` or an ONNX file), not a hand-written grid.
+
+A compiler-driven tuner tunes what the model runs: every op that has a template, with the dtype,
+heads, head dims, mask features, length bucket and length distribution of its call, identical calls
+merged with a count. Two routes give the same list:
+
+- ``torch.export`` of a preset (or of a ``module:factory`` of your own) on example inputs with a
+  dynamic row dimension. In training mode the joint forward/backward graph is built, so the
+  ``hstu::attention_bwd`` nodes are read from the graph itself (a layer whose inputs need no grad
+  has none); if the joint graph cannot be built, each forward node implies its backward (the op's
+  registered autograd formula calls ``hstu::attention_bwd`` with the same arguments).
+- An ONNX file written by ``models.export``: ``hstu.JaggedAttention`` nodes carry the call's
+  arguments and kernel key as attributes; an inference graph has no backward, so each node implies
+  its backward unless ``training=False``.
+
+The projection ``silu(x W^T + b)`` maps to the ``gemm_silu`` template, whose tasks are keyed by the
+attention layer that owns it (``autotune.gemm_ops``: N = 4 H Dqk, K = H Dv); a ``silu(linear)`` of
+other shapes (the task heads' MLPs) has no such key and is reported as a note.
+
+Buckets: ``max_seq_len`` is an ``int`` argument of the op, so an exported graph holds it as a constant
+N and dispatch looks up ``bucket_for(N)`` for every batch: one bucket per node. The dynamic row range
+is reported (and checked against N); a lengths file supplies the length distribution (and batch size)
+where the graph does not fix it, and is checked against N.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.buckets import DISTRIBUTIONS, bucket_for
+from autotune.tasks import Task
+
+FWD, BWD, GEMM = "hstu_attention_fwd", "hstu_attention_bwd", "gemm_silu"
+DEFAULT_BATCH = 32  # the CLI's representative batch when neither the graph nor a lengths file gives one
+
+
+class GraphTaskError(ValueError):
+    """The model, file or lengths cannot give tasks; the message says why and what to pass."""
+
+
+@dataclass(frozen=True)
+class GraphOp:
+    """One templated op call found in a graph, with everything its tuning key needs."""
+
+    kernel: str
+    node: str
+    dtype: str
+    dqk: int
+    dv: int
+    num_heads: int
+    max_seq_len: int
+    mask: str = "causal"
+    distribution: str | None = None
+    batch: int | None = None
+
+
+@dataclass
+class GraphTask:
+    """A tuning task and the graph nodes that map to it."""
+
+    task: Task
+    count: int = 0
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GraphOps:
+    """What a graph holds: the templated calls, a description of the source, notes for the reader."""
+
+    source: str
+    ops: list[GraphOp]
+    notes: list[str] = field(default_factory=list)
+    rows: tuple[int, int] | None = None  # range of the dynamic row dimension, when known
+
+
+def mask_name(contextual_seq_len: int, has_targets: bool, max_attn_len: int) -> str:
+    """The artifact mask key of a call (the same rule as ``autotune.dispatch.mask_of``)."""
+    if max_attn_len > 0:
+        return "window"
+    if contextual_seq_len > 0:
+        return "context+targets" if has_targets else "context"
+    return "targets" if has_targets else "causal"
+
+
+def dtype_name(dtype: Any) -> str:
+    """'torch.bfloat16' / torch.bfloat16 -> 'bfloat16'."""
+    return str(dtype).removeprefix("torch.")
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.export route
+# --------------------------------------------------------------------------------------------------
+def schema_args(node: Any) -> dict[str, Any]:
+    """The call's arguments by schema name (positional and keyword, defaults filled)."""
+    schema = node.target._schema
+    out = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    out.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
+    out.update(node.kwargs)
+    return out
+
+
+def _val(x: Any) -> Any:
+    """The example value (FakeTensor / int) of an fx argument."""
+    return x.meta.get("val") if hasattr(x, "meta") else x
+
+
+def _static(dim: Any) -> int | None:
+    return dim if isinstance(dim, int) else None
+
+
+def attention_op(kernel: str, name: str, args: dict[str, Any], distribution: str | None) -> GraphOp:
+    """A GraphOp of an ``hstu::attention_fwd/bwd`` call from its named arguments."""
+    q, v, offsets = _val(args["q"]), _val(args["v"]), _val(args["seq_offsets"])
+    max_seq_len = _val(args["max_seq_len"])
+    if not isinstance(max_seq_len, int):
+        raise GraphTaskError(f"{name}: max_seq_len is not a constant ({max_seq_len!r}); cannot pick a bucket")
+    n_off = _static(offsets.shape[0])
+    return GraphOp(
+        kernel,
+        name,
+        dtype_name(q.dtype),
+        int(q.shape[2]),
+        int(v.shape[2]),
+        int(q.shape[1]),
+        max_seq_len,
+        mask_name(int(args["contextual_seq_len"]), args["num_targets"] is not None, int(args["max_attn_len"])),
+        distribution,
+        None if n_off is None else n_off - 1,
+    )
+
+
+def module_hint(node: Any, root: Any) -> str | None:
+    """The length-distribution hint of the module that made the call (``HSTUAttention.distribution``).
+
+    The hint is the artifact key dispatch will look up, so the task must carry it; it lives on the
+    module, not in the op's arguments, hence the nn_module_stack walk.
+    """
+    for path, _type in reversed(list(node.meta.get("nn_module_stack", {}).values())):
+        try:
+            module = root.get_submodule(path)
+        except (AttributeError, TypeError):
+            continue
+        if hasattr(module, "distribution"):
+            return module.distribution
+    return None
+
+
+def walk_nodes(gm: Any) -> list[Any]:
+    """The nodes of a graph module in execution order, with higher-order-op subgraphs (an autocast
+    region is one ``wrap_with_autocast`` call of a submodule) expanded where they are used."""
+    import torch
+
+    out = []
+    for node in gm.graph.nodes:
+        sub = getattr(gm, node.target, None) if node.op == "get_attr" and isinstance(node.target, str) else None
+        if isinstance(sub, torch.fx.GraphModule):
+            out.extend(walk_nodes(sub))
+        else:
+            out.append(node)
+    return out
+
+
+def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int]]:
+    """(node, N, K, index) of every ``silu(linear(x, W, b))`` with a 2-D x and weight."""
+    import torch
+
+    out = []
+    for i, node in enumerate(nodes):
+        if node.op != "call_function" or node.target not in (torch.ops.aten.silu.default, torch.ops.aten.silu_.default):
+            continue
+        src = node.args[0]
+        if getattr(src, "target", None) is not torch.ops.aten.linear.default or len(src.args) < 3:
+            continue
+        x, w = _val(src.args[0]), _val(src.args[1])
+        if x is None or w is None or x.dim() != 2 or w.dim() != 2 or src.args[2] is None:
+            continue
+        out.append((node.name, int(w.shape[0]), int(w.shape[1]), i))
+    return out
+
+
+def match_gemm_silu(
+    calls: Iterable[tuple[str, int, int, int]], attention: list[tuple[int, GraphOp]]
+) -> tuple[list[GraphOp], list[str]]:
+    """gemm_silu ops of the projections that feed an attention layer (N = 4 H Dqk, K = H Dv).
+
+    Each takes the key of the first matching attention call after it in graph order (its own layer);
+    the rest are reported: ``gemm_silu`` tasks have no key for other shapes.
+    """
+    ops, unmatched = [], []
+    for name, n, k, index in calls:
+        owners = [(i, a) for i, a in attention if 4 * a.num_heads * a.dqk == n and a.num_heads * a.dv == k]
+        after = [a for i, a in owners if i > index]
+        owner = after[0] if after else owners[0][1] if owners else None
+        if owner is None:
+            unmatched.append(f"{name} ({k}->{n})")
+            continue
+        ops.append(
+            GraphOp(
+                GEMM,
+                name,
+                owner.dtype,
+                owner.dqk,
+                owner.dv,
+                owner.num_heads,
+                owner.max_seq_len,
+                "causal",
+                owner.distribution,
+                owner.batch,
+            )
+        )
+    notes = []
+    if unmatched:
+        why = "not a uvqk projection of an attention layer"
+        notes.append(f"silu(linear) without a gemm_silu key ({why}): {', '.join(unmatched)}")
+    return ops, notes
+
+
+def _rows_range(ep: Any) -> tuple[int, int] | None:
+    """(min, max) of the first dynamic dimension's range, when the program has one."""
+    for vr in ep.range_constraints.values():
+        lo, hi = vr.lower, vr.upper
+        try:
+            return int(lo), int(hi)
+        except (TypeError, ValueError):  # unbounded (int_oo)
+            return int(lo), -1
+    return None
+
+
+def loss_module(module: Any) -> Any:
+    """``module`` with its outputs reduced to one scalar: the loss the joint graph differentiates."""
+    import torch
+
+    class LossOf(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor]:
+            out = self.inner(*args)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            return (sum(o.float().sum() for o in outs if o.is_floating_point()),)
+
+    return LossOf(module)
+
+
+def _backward_ops(ep: Any, fwd: list[GraphOp]) -> tuple[list[GraphOp], str | None]:
+    """hstu::attention_bwd calls of the joint forward/backward graph, or None and why not.
+
+    Backward nodes carry no module stack, so each takes its distribution hint from the forward call
+    with the same inputs and arguments (joint forward calls are in the order of the forward program's).
+    """
+    import torch
+
+    try:
+        from torch.export.experimental import _export_forward_backward
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
+            joint = _export_forward_backward(ep)
+    except Exception as e:  # noqa: BLE001 - a private API; any failure means "imply it"
+        return [], f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    nodes = [n for n in joint.graph.nodes if n.op == "call_function"]
+    jf = [n for n in nodes if n.target == torch.ops.hstu.attention_fwd.default]
+    if len(jf) != len(fwd):
+        return [], f"the joint graph has {len(jf)} forward attention calls, the forward graph {len(fwd)}"
+    hint: dict[tuple, str | None] = {}
+    for jf_node, f in zip(jf, fwd, strict=True):
+        hint.setdefault(_call_key(schema_args(jf_node)), f.distribution)
+    ops = []
+    for n in nodes:
+        if n.target == torch.ops.hstu.attention_bwd.default:
+            args = schema_args(n)
+            ops.append(attention_op(BWD, n.name, args, hint.get(_call_key(args))))
+    return ops, None
+
+
+def _call_key(args: dict[str, Any]) -> tuple:
+    """What a forward call and its backward share: the input nodes and the mask/scale arguments."""
+    names = (
+        "q",
+        "k",
+        "v",
+        "seq_offsets",
+        "num_targets",
+        "max_seq_len",
+        "alpha",
+        "contextual_seq_len",
+        "max_attn_len",
+        "scaling_seqlen",
+    )
+    return tuple(args[n] for n in names)
+
+
+def ops_from_program(module: Any, args: tuple, dynamic_shapes: Any, training: bool, source: str) -> GraphOps:
+    """Templated calls of ``torch.export`` of ``module`` on ``args`` (and of its joint graph when training)."""
+    import torch
+
+    import autotune.ops  # noqa: F401 - the hstu ops must be registered before tracing
+
+    root = loss_module(module)
+    root.train(training)
+    if isinstance(dynamic_shapes, dict):  # by parameter name -> positional, as the wrapper's *args take them
+        names = list(inspect.signature(module.forward).parameters)
+        dynamic_shapes = tuple(dynamic_shapes.get(n) for n in names[: len(args)])
+    wrapped = None if dynamic_shapes is None else (tuple(dynamic_shapes),)
+    ep = torch.export.export(root, tuple(args), dynamic_shapes=wrapped)
+    graph = walk_nodes(ep.graph_module)
+    fwd, attention = [], []
+    for i, n in enumerate(graph):
+        if n.op == "call_function" and n.target == torch.ops.hstu.attention_fwd.default:
+            op = attention_op(FWD, n.name, schema_args(n), module_hint(n, root))
+            fwd.append(op)
+            attention.append((i, op))
+    gemm, notes = match_gemm_silu(_gemm_silu_calls(graph), attention)
+    bwd: list[GraphOp] = []
+    if training and fwd:
+        bwd, why = _backward_ops(ep, fwd)
+        if why is not None:
+            bwd = implied_backward(fwd)
+            notes.append(f"backward calls implied by the forward ones (joint graph not built: {why})")
+        else:
+            notes.append("backward calls read from the joint forward/backward graph")
+    if not fwd:
+        notes.append("no hstu::attention_fwd call in the graph (model built with kernels='reference'?)")
+    return GraphOps(source, fwd + bwd + gemm, notes, _rows_range(ep))
+
+
+def implied_backward(fwd: Iterable[GraphOp]) -> list[GraphOp]:
+    """The backward call each forward call's autograd formula makes (same shapes and arguments)."""
+    return [
+        GraphOp(
+            BWD,
+            f"{f.node} (autograd)",
+            f.dtype,
+            f.dqk,
+            f.dv,
+            f.num_heads,
+            f.max_seq_len,
+            f.mask,
+            f.distribution,
+            f.batch,
+        )
+        for f in fwd
+        if f.kernel == FWD
+    ]
+
+
+def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, Any, str]:
+    """(module, example args, dynamic shapes, description) of a preset name or ``module:factory``.
+
+    A factory takes no arguments and returns ``(module, args)`` or ``(module, args, dynamic_shapes)``
+    (an object with those attributes works too); the module is exported as it is given.
+    """
+    from models.config import PRESETS
+
+    if spec in PRESETS:
+        from models.export import task_spec
+
+        s = task_spec(spec, dtype=dtype, training=training)
+        return s.module, s.args, s.dynamic_shapes, f"torch.export of preset {spec!r} ({dtype}, fake weights)"
+    if ":" not in spec:
+        raise GraphTaskError(f"--from-model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor module:factory")
+    mod_name, _, attr = spec.partition(":")
+    try:
+        factory: Callable[[], Any] = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({e})") from None
+    made = factory()
+    if hasattr(made, "module"):
+        return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}"
+    module, args, *rest = made
+    return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}"
+
+
+def ops_from_model(spec: str, dtype: str = "bfloat16", training: bool = True) -> GraphOps:
+    """Templated calls of a preset or ``module:factory`` (see ``resolve_model``)."""
+    module, args, dyn, source = resolve_model(spec, dtype, training)
+    return ops_from_program(module, args, dyn, training, source)
+
+
+# --------------------------------------------------------------------------------------------------
+# ONNX route
+# --------------------------------------------------------------------------------------------------
+def _onnx_shapes(model: Any) -> dict[str, tuple[int, list[int | str | None]]]:
+    """value name -> (elem type, dims) for every typed value of the main graph."""
+    g = model.graph
+    out = {}
+    for v in [*g.input, *g.output, *g.value_info]:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in t.shape.dim]
+        out[v.name] = (t.elem_type, dims)
+    for init in g.initializer:
+        out[init.name] = (init.data_type, list(init.dims))
+    return out
+
+
+def _onnx_gemm_silu_calls(model: Any, shapes: dict) -> list[tuple[str, int, int, int]]:
+    """(node, N, K, index) of ``Mul(a, Sigmoid(a))`` with ``a = Gemm(x, W, b)`` or ``Add(MatMul(x, W), b)``."""
+    nodes = list(model.graph.node)
+    producer = {o: (i, n) for i, n in enumerate(nodes) for o in n.output}
+    out = []
+    for i, n in enumerate(nodes):
+        if n.op_type != "Mul" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+            continue
+        for a, s in (n.input, n.input[::-1]):
+            sig = producer.get(s, (None, None))[1]
+            if sig is None or sig.op_type != "Sigmoid" or sig.input[0] != a:
+                continue
+            src = producer.get(a, (None, None))[1]
+            nk = _onnx_linear_dims(src, producer, shapes)
+            if nk is not None:
+                out.append((n.output[0], nk[0], nk[1], i))
+            break
+    return out
+
+
+def _onnx_linear_dims(src: Any, producer: dict, shapes: dict) -> tuple[int, int] | None:
+    """(N, K) of a biased linear layer node (Gemm, or Add of a MatMul), else None."""
+    import onnx
+
+    if src is None:
+        return None
+    if src.op_type == "Gemm" and len(src.input) == 3:
+        trans_b = next((onnx.helper.get_attribute_value(a) for a in src.attribute if a.name == "transB"), 0)
+        w = shapes.get(src.input[1], (None, []))[1]
+        if len(w) == 2 and all(isinstance(d, int) for d in w):
+            return (w[0], w[1]) if trans_b else (w[1], w[0])
+    if src.op_type == "Add":
+        for mm_name in src.input:
+            mm = producer.get(mm_name, (None, None))[1]
+            if mm is not None and mm.op_type == "MatMul":
+                w = shapes.get(mm.input[1], (None, []))[1]
+                if len(w) == 2 and all(isinstance(d, int) for d in w):
+                    return w[1], w[0]
+    return None
+
+
+def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
+    """Templated calls of an ONNX file (``hstu.JaggedAttention`` nodes, silu(linear) projections)."""
+    import onnx
+
+    from autotune.onnx_hstu import DOMAIN, NAME, node_attributes
+
+    path = Path(path)
+    if not path.is_file():
+        raise GraphTaskError(f"--from-onnx {path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises several types for a bad file
+        raise GraphTaskError(f"--from-onnx {path}: not a readable ONNX model ({e})") from None
+    shapes = _onnx_shapes(model)
+    missing = [n.input[0] for n in model.graph.node if n.domain == DOMAIN and n.input[0] not in shapes]
+    if missing:
+        model = onnx.shape_inference.infer_shapes(model)
+        shapes = _onnx_shapes(model)
+    fwd, attention = [], []
+    for i, n in enumerate(model.graph.node):
+        if n.domain != DOMAIN or n.op_type != NAME:
+            continue
+        op = _onnx_attention_op(n, node_attributes(n), shapes)
+        fwd.append(op)
+        attention.append((i, op))
+    gemm, notes = match_gemm_silu(_onnx_gemm_silu_calls(model, shapes), attention)
+    bwd = implied_backward(fwd) if training else []
+    if bwd:
+        notes.append("backward calls implied by the forward nodes (an ONNX graph is inference only)")
+    if not fwd:
+        notes.append(f"no {DOMAIN}.{NAME} node in {path.name} (not written by models.export?)")
+    return GraphOps(f"ONNX file {path.name}", fwd + bwd + gemm, notes, None)
+
+
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
+
+
+def _onnx_attention_op(node: Any, attrs: dict[str, Any], shapes: dict) -> GraphOp:
+    """A GraphOp of one ``hstu.JaggedAttention`` node."""
+    name = node.output[0]
+    q, v, off = (shapes.get(node.input[i]) for i in (0, 2, 3))
+    if q is None or v is None or len(q[1]) != 3 or not isinstance(q[1][2], int) or not isinstance(v[1][2], int):
+        raise GraphTaskError(f"{name}: the shapes of q/v are unknown; run onnx shape inference on the file first")
+    dtype = attrs.get("kernel_dtype") or _ONNX_DTYPES.get(q[0])
+    if dtype is None:
+        raise GraphTaskError(f"{name}: unsupported element type {q[0]} and no kernel_dtype attribute")
+    batch = off[1][0] - 1 if off is not None and off[1] and isinstance(off[1][0], int) else None
+    mask = mask_name(int(attrs["contextual_seq_len"]), bool(attrs.get("has_targets", 0)), int(attrs["max_attn_len"]))
+    dist = attrs.get("distribution") or None
+    return GraphOp(FWD, name, dtype, q[1][2], v[1][2], int(q[1][1]), int(attrs["max_seq_len"]), mask, dist, batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# ops -> tasks
+# --------------------------------------------------------------------------------------------------
+def read_lengths(path: str | Path) -> list[list[int]]:
+    """Batches of sequence lengths: JSON (a list of ints, or of lists) or text (one batch per line)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise GraphTaskError(f"--lengths {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+        batches = [data] if data and all(isinstance(x, int) for x in data) else data
+    except json.JSONDecodeError:
+        lines = [ln.split("#")[0].replace(",", " ").split() for ln in text.splitlines()]
+        try:
+            batches = [[int(x) for x in ln] for ln in lines if ln]
+        except ValueError:
+            raise GraphTaskError(f"--lengths {path}: not JSON and not lines of integers") from None
+    ok = isinstance(batches, list) and batches and all(isinstance(b, list) and b for b in batches)
+    if not ok or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for b in batches for x in b):
+        raise GraphTaskError(f"--lengths {path}: expected non-empty batches of non-negative integer lengths")
+    return batches
+
+
+def lengths_distribution(batches: list[list[int]]) -> str:
+    """'uniform' when every sequence of each batch is as long as the batch's longest, else 'jagged'."""
+    return "uniform" if all(min(b) == max(b) for b in batches) else "jagged"
+
+
+def build_tasks(
+    graph: GraphOps,
+    gpu: str,
+    lengths: list[list[int]] | None = None,
+    seq_cap: int | None = None,
+    default_batch: int = DEFAULT_BATCH,
+    seed: int = 0,
+) -> list[GraphTask]:
+    """Tasks of the ops, identical ones merged (with counts and node names), in the CLI's order.
+
+    Distribution: the call's hint, else the lengths file's, else both. Batch: the graph's, else the
+    lengths file's largest batch, else ``default_batch``.
+    """
+    merged: dict[Task, GraphTask] = {}
+    longest = max((max(b) for b in lengths), default=0) if lengths else 0
+    for op in graph.ops:
+        if lengths and longest > op.max_seq_len:
+            raise GraphTaskError(
+                f"the lengths file has a sequence of {longest} tokens, above max_seq_len {op.max_seq_len} of {op.node}"
+            )
+        if op.distribution:
+            dists: tuple[str, ...] = (op.distribution,)
+        else:
+            dists = (lengths_distribution(lengths),) if lengths else DISTRIBUTIONS
+        batch = op.batch or (max(len(b) for b in lengths) if lengths else default_batch)
+        for dist in dists:
+            task = Task(
+                op.kernel,
+                gpu,
+                op.dtype,
+                op.dqk,
+                op.dv,
+                op.num_heads,
+                bucket_for(op.max_seq_len),
+                dist,
+                op.mask,
+                batch,
+                seq_cap,
+                seed,
+            )
+            entry = merged.setdefault(task, GraphTask(task))
+            entry.count += 1
+            entry.nodes.append(op.node)
+    order = {FWD: 0, BWD: 1, GEMM: 2}
+    return sorted(merged.values(), key=lambda g: (order.get(g.task.kernel, 3), g.task.family, g.task.bucket))
+
+
+def tasks_to_json(graph: GraphOps, tasks: list[GraphTask]) -> dict[str, Any]:
+    """A JSON-able record of the extraction (for ``autotune tasks --json``)."""
+    return {
+        "source": graph.source,
+        "rows": list(graph.rows) if graph.rows else None,
+        "notes": graph.notes,
+        "tasks": [{**t.task.to_dict(), "count": t.count, "nodes": t.nodes} for t in tasks],
+    }

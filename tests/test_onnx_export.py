@@ -1,0 +1,223 @@
+"""ONNX export of the HSTU model: the hstu.JaggedAttention node and its function body, the full checker in a
+fresh process, ONNX Runtime against PyTorch, tuned configs recorded per node, tasks read back from the
+file, and clear errors for bad exporter input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from autotune import artifacts as art
+from autotune import graph_tasks as gt
+from autotune import onnx_hstu
+from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
+from kernel_templates.hstu_attention.reference import hstu_attention_reference
+from models import export
+
+FWD, BWD = "hstu_attention_fwd", "hstu_attention_bwd"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny preset exported once: (path, result, module, config)."""
+    path = tmp_path_factory.mktemp("onnx") / "tiny.onnx"
+    result, module, cfg = export.export_onnx("tiny", path)
+    return path, result, module, cfg
+
+
+def test_exported_file_structure_and_checker_in_a_fresh_process(tiny):
+    path, result, _, _ = tiny
+    model = onnx.load(str(path))
+    assert {o.domain: o.version for o in model.opset_import} == {"": 18, "hstu": 1}
+    hstu = [n for n in model.graph.node if n.domain == "hstu"]
+    assert [n.op_type for n in hstu] == ["JaggedAttention"] * 2 and result.nodes == len(model.graph.node)
+    (func,) = model.functions
+    assert (func.domain, func.name) == ("hstu", "JaggedAttention") and {n.domain for n in func.node} == {""}
+    assert [i.name for i in model.graph.input] == ["items", "prev_actions", "seq_offsets"]
+    assert [d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim] == ["rows"]
+    assert [d.dim_value for d in model.graph.input[2].type.tensor_type.shape.dim] == [5]  # tiny: batch 4
+    attrs = onnx_hstu.node_attributes(hstu[0])
+    assert (attrs["kernel_dtype"], attrs["bucket"], attrs["distribution"], attrs["mask"]) == (
+        "bfloat16",
+        256,
+        "jagged",
+        "causal",
+    )
+    assert attrs["max_seq_len"] == 32 and attrs["has_targets"] == 0 and attrs["config_source"] == "dispatch:default"
+    assert json.loads(attrs["config"]) and json.loads(attrs["bwd_config"])
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["hstu.config"])["num_layers"] == 2 and len(json.loads(meta["hstu.kernels"])["nodes"]) == 2
+    # No hstu schema is registered in a fresh process: the checker and ORT see the model-local function only.
+    code = """
+import sys, numpy as np, onnx, onnxruntime as ort
+p = sys.argv[1]
+onnx.checker.check_model(p, full_check=True)
+s = ort.InferenceSession(p, providers=["CPUExecutionProvider"])
+feeds = {"items": np.arange(9), "prev_actions": np.zeros(9, np.int64), "seq_offsets": np.array([0, 4, 4, 9, 9])}
+print(s.run(None, feeds)[0].shape)
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(9, 2)"
+
+
+def test_onnx_runtime_matches_pytorch(tiny):
+    path, _, module, cfg = tiny
+    rows = export.compare_with_torch(path, module, cfg, batches=3)
+    assert len({r["rows"] for r in rows}) > 1  # dynamic rows: several batch sizes through one file
+    for r in rows:
+        assert r["ok"] and r["max_abs_err"] < 1e-5, r
+        assert r["err_exported"] is not None and r["err_exported"] < 1e-5, r  # Triton (interpreter) model too
+
+
+def _single_node_model(dtype: int, attrs: dict) -> onnx.ModelProto:
+    """A model of one hstu.JaggedAttention node, its function attached."""
+    t = lambda name, elem, shape: onnx.helper.make_tensor_value_info(name, elem, shape)  # noqa: E731
+    inputs = [
+        t("q", dtype, ["L", 2, 16]),
+        t("k", dtype, ["L", 2, 16]),
+        t("v", dtype, ["L", 2, 8]),
+        t("seq_offsets", onnx.TensorProto.INT64, ["B1"]),
+        t("num_targets", onnx.TensorProto.INT64, ["B"]),
+    ]
+    node = onnx.helper.make_node("JaggedAttention", [i.name for i in inputs], ["out"], domain="hstu")
+    onnx_hstu.set_attributes(node, attrs)
+    graph = onnx.helper.make_graph([node], "one", inputs, [t("out", dtype, ["L", 2, 8])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    onnx_hstu.attach_functions(model)
+    return model
+
+
+@pytest.mark.parametrize(
+    "ctx, targets, window, scaling",
+    [(0, None, 0, None), (3, [2, 0, 1, 0], 0, None), (0, [1, 3, 0, 0], 0, 50), (2, None, 4, None), (0, None, 3, None)],
+)
+def test_function_body_matches_the_reference_for_every_mask(ctx, targets, window, scaling):
+    """The standard-op body against the PyTorch oracle: context, targets, window, divisor, empty sequences."""
+    gen = torch.Generator().manual_seed(ctx * 7 + window)
+    offsets = torch.tensor([0, 9, 9, 30, 37])
+    L = int(offsets[-1])
+    q, k = (torch.randn(L, 2, 16, generator=gen) for _ in range(2))
+    v = torch.randn(L, 2, 8, generator=gen)
+    nt = None if targets is None else torch.tensor(targets)
+    want = hstu_attention_reference(q, k, v, offsets, 40, 0.25, nt, ctx, window, scaling)
+    attrs = {name: (0 if t == "INT" else 0.0 if t == "FLOAT" else "") for name, t, _ in onnx_hstu.ATTRIBUTES}
+    attrs.update(
+        max_seq_len=40,
+        alpha=0.25,
+        contextual_seq_len=ctx,
+        max_attn_len=window,
+        scaling_seqlen=-1 if scaling is None else scaling,
+        has_targets=int(nt is not None),
+    )
+    model = _single_node_model(onnx.TensorProto.FLOAT, attrs)
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {
+        "q": q.numpy(),
+        "k": k.numpy(),
+        "v": v.numpy(),
+        "seq_offsets": offsets.numpy(),
+        "num_targets": (nt if nt is not None else torch.zeros(4, dtype=torch.int64)).numpy(),
+    }
+    got = session.run(None, feeds)[0]
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_tasks_from_the_onnx_file_equal_the_torch_export_tasks(tiny):
+    path = tiny[0]
+    from_onnx = gt.build_tasks(gt.ops_from_onnx(path), "h100")
+    from_model = gt.build_tasks(gt.ops_from_model("tiny"), "h100")
+    assert [(g.task, g.count) for g in from_onnx] == [(g.task, g.count) for g in from_model]
+    assert len(from_onnx) == 3
+    assert [g.task.kernel for g in gt.build_tasks(gt.ops_from_onnx(path, training=False), "h100")] == [FWD, "gemm_silu"]
+
+
+def _write_artifacts(root: Path, entry_key: dict) -> dict[str, dict]:
+    """Fresh (current template hash) fwd/bwd artifacts for h100 holding one Triton entry each."""
+    configs = {FWD: default_fwd_config(32, 32).to_dict(), BWD: default_bwd_config(32, 32).to_dict()}
+    configs[FWD]["block_m"] = 64
+    env = {**dict.fromkeys(art.ENV_KEYS), "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    for kind, config in configs.items():
+        entry = {
+            **entry_key,
+            "backend": "triton",
+            "config": config,
+            "median_ms": 1.0,
+            "spread_ms": 0.0,
+            "tflops": 1.0,
+            "default_ms": 1.1,
+            "default_tflops": 0.9,
+            "speedup": 1.1,
+            "trials": 3,
+            "tuning_s": 1.0,
+        }
+        hashes = {"triton": art.current_template_hash(kind, "triton")}
+        art.save_artifact(art.Artifact(kind, "h100", env, hashes, "s" * 64, [entry]), root / "h100" / f"{kind}.json")
+    return configs
+
+
+def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
+    key = {
+        "dtype": "bfloat16",
+        "dqk": 32,
+        "dv": 32,
+        "num_heads": 2,
+        "bucket": 256,
+        "distribution": "jagged",
+        "mask": "causal",
+    }
+    configs = _write_artifacts(tmp_path / "arts", key)
+    out, report = tmp_path / "m.onnx", tmp_path / "report.json"
+    argv = [
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--gpu",
+        "h100",
+        "--artifacts",
+        str(tmp_path / "arts"),
+        "--check-batches",
+        "1",
+        "--json",
+        str(report),
+    ]
+    assert export.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "onnx.checker full check passed" in text and "ONNX Runtime (CPU) vs PyTorch" in text
+    for node in (n for n in onnx.load(str(out)).graph.node if n.domain == "hstu"):
+        attrs = onnx_hstu.node_attributes(node)
+        assert attrs["config_source"] == "tuned:h100"
+        assert json.loads(attrs["config"]) == configs[FWD] and json.loads(attrs["bwd_config"]) == configs[BWD]
+    summary = json.loads(report.read_text())
+    assert summary["errors"][0]["ok"] and summary["nodes"] > 0 and summary["size_bytes"] == out.stat().st_size
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "giant", "--out", "{tmp}/m.onnx"], "unsupported preset 'giant'"),
+        (["--preset", "tiny", "--out", "{tmp}/missing/m.onnx"], "existing directory"),
+        (["--preset", "tiny", "--out", "{tmp}"], "must be a file path"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--weights", "{tmp}/none.pt"], "--weights"),
+        (
+            ["--preset", "tiny", "--out", "{tmp}/m.onnx", "--gpu", "h100", "--artifacts", "{tmp}/no"],
+            "no such directory",
+        ),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--set", "head_dim=48"], "hidden_dim"),
+    ],
+)
+def test_bad_exporter_input_is_a_clear_error(tmp_path, capsys, argv, message):
+    rc = export.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "models.export: error:" in err and message in err
+    assert not (tmp_path / "m.onnx").exists()

@@ -119,6 +119,10 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 def build_task_list(args: argparse.Namespace, gpu: str) -> list:
     from autotune.tasks import MASKS, build_tasks, parse_dims
 
+    if getattr(args, "from_model", None) or getattr(args, "from_onnx", None):
+        from autotune.cli_graph import graph_task_list
+
+        return graph_task_list(args, gpu)
     try:
         buckets = [parse_bucket(b) for b in _split(args.buckets)]
         dims = parse_dims(args.dims)
@@ -471,6 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--artifacts", default=None)
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
+    from autotune import cli_graph
+
+    cli_graph.add_run_args(run)
+    cli_graph.add_parsers(sub)
     return parser
 
 
@@ -484,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "show":
             return cmd_show(args)
+        if args.command in ("tasks", "export"):
+            from autotune.cli_graph import COMMANDS
+
+            return COMMANDS[args.command](args)
         args.interpret = False
         return cmd_bench(args)
     except CLIError as e:

@@ -1,0 +1,201 @@
+"""``autotune tasks`` / ``autotune export`` and the ``--from-model`` / ``--from-onnx`` tasks of ``autotune run``.
+
+autotune tasks --from-model seed                  # templated ops of the seed model, merged, with counts
+autotune tasks --from-onnx model.onnx --json t.json
+autotune run --gpu h100 --from-model seed         # tune exactly the tasks the model runs
+autotune export --gpu h100 --out bundle/          # artifact JSONs + manifest, for autotune.load("bundle")
+
+``autotune.cli`` registers these (``add_parsers``, ``add_run_args``) and hands the commands to
+``COMMANDS``; the graph reading is ``autotune.graph_tasks``, the bundle ``autotune.bundle``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from autotune.buckets import format_bucket
+from autotune.cli import GPU_DEFAULTS, INTERPRET_DEFAULTS, CLIError, _console
+from autotune.gpus import GPUS
+
+# Grid options of ``autotune run`` that a graph's task list replaces (refused when changed).
+GRID_OPTIONS = ("kernel", "buckets", "dims", "heads", "distributions", "masks")
+
+
+def add_run_args(run: argparse.ArgumentParser) -> None:
+    """``autotune run`` options that take the tasks from a model graph instead of the grid."""
+    src = run.add_mutually_exclusive_group()
+    src.add_argument(
+        "--from-model",
+        metavar="PRESET_OR_MODULE",
+        help="tune the ops of torch.export of a model preset or module:factory (see `autotune tasks`)",
+    )
+    src.add_argument("--from-onnx", metavar="FILE", help="tune the ops of an ONNX file written by models.export")
+    run.add_argument("--lengths", metavar="FILE", help="with --from-*: batches of sequence lengths (JSON or text)")
+
+
+def _add_graph_source(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--from-model",
+        metavar="PRESET_OR_MODULE",
+        help="a models.config preset, or module:factory returning (module, args[, dynamic_shapes])",
+    )
+    src.add_argument("--from-onnx", metavar="FILE", help="an ONNX file written by `python -m models.export`")
+    p.add_argument(
+        "--lengths",
+        metavar="FILE",
+        help="batches of sequence lengths (JSON list / list of lists, or one batch per text line): "
+        "the length distribution and batch size where the graph does not fix them",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``autotune tasks`` and ``autotune export``."""
+    tasks = sub.add_parser("tasks", help="list the tuning tasks of a model graph (torch.export or ONNX)")
+    _add_graph_source(tasks)
+    tasks.add_argument("--gpu", default="auto", help="GPU the tasks are for (default: the GPU present, else h100)")
+    tasks.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="--from-model: the autocast dtype training runs (default bfloat16)",
+    )
+    tasks.add_argument("--inference", action="store_true", help="forward only (no backward tasks)")
+    tasks.add_argument(
+        "--batch",
+        type=int,
+        default=GPU_DEFAULTS["batch"],
+        help="representative batch when neither the graph nor --lengths gives one",
+    )
+    tasks.add_argument("--json", metavar="FILE", help="also write the tasks as JSON")
+    export = sub.add_parser("export", help="write a self-contained artifact bundle (JSONs + manifest)")
+    export.add_argument("--gpu", required=True, help=f"GPU key: {', '.join(sorted(GPUS))}")
+    export.add_argument("--out", required=True, help="bundle directory (missing or empty)")
+    export.add_argument("--artifacts", help="artifacts root (default: the packaged artifacts)")
+    export.add_argument("--kernel", help="kernels to export, comma-separated (default: all of the GPU's)")
+
+
+def _tasks_gpu(arg: str) -> tuple[str, str | None]:
+    """(GPU key, note): the named one, else the one present, else h100 (said in the note)."""
+    name = arg.lower()
+    if name != "auto":
+        if name not in GPUS:
+            raise CLIError(f"unknown GPU {arg!r}; known: {', '.join(sorted(GPUS))} or 'auto'")
+        return name, None
+    from autotune.gpus import detect_gpu
+
+    try:
+        return detect_gpu(), None
+    except RuntimeError:
+        return "h100", "no GPU detected: tasks listed for h100 (pass --gpu)"
+
+
+def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
+    """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
+    from autotune.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx, read_lengths
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.export internals
+            if args.from_onnx:
+                graph = ops_from_onnx(args.from_onnx, training=training)
+            else:
+                graph = ops_from_model(args.from_model, dtype=dtype, training=training)
+        lengths = read_lengths(args.lengths) if args.lengths else None
+        return graph, build_tasks(graph, gpu, lengths, seq_cap, default_batch=batch)
+    except (GraphTaskError, ValueError) as e:
+        raise CLIError(str(e)) from None
+
+
+def print_tasks(graph: Any, tasks: list, gpu: str) -> None:
+    """The merged task table, then the rows range and the notes."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"{len(tasks)} tasks for {gpu} from {graph.source}")
+    for col in ("kernel", "dtype", "dims", "heads", "bucket", "dist", "mask", "batch", "count", "nodes"):
+        table.add_column(col, justify="right" if col in ("heads", "batch", "count") else "left")
+    for gt in tasks:
+        t = gt.task
+        nodes = ", ".join(gt.nodes[:3]) + (f", ... (+{len(gt.nodes) - 3})" if len(gt.nodes) > 3 else "")
+        table.add_row(
+            t.kernel,
+            t.dtype,
+            f"{t.dqk}/{t.dv}",
+            str(t.num_heads),
+            format_bucket(t.bucket),
+            t.distribution,
+            t.mask,
+            str(t.batch),
+            str(gt.count),
+            escape(nodes),
+        )
+    console.print(table)
+    if graph.rows:
+        lo, hi = graph.rows
+        console.print(
+            f"dynamic rows: {lo}..{hi if hi >= 0 else 'unbounded'}; each node's bucket is bucket_for(max_seq_len)"
+        )
+    for note in graph.notes:
+        console.print(f"note: {escape(note)}")
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    """``autotune tasks``: print (and optionally write) the merged tasks of a model graph."""
+    from autotune.graph_tasks import tasks_to_json
+
+    gpu, note = _tasks_gpu(args.gpu)
+    if args.batch < 1:
+        raise CLIError("--batch must be >= 1")
+    graph, tasks = extract(args, gpu, args.dtype, not args.inference, args.batch, None)
+    print_tasks(graph, tasks, gpu)
+    if note:
+        _console().print(f"note: {note}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(tasks_to_json(graph, tasks), indent=2) + "\n")
+    return 0
+
+
+def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
+    """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
+    defaults = INTERPRET_DEFAULTS if args.interpret else GPU_DEFAULTS
+    changed = [o for o in GRID_OPTIONS if getattr(args, o, None) != defaults.get(o, "causal")]
+    if changed:
+        flags = ", ".join("--" + o for o in changed)
+        raise CLIError(f"{flags} cannot be combined with --from-model/--from-onnx: the graph decides the tasks")
+    graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap)
+    if not tasks:
+        raise CLIError(f"no templated op found in {graph.source}")
+    print_tasks(graph, tasks, gpu)
+    return [gt.task for gt in tasks]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``autotune export``: a bundle of the GPU's usable artifacts with a manifest."""
+    from autotune.bundle import BundleError, export_bundle
+
+    gpu = args.gpu.lower()
+    if gpu not in GPUS:
+        raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
+    kernels = [k.strip() for k in args.kernel.split(",") if k.strip()] if args.kernel else None
+    try:
+        manifest = export_bundle(gpu, args.out, args.artifacts, kernels)
+    except BundleError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return 1
+    console = _console()
+    for f in manifest["files"]:
+        console.print(f"  {f['path']}: {f['entries']} entries, sha256 {f['sha256'][:12]}")
+    console.print(
+        f"wrote {args.out}/manifest.json ({gpu}, {manifest['gpu_name']}); load with autotune.load({args.out!r})"
+    )
+    return 0
+
+
+COMMANDS = {"tasks": cmd_tasks, "export": cmd_export}

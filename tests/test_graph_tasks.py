@@ -1,0 +1,173 @@
+"""Tuning tasks read from the model graph: presets through torch.export (fake weights, joint graph),
+a custom module with mask features and hints, lengths files, and the ``autotune tasks`` / ``autotune run
+--from-model`` commands."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from autotune import graph_tasks as gt
+from autotune.cli import main
+from autotune.tasks import Task
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def _summary(tasks: list[gt.GraphTask]) -> list[tuple]:
+    return [
+        (
+            g.task.kernel,
+            g.task.dtype,
+            g.task.dqk,
+            g.task.dv,
+            g.task.num_heads,
+            g.task.bucket,
+            g.task.distribution,
+            g.task.mask,
+            g.task.batch,
+            g.count,
+        )
+        for g in tasks
+    ]
+
+
+def test_tiny_preset_tasks_from_the_joint_graph():
+    graph = gt.ops_from_model("tiny")
+    tasks = gt.build_tasks(graph, "h100")
+    key = ("bfloat16", 32, 32, 2, 256, "jagged", "causal", 4, 2)
+    assert _summary(tasks) == [(k, *key) for k in (gt.FWD, gt.BWD, gt.GEMM)]
+    bwd = next(g for g in tasks if g.task.kernel == gt.BWD)
+    assert bwd.nodes == ["attention_bwd", "attention_bwd_1"]  # read from the graph, not implied
+    assert graph.rows == (1, 4 * 32)
+    assert any("joint forward/backward graph" in n for n in graph.notes)
+    assert any("silu_2 (64->64)" in n for n in graph.notes)  # the task heads' MLPs have no gemm_silu key
+
+
+def test_seed_preset_tasks():
+    tasks = gt.build_tasks(gt.ops_from_model("seed"), "h100")
+    key = ("bfloat16", 256, 256, 4, 4096, "uniform", "causal", 32, 8)
+    assert _summary(tasks) == [(k, *key) for k in (gt.FWD, gt.BWD, gt.GEMM)]
+
+
+def test_float32_inference_has_no_backward():
+    tasks = gt.build_tasks(gt.ops_from_model("tiny", dtype="float32", training=False), "h100")
+    assert [(g.task.kernel, g.task.dtype) for g in tasks] == [(gt.FWD, "float32"), (gt.GEMM, "float32")]
+
+
+FACTORY = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+    from autotune.ops import HSTUAttention, hstu_attention
+
+    class TwoCalls(nn.Module):
+        """A context-masked call with a 'jagged' hint, and a windowed call with targets and no hint."""
+
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 2 * (64 + 64 + 32))
+            self.attn = HSTUAttention(source="reference", distribution="jagged", contextual_seq_len=4)
+
+        def forward(self, x, offsets, targets):
+            L = x.shape[0]
+            q, k, v = torch.split(self.proj(x), [128, 128, 64], dim=1)
+            q, k, v = q.reshape(L, 2, 64), k.reshape(L, 2, 64), v.reshape(L, 2, 32)
+            a = self.attn(q, k, v, offsets, 700)
+            b = hstu_attention(q, k, v, offsets, 3000, num_targets=targets, max_attn_len=8, source="reference")
+            return a.sum() + b.sum()
+
+    def factory():
+        rows = torch.export.Dim("rows", min=2, max=4096)
+        args = (torch.randn(40, 16), torch.tensor([0, 10, 25, 40]), torch.tensor([1, 2, 3]))
+        return TwoCalls(), args, ({0: rows}, None, None)
+    '''
+)
+
+
+@pytest.fixture
+def factory_module(tmp_path, monkeypatch):
+    (tmp_path / "graph_factory_mod.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "graph_factory_mod:factory"
+
+
+def test_module_factory_masks_dims_and_hints(factory_module, tmp_path):
+    graph = gt.ops_from_model(factory_module)
+    fwd = [op for op in graph.ops if op.kernel == gt.FWD]
+    assert [(op.dqk, op.dv, op.num_heads, op.max_seq_len, op.mask, op.distribution, op.batch) for op in fwd] == [
+        (64, 32, 2, 700, "context", "jagged", 3),
+        (64, 32, 2, 3000, "window", None, 3),
+    ]
+    tasks = gt.build_tasks(graph, "h100")
+    # the hinted call gives one distribution, the unhinted one both; bwd read from the joint graph
+    assert sorted((g.task.kernel, g.task.bucket, g.task.distribution) for g in tasks) == sorted(
+        [(k, 1024, "jagged") for k in (gt.FWD, gt.BWD)]
+        + [(k, 4096, d) for k in (gt.FWD, gt.BWD) for d in ("jagged", "uniform")]
+    )
+    uniform = tmp_path / "lengths.txt"
+    uniform.write_text("# one batch per line\n512 512 512 512\n300, 300\n")
+    by_lengths = gt.build_tasks(graph, "h100", gt.read_lengths(uniform))
+    assert {(g.task.bucket, g.task.distribution) for g in by_lengths} == {(1024, "jagged"), (4096, "uniform")}
+    too_long = tmp_path / "long.json"
+    too_long.write_text(json.dumps([[10, 800]]))
+    with pytest.raises(gt.GraphTaskError, match="sequence of 800 tokens, above max_seq_len 700"):
+        gt.build_tasks(graph, "h100", gt.read_lengths(too_long))
+
+
+@pytest.mark.parametrize("text, message", [("", "non-empty"), ("1 2 x\n", "not JSON"), ("[[1, -2]]", "non-negative")])
+def test_bad_lengths_files(tmp_path, text, message):
+    path = tmp_path / "lengths"
+    path.write_text(text)
+    with pytest.raises(gt.GraphTaskError, match=message):
+        gt.read_lengths(path)
+    with pytest.raises(gt.GraphTaskError, match="cannot read"):
+        gt.read_lengths(tmp_path / "missing")
+
+
+def test_tasks_command_prints_and_writes_json(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "220")
+    out = tmp_path / "tasks.json"
+    rc, text = _run(capsys, "tasks", "--from-model", "tiny", "--gpu", "h100", "--json", str(out))
+    assert rc == 0, text
+    assert "3 tasks for h100" in text and "dynamic rows: 1..128" in text
+    data = json.loads(out.read_text())
+    assert [(t["kernel"], t["count"]) for t in data["tasks"]] == [(gt.FWD, 2), (gt.BWD, 2), (gt.GEMM, 2)]
+    assert Task.from_dict({k: v for k, v in data["tasks"][0].items() if k not in ("count", "nodes")}).bucket == 256
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tasks", "--from-model", "huge"], "neither a preset"),
+        (["tasks", "--from-model", "no_such_module:f"], "cannot import it"),
+        (["tasks", "--from-onnx", "/nonexistent/model.onnx"], "no such file"),
+        (
+            ["run", "--gpu", "h100", "--dry-run", "--from-model", "tiny", "--buckets", "1K"],
+            "--buckets cannot be combined",
+        ),
+    ],
+)
+def test_tasks_errors_are_clear(capsys, argv, message):
+    rc, text = _run(capsys, *argv)
+    assert rc == 2 and message in text
+
+
+def test_run_from_model_tunes_exactly_the_graph_tasks(capsys, monkeypatch):
+    """``autotune run --from-model tiny --interpret`` hands the tuner the graph's task list, nothing else."""
+    import autotune.tuner
+
+    seen = []
+    monkeypatch.setattr(autotune.tuner, "run_tasks", lambda tasks, *a, **k: seen.extend(tasks) or [])
+    rc, text = _run(capsys, "run", "--gpu", "h100", "--interpret", "--from-model", "tiny")
+    assert rc == 0, text
+    expected = gt.build_tasks(gt.ops_from_model("tiny", dtype="float32"), "h100", seq_cap=64, default_batch=2)
+    assert seen == [g.task for g in expected] and len(seen) == 3
+    assert {t.dtype for t in seen} == {"float32"} and all(t.seq_cap == 64 for t in seen)
+    assert [g.count for g in expected] == [2, 2, 2]

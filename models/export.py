@@ -24,6 +24,7 @@ is O(H L^2) in memory, which is why the check uses batches of a few hundred rows
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import sys
@@ -344,7 +345,8 @@ def compare_with_torch(path: str | Path, module: JaggedModule, cfg: ModelConfig,
 
     PyTorch runs the same weights with the oracle attention (``kernels="reference"``), which runs
     anywhere; the exported module itself runs Triton kernels, so it is compared too where they can
-    run (a GPU or ``TRITON_INTERPRET=1``): column ``err_exported``.
+    run (a copy on the GPU, or on the CPU under ``TRITON_INTERPRET=1``): column ``err_exported``
+    (informational: on a GPU the fp32 kernels' dots may run in TF32).
     """
     import os
 
@@ -353,14 +355,17 @@ def compare_with_torch(path: str | Path, module: JaggedModule, cfg: ModelConfig,
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     oracle = JaggedModule(HSTURankingModel(cfg.replace(kernels="reference"))).eval()
     oracle.model.load_state_dict(module.model.state_dict())
-    triton_ok = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    # Triton runs on CUDA tensors, or on CPU ones under the interpreter; elsewhere the column is empty.
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    device = "cpu" if interpret else "cuda" if torch.cuda.is_available() else None
+    kernels = copy.deepcopy(module).to(device) if device and cfg.kernels != "reference" else None
     rows = []
     for i in range(batches):
         args = small_jagged_batch(cfg, seed=100 + i)
         got = session.run(None, dict(zip(INPUT_NAMES, (a.numpy() for a in args), strict=True)))[0]
         with torch.no_grad():
             want = oracle(*args).numpy()
-            exported = module(*args).numpy() if triton_ok and cfg.kernels != "reference" else None
+            exported = None if kernels is None else kernels(*(a.to(device) for a in args)).cpu().numpy()
         err = np.abs(got - want)
         lengths = np.diff(args[2].numpy())
         rows.append(

@@ -211,8 +211,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
         f"budget {args.time_budget or 'none'}{mode}"
     )
-    with _RichReporter(console) as reporter:
-        results = run_tasks(tasks, opts, budget, reporter)
+    from autotune.farm import FarmError, is_farm_url, run_farm_cli
+
+    if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
+        raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
+    if is_farm_url(args.storage):
+        try:
+            results = run_farm_cli(console, tasks, opts, args.storage, args.workers, budget)
+        except FarmError as e:
+            raise CLIError(str(e)) from None
+    else:
+        with _RichReporter(console) as reporter:
+            results = run_tasks(tasks, opts, budget, reporter)
     table = Table(title=f"autotune run: {gpu}")
     for col in ("kernel", "dims", "dist", "bucket", "best config", "ms", "TFLOP/s", "default TFLOP/s", "speedup"):
         table.add_column(col, justify="right" if col in ("ms", "TFLOP/s", "default TFLOP/s", "speedup") else "left")
@@ -452,7 +462,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_task_args(run)
     run.add_argument("--trials", type=int, help="measured trials per task (default 16; 3 with --interpret)")
     run.add_argument("--time-budget", help="wall-clock budget for the whole run, e.g. 6m (default 27m)")
-    run.add_argument("--storage", help="Optuna storage URL (e.g. sqlite:///x.db) or a journal file path")
+    run.add_argument(
+        "--storage",
+        help="Optuna storage: postgresql://USER@HOST:PORT/DB runs a tuning farm (many workers and hosts on one "
+        "task set); sqlite:///x.db or a journal file path: this process alone",
+    )
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="farm worker processes on this host (default: one per visible GPU, each pinned with "
+        "CUDA_VISIBLE_DEVICES; 1 without one); needs --storage postgresql://...",
+    )
     run.add_argument("--sampler", default="tpe", choices=("tpe", "random", "bruteforce", "gp"))
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--backends", type=_split, default=None, help="restrict to these backends, e.g. triton")
@@ -475,6 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--artifacts", default=None)
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
+    status = sub.add_parser("status", help="progress of a tuning farm: tasks, workers, best so far")
+    status.add_argument("--storage", required=True, help="the farm's storage URL (postgresql://...)")
+    status.add_argument("--farm", default=None, help="one farm study (default: every farm in the storage)")
+    status.add_argument(
+        "--watch", type=float, nargs="?", const=2.0, default=None, metavar="S", help="redraw every S s (2) until done"
+    )
     from autotune import cli_graph
 
     cli_graph.add_run_args(run)
@@ -492,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "show":
             return cmd_show(args)
+        if args.command == "status":
+            from autotune.farm_status import cmd_status
+
+            return cmd_status(args)
         if args.command in ("tasks", "export"):
             from autotune.cli_graph import COMMANDS
 

@@ -1,0 +1,696 @@
+"""Tuning farm: many worker processes, GPUs and hosts on one task set, through Optuna's RDB storage.
+
+``autotune run --storage postgresql://... [--workers N]`` runs N workers on this host (one per visible
+GPU by default, each pinned with ``CUDA_VISIBLE_DEVICES``); another host joins by running the same
+command against the same storage. The engine is Optuna's, nothing home-made:
+
+- The task set is a *farm* study (``farm|<gpu>|<digest of tasks and tuning knobs>``) whose enqueued
+  trials are the tasks. ``Study.ask`` claims one: ``RDBStorage`` moves a WAITING trial to RUNNING
+  under a row lock, so a task is held by one worker at a time and no config is timed twice (each
+  task's own study, ``autotune.tuner._Study``, re-queues config trials a dead holder left RUNNING).
+- A worker records heartbeats for its farm trial (its own thread, as ``optimize`` would). A worker
+  that dies stops beating; the next ``fail_stale_trials`` of any worker fails its trial and Optuna's
+  retry callback enqueues a copy, which another worker claims (``--retries`` times at most). A worker
+  whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial and
+  drops the task instead of racing the new holder.
+- The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
+  versions, template and search-space hashes); a worker with another key refuses to join.
+- Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
+  A worker merges its entry into the local artifact when it finishes a task and every host merges
+  all of the farm's entries at the end (``tuner.merge_entries``: file lock, re-read, validated).
+
+Knobs for tests and slow networks (environment): ``AUTOTUNE_FARM_HEARTBEAT`` (s, default 10),
+``AUTOTUNE_FARM_GRACE`` (s without heartbeat before a worker counts as dead, default 60),
+``AUTOTUNE_FARM_RETRIES`` (default 3), ``AUTOTUNE_FARM_POLL`` (s, default 2), ``AUTOTUNE_FARM_HOST``
+(this host's name in worker ids and logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import artifacts as art
+from autotune import gpus
+from autotune.registry import backends_for, load_plugins, plugin_modules
+from autotune.tasks import Task
+from autotune.tuner import (
+    TIMING_ENV_KEYS,
+    InfraError,
+    Reporter,
+    TaskResult,
+    TuneOptions,
+    artifact_winners,
+    merge_entries,
+    rdb_url,
+    search_space_hash,
+    tune_task,
+    update_artifact,
+    warm_starts_for,
+)
+from autotune.worker import Worker, WorkerError
+
+FARM_PREFIX = "farm|"
+EXIT_KEY = 3  # a worker's exit status when its timing key differs from the farm's
+# Tuning knobs that decide what a farm's results mean: another value is another farm.
+FARM_KNOBS = (
+    "n_trials",
+    "sampler",
+    "seed",
+    "prune",
+    "prune_percentile",
+    "spill_limit",
+    "backends",
+    "cuda_graph",
+    "verify",
+    "max_verify",
+    "compare_rounds",
+    "interpret",
+    "plugins",
+)
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class FarmError(RuntimeError):
+    """The farm cannot be joined or run (other timing key, storage unreachable, workers refused)."""
+
+
+class LeaseLost(Exception):  # noqa: N818 - not a RuntimeError: tune_task's callers must not swallow it
+    """Another worker failed this worker's claim (its heartbeat stalled): drop the task, never race."""
+
+
+@dataclass
+class FarmOptions:
+    """Heartbeat and polling knobs (``AUTOTUNE_FARM_*`` environment variables; short ones in tests)."""
+
+    heartbeat_s: int = 10
+    grace_s: int = 60
+    retries: int = 3
+    poll_s: float = 2.0
+
+    @classmethod
+    def from_env(cls) -> FarmOptions:
+        e = os.environ
+        return cls(
+            heartbeat_s=int(e.get("AUTOTUNE_FARM_HEARTBEAT", 10)),
+            grace_s=int(e.get("AUTOTUNE_FARM_GRACE", 60)),
+            retries=int(e.get("AUTOTUNE_FARM_RETRIES", 3)),
+            poll_s=float(e.get("AUTOTUNE_FARM_POLL", 2.0)),
+        )
+
+
+# ------------------------------------------------------------------------------------------ storage
+def is_farm_url(url: str | None) -> bool:
+    """A PostgreSQL storage URL: the farm's engine (row locks, heartbeats, many hosts)."""
+    return bool(url) and url.split("://", 1)[0].split("+", 1)[0] in ("postgresql", "postgres")
+
+
+def farm_storage(url: str, fopts: FarmOptions | None = None) -> optuna.storages.RDBStorage:
+    """RDBStorage with heartbeats and a retry callback: a dead worker's task goes back to the queue."""
+    fopts = fopts or FarmOptions.from_env()
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    kw: dict[str, Any] = {"heartbeat_interval": fopts.heartbeat_s, "grace_period": fopts.grace_s}
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # optuna >= 5
+        kw["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(fopts.retries)
+    else:
+        kw["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(fopts.retries)
+    try:
+        with _schema_lock(rdb_url(url)):
+            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs={"pool_pre_ping": True}, **kw)
+    except ImportError as e:
+        raise FarmError(f"{e}: the PostgreSQL driver is missing (pip install 'psycopg[binary]')") from e
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's connection errors: say where and why
+        raise FarmError(f"cannot open the storage {_safe(url)}: {str(e).splitlines()[0]}") from e
+
+
+def plain_storage(url: str) -> optuna.storages.RDBStorage:
+    """An RDBStorage without heartbeats (readers: status, the run's progress table)."""
+    with _schema_lock(rdb_url(url)):
+        return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs={"pool_pre_ping": True})
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str) -> Iterator[None]:
+    """Optuna creates its tables on first use, which races when two hosts start on a fresh database
+    (CREATE TYPE twice): an advisory lock serialises that first connection."""
+    import sqlalchemy
+
+    if not url.startswith("postgresql"):
+        yield
+        return
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _SCHEMA_LOCK})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _SCHEMA_LOCK})
+    finally:
+        engine.dispose()
+
+
+_SCHEMA_LOCK = 0x68737475  # 'hstu': the advisory lock id around Optuna's table creation
+
+
+def _safe(url: str) -> str:
+    """The URL without its password (for messages and status titles)."""
+    head, sep, tail = url.partition("://")
+    if "@" in tail:
+        auth, host = tail.rsplit("@", 1)
+        tail = auth.split(":", 1)[0] + ("" if ":" not in auth else ":***") + "@" + host
+    return head + sep + tail
+
+
+def _retry_callback(storage: Any) -> Callable | None:
+    getter = getattr(storage, "get_heartbeat_stale_trial_callback", None) or storage.get_failed_trial_callback
+    return getter()
+
+
+# --------------------------------------------------------------------------------------------- keys
+def timing_key(gpu: str, kernels: list[str], interpret: bool) -> dict[str, Any]:
+    """What must match for two workers' timings to share a study: the device and software stack
+    (``gpus.environment``), and the code measured (template and search-space hashes per kernel)."""
+    env = gpus.environment()
+    key: dict[str, Any] = {"gpu": gpu, "interpret": bool(interpret), **{k: env.get(k) for k in TIMING_ENV_KEYS}}
+    code = {}
+    for k in sorted(kernels):
+        hashes = {b.name: art.current_template_hash(k, b.name)[:16] for b in backends_for(k, available_only=False)}
+        code[k] = {"space": search_space_hash(k)[:16], **hashes}
+    key["code"] = code
+    return key
+
+
+def key_diff(farm_key: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """Human-readable differences, 'field: farm X, this worker Y'."""
+    out = []
+    for k in sorted(set(farm_key) | set(mine)):
+        if farm_key.get(k) != mine.get(k):
+            out.append(f"{k}: farm {farm_key.get(k)!r}, this worker {mine.get(k)!r}")
+    return out
+
+
+def farm_name(tasks: list[Task], opts: TuneOptions) -> str:
+    """``farm|<gpu>|<digest>``: the same command (tasks and tuning knobs) on any host names the same farm."""
+    gpu_keys = sorted({t.gpu for t in tasks})
+    if len(gpu_keys) != 1:
+        raise FarmError(f"a farm tunes one GPU; tasks name {gpu_keys}")
+    knobs = {k: getattr(opts, k, None) for k in FARM_KNOBS}
+    blob = json.dumps({"tasks": sorted(t.study_name for t in tasks), "knobs": knobs}, sort_keys=True, default=str)
+    return f"{FARM_PREFIX}{gpu_keys[0]}|{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[None]:
+    """PostgreSQL's advisory lock around joining: two hosts starting at once enqueue each task once."""
+    from sqlalchemy import text
+
+    lock_id = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    if storage.engine.dialect.name != "postgresql":
+        yield
+        return
+    with storage.engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_id})
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
+            conn.commit()
+
+
+def join_farm(storage: optuna.storages.RDBStorage, tasks: list[Task], opts: TuneOptions) -> str:
+    """Create or join the tasks' farm: check the timing key, enqueue tasks not done, held or waiting.
+
+    A task whose last run ended with an error is queued again, as a re-run on one host would retry it.
+    """
+    name = farm_name(tasks, opts)
+    mine = timing_key(tasks[0].gpu, sorted({t.kernel for t in tasks}), opts.interpret)
+    with _advisory_lock(storage, name):
+        farm = _load(storage, name, create=True)
+        have = farm.user_attrs.get("timing_key")
+        if have is None:
+            farm.set_user_attr("timing_key", mine)
+            farm.set_user_attr("knobs", {k: getattr(opts, k, None) for k in FARM_KNOBS})
+            farm.set_user_attr("created", time.time())
+        elif have != mine:
+            raise FarmError(_refusal(name, have, mine))
+        by_task: dict[str, list[FrozenTrial]] = {}
+        for t in farm.get_trials(deepcopy=False):
+            if "task_key" in t.user_attrs:
+                by_task.setdefault(t.user_attrs["task_key"], []).append(t)
+        for task in tasks:
+            trials = by_task.get(task.study_name, [])
+            if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
+                continue
+            if any(t.state == TrialState.COMPLETE and not _result(t).get("error") for t in trials):
+                continue
+            attrs = {"task": task.to_dict(), "task_key": task.study_name, "label": task.label()}
+            farm.enqueue_trial({}, user_attrs=attrs, skip_if_exists=False)
+    return name
+
+
+def _refusal(name: str, have: dict[str, Any], mine: dict[str, Any]) -> str:
+    diff = "; ".join(key_diff(have, mine))
+    return (
+        f"refusing to join farm {name!r}: its timings were taken with another GPU, stack or code ({diff}). "
+        "Run on a matching host (same GPU model and SM count, driver, torch/Triton/CuTe DSL versions, "
+        "templates) or use another storage / task set."
+    )
+
+
+def check_key(farm: optuna.Study, interpret: bool) -> None:
+    """A worker's own check (its GPU may differ from its parent's): FarmError when the keys differ."""
+    have = farm.user_attrs.get("timing_key")
+    if have is None:
+        raise FarmError(f"{farm.study_name!r} is not a farm study (no timing key)")
+    mine = timing_key(have["gpu"], list(have.get("code", {})), interpret)
+    if mine != have:
+        raise FarmError(_refusal(farm.study_name, have, mine))
+
+
+def _load(storage: Any, name: str, create: bool = False) -> optuna.Study:
+    sampler = optuna.samplers.RandomSampler()
+    if create:
+        return optuna.create_study(study_name=name, storage=storage, sampler=sampler, load_if_exists=True)
+    return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+
+
+def _result(t: FrozenTrial) -> dict[str, Any]:
+    return t.user_attrs.get("result") or {}
+
+
+# ------------------------------------------------------------------------------------------- worker
+class _Heartbeat:
+    """Beats for one farm trial every ``interval`` s (``ask``/``tell`` runs no heartbeat thread itself)."""
+
+    def __init__(self, storage: Any, trial_id: int, interval: float) -> None:
+        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{trial_id}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self.storage.record_heartbeat(self.trial_id)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception as e:  # noqa: BLE001 - a database hiccup: keep beating, say so
+                _log(f"heartbeat of trial {self.trial_id} failed: {e}")
+
+
+class _LeaseReporter(Reporter):
+    """Publishes progress on the farm trial (``autotune status``) and checks the claim after each trial."""
+
+    def __init__(self, storage: Any, trial_id: int) -> None:
+        self.storage, self.trial_id = storage, trial_id
+
+    def trial_done(self, task: Task, measured: int, status: str, best_ms: float | None) -> None:
+        progress = {"measured": measured, "best_ms": best_ms, "status": status, "at": time.time()}
+        try:
+            self.storage.set_trial_user_attr(self.trial_id, "progress", progress)
+        except UpdateFinishedTrialError:
+            raise LeaseLost(f"farm trial {self.trial_id} was failed as stale by another worker") from None
+
+
+def host_label() -> str:
+    """This host's name in worker ids and logs (``AUTOTUNE_FARM_HOST`` overrides it, e.g. in tests)."""
+    return os.environ.get("AUTOTUNE_FARM_HOST") or socket.gethostname()
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def claim(farm: optuna.Study, fopts: FarmOptions) -> optuna.Trial | None:
+    """Fail stale claims (re-queued by the retry callback), then pop one waiting task; None if none."""
+    optuna.storages.fail_stale_trials(farm)
+    _fail_orphans(farm, fopts)
+    if not farm.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return None
+    trial = farm.ask()
+    if "task" not in trial.user_attrs:  # another worker took the last waiting task: ask made a new trial
+        trial.set_user_attr("empty", True)
+        farm.tell(trial, state=TrialState.FAIL)
+        return None
+    return trial
+
+
+def _fail_orphans(farm: optuna.Study, fopts: FarmOptions) -> None:
+    """A worker killed between ``ask`` and its first heartbeat leaves a RUNNING trial that Optuna never
+    counts as stale (no heartbeat row): fail and re-queue such trials once they are clearly old."""
+    limit = dt.timedelta(seconds=2 * fopts.grace_s)
+    now = dt.datetime.now()
+    for t in farm.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.datetime_start is None or now - t.datetime_start < limit:
+            continue
+        # A retried copy carries its predecessor's attrs: only a claim stamped after this start counts.
+        if t.user_attrs.get("claimed_at", 0.0) >= t.datetime_start.timestamp() - 1.0:
+            continue
+        _release(farm, t._trial_id, requeue="task" in t.user_attrs)
+
+
+def _release(farm: optuna.Study, trial_id: int, requeue: bool = True) -> None:
+    """Fail a claim and queue its task again now (Ctrl-C, SIGTERM, orphans), as a stale one would be."""
+    storage = farm._storage
+    try:
+        if not storage.set_trial_state_values(trial_id, TrialState.FAIL):
+            return
+    except UpdateFinishedTrialError:
+        return
+    callback = _retry_callback(storage)
+    if requeue and callback is not None:
+        callback(farm, copy.deepcopy(storage.get_trial(trial_id)))
+
+
+def _drained(farm: optuna.Study) -> bool:
+    return not farm.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+
+
+def _task_deadline(farm: optuna.Study, deadline: float | None) -> float:
+    """This task's share of the host's budget: remaining time x busy workers / tasks left."""
+    if deadline is None:
+        return float("inf")
+    now = time.time()
+    left = farm.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    workers = {t.user_attrs.get("worker") for t in left if t.state == TrialState.RUNNING} or {None}
+    remaining = max(0.0, deadline - now)
+    return now + min(remaining, remaining * len(workers) / max(1, len(left)))
+
+
+def _warm_starts(farm: optuna.Study, task: Task, opts: TuneOptions) -> list[tuple[str, dict]]:
+    """Winners of the bucket and its neighbours: the farm's finished tasks first, then the artifact's."""
+    winners = artifact_winners([task], opts.artifacts_root)
+    for t in farm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        entry = _result(t).get("entry") or {}
+        if entry.get("config") and "task" in t.user_attrs:
+            other = Task.from_dict(t.user_attrs["task"])
+            winners.setdefault(other.family, {})[other.bucket] = (entry["backend"], dict(entry["config"]))
+    return warm_starts_for(task, winners)
+
+
+def _summary(r: TaskResult) -> dict[str, Any]:
+    keep = ("statuses", "error", "kept_default", "default_config")
+    return {"entry": r.entry(), **{k: getattr(r, k) for k in keep}}
+
+
+def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bool:
+    """Tune the claimed task under heartbeats; record its result in the farm, then in the artifact."""
+    storage, tid = farm._storage, trial._trial_id
+    opts: TuneOptions = ctx["opts"]
+    task = Task.from_dict(trial.user_attrs["task"])
+    with _Heartbeat(storage, tid, ctx["fopts"].heartbeat_s):
+        try:
+            attempt = 1 + len(storage.get_trial(tid).system_attrs.get("retry_history", []))
+            claimed = {"worker": ctx["id"], "host": host_label(), "pid": os.getpid(), "attempt": attempt}
+            for k, v in {**claimed, "progress": {"measured": 0}, "claimed_at": time.time()}.items():
+                trial.set_user_attr(k, v)
+            _log(f"{ctx['id']}: claimed {task.label()} (attempt {attempt})")
+            deadline = _task_deadline(farm, ctx["deadline"])
+            warm = _warm_starts(farm, task, opts)
+            try:
+                r = tune_task(task, opts, ctx["worker"], storage, deadline, warm, _LeaseReporter(storage, tid))
+            except InfraError as e:
+                r = TaskResult(task, error=f"infrastructure: {e}")
+            except (RuntimeError, WorkerError) as e:
+                r = TaskResult(task, error=str(e))
+            trial.set_user_attr("result", _summary(r))
+            if farm.tell(trial, r.tuning_s, skip_if_finished=True).state != TrialState.COMPLETE:
+                raise LeaseLost(f"farm trial {tid} was failed as stale by another worker before it finished")
+        except (LeaseLost, UpdateFinishedTrialError) as e:
+            _log(f"{ctx['id']}: lost the claim on {task.label()} ({e}); another worker re-runs it")
+            return False
+        except BaseException:
+            _release(farm, tid)  # Ctrl-C / SIGTERM: hand the task back to the farm now
+            raise
+    _log(f"{ctx['id']}: finished {task.label()}" + (f" with error: {r.error}" if r.error else ""))
+    if r.config is not None:
+        update_artifact(r, opts, ctx["env"])
+    return True
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def work(spec: dict[str, Any]) -> int:
+    """One worker process: claim tasks until the farm has none waiting or running; 0, or EXIT_KEY."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    names = {f.name for f in dataclasses.fields(TuneOptions)}
+    opts = TuneOptions(**{k: v for k, v in spec["opts"].items() if k in names})
+    opts.artifacts_root = Path(opts.artifacts_root)
+    fopts = FarmOptions(**spec["farm_options"])
+    load_plugins(opts.plugins)
+    storage = farm_storage(spec["url"], fopts)
+    farm = _load(storage, spec["farm"])
+    wid = f"{host_label()}:w{spec['slot']}:{os.getpid()}"
+    try:
+        check_key(farm, opts.interpret)
+    except FarmError as e:
+        _log(f"{wid}: {e}")
+        return EXIT_KEY
+    ctx = {"opts": opts, "fopts": fopts, "id": wid, "deadline": spec.get("deadline"), "env": gpus.environment()}
+    ctx["worker"] = Worker(plugin_modules(opts.plugins))
+    done = 0
+    try:
+        while True:
+            trial = claim(farm, fopts)
+            if trial is not None:
+                done += _run_one(farm, trial, ctx)
+            elif _drained(farm):
+                break
+            else:
+                time.sleep(fopts.poll_s)
+    finally:
+        ctx["worker"].close()
+    _log(f"{wid}: farm drained; {done} tasks finished here")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- host
+def visible_gpus() -> list[str]:
+    """CUDA device ids a worker may be pinned to (``CUDA_VISIBLE_DEVICES`` order); [] without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _spawn(slot: int, spec: dict[str, Any], gpu_ids: list[str], log_dir: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = gpu_ids[slot % len(gpu_ids)]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{host_label()}-w{slot}.log", "a") as log:
+        cmd = [sys.executable, "-m", "autotune.farm", "worker", json.dumps({**spec, "slot": slot}, default=str)]
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+
+
+def run_farm(
+    tasks: list[Task],
+    opts: TuneOptions,
+    url: str,
+    workers: int | None = None,
+    budget_s: float | None = None,
+    fopts: FarmOptions | None = None,
+    tick: Callable[[str], None] | None = None,
+) -> list[TaskResult]:
+    """This host's part of the farm: join, run ``workers`` processes until the farm drains, merge the
+    farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
+    fopts = fopts or FarmOptions.from_env()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = farm_storage(url, fopts)
+    name = join_farm(storage, tasks, opts)
+    farm = _load(storage, name)
+    gpu_ids = [] if opts.interpret else visible_gpus()
+    n = workers or max(1, len(gpu_ids))
+    log_dir = Path(opts.artifacts_root) / tasks[0].gpu / "studies" / "farm-logs"
+    spec = {
+        "url": url,
+        "farm": name,
+        "opts": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
+        "farm_options": dataclasses.asdict(fopts),
+        "deadline": time.time() + budget_s if budget_s else None,
+    }
+    procs = {} if _drained(farm) else {i: _spawn(i, spec, gpu_ids, log_dir) for i in range(n)}
+    refused, respawns = [], 0
+    try:
+        while procs:
+            time.sleep(min(0.5, fopts.poll_s))
+            if tick is not None:
+                tick(name)
+            for slot, p in list(procs.items()):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                del procs[slot]
+                if rc == EXIT_KEY:
+                    refused.append(slot)
+                elif rc != 0 and respawns < 2 * n and not _drained(farm):
+                    respawns += 1  # a crashed or killed worker: its task is re-queued, start a fresh one
+                    procs[slot] = _spawn(slot, spec, gpu_ids, log_dir)
+    except BaseException:
+        _stop_all(procs.values())
+        raise
+    if refused and len(refused) == n and not _drained(farm):
+        logs = ", ".join(str(log_dir / f"{host_label()}-w{s}.log") for s in refused)
+        raise FarmError(f"every worker refused to join {name!r} (timing key differs; see {logs})")
+    merge_farm(storage, name, opts)
+    return farm_results(farm, tasks)
+
+
+def _stop_all(procs: Any) -> None:
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)  # each worker hands its task back before it exits
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
+    """Write every finished task of the farm into this host's artifacts (latest result wins)."""
+    if not opts.write_artifacts:
+        return 0
+    farm = _load(storage, name)
+    done = [t for t in farm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "task" in t.user_attrs]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for t in sorted(done, key=lambda t: t.datetime_complete or dt.datetime.min):
+        entry = _result(t).get("entry") or {}
+        if entry.get("config") is not None:
+            task = t.user_attrs["task"]
+            groups.setdefault((task["gpu"], task["kernel"]), []).append(entry)
+    env = gpus.environment()
+    for (gpu, kernel), entries in sorted(groups.items()):
+        merge_entries(kernel, gpu, entries, Path(opts.artifacts_root), env)
+    return sum(len(v) for v in groups.values())
+
+
+def latest_per_task(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """Task key -> the trial that speaks for the task: its latest finished run, else its latest claim."""
+    latest: dict[str, FrozenTrial] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        key = t.user_attrs.get("task_key")
+        if key and (key not in latest or t.state == TrialState.COMPLETE or latest[key].state != TrialState.COMPLETE):
+            latest[key] = t
+    return latest
+
+
+def farm_results(farm: optuna.Study, tasks: list[Task]) -> list[TaskResult]:
+    """Each task's latest result in the farm (an error result for a task that did not finish)."""
+    latest = latest_per_task(farm.get_trials(deepcopy=False))
+    out = []
+    for task in tasks:
+        t = latest.get(task.study_name)
+        if t is None or t.state != TrialState.COMPLETE:
+            state = "never queued" if t is None else t.state.name.lower()
+            out.append(TaskResult(task, error=f"not finished in the farm ({state})"))
+            continue
+        out.append(_task_result(task, _result(t)))
+    return out
+
+
+def _task_result(task: Task, s: dict[str, Any]) -> TaskResult:
+    e = s.get("entry") or {}
+    fields = ("backend", "config", "median_ms", "spread_ms", "tflops", "default_ms", "default_tflops", "speedup")
+    r = TaskResult(task, **{k: e.get(k) for k in fields})
+    r.trials, r.tuning_s, r.timing = e.get("trials", 0), e.get("tuning_s", 0.0), e.get("timing", "do_bench")
+    r.verified, r.samples, r.comparison = list(e.get("verified", [])), e.get("samples"), e.get("compare")
+    r.statuses, r.error = dict(s.get("statuses") or {}), s.get("error")
+    r.kept_default, r.default_config = bool(s.get("kept_default")), s.get("default_config")
+    return r
+
+
+def run_farm_cli(
+    console: Any, tasks: list[Task], opts: TuneOptions, url: str, workers: int | None, budget_s: float | None
+) -> list[TaskResult]:
+    """``autotune run`` in farm mode: ``run_farm`` with the farm's status table redrawn while it runs
+    (a line per change of the counts when the output is not a terminal)."""
+    from autotune import farm_status
+
+    fopts = FarmOptions.from_env()
+    gpu_ids = [] if opts.interpret else visible_gpus()
+    n = workers or max(1, len(gpu_ids))
+    if gpu_ids and n > len(gpu_ids):
+        console.print(f"[yellow]{n} workers share {len(gpu_ids)} GPU(s): their timings disturb each other[/]")
+    console.print(
+        f"Farm on {_safe(url)}: {n} worker(s) on this host; other hosts join with the same command. "
+        f"Progress: autotune status --storage '{_safe(url)}' --watch"
+    )
+    reader = plain_storage(url)
+    state: dict[str, Any] = {"at": 0.0, "counts": None, "live": None}
+
+    def tick(name: str) -> None:
+        if time.time() - state["at"] < fopts.poll_s:
+            return
+        state["at"] = time.time()
+        snap = farm_status.snapshot(reader, name)
+        if state["live"] is not None:
+            state["live"].update(farm_status.render(snap, url), refresh=True)
+        elif snap["counts"] != state["counts"]:
+            c = snap["counts"]
+            console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left", highlight=False)
+        state["counts"] = snap["counts"]
+
+    if not console.is_terminal:
+        return run_farm(tasks, opts, url, workers, budget_s, fopts, tick)
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False) as live:
+        state["live"] = live
+        return run_farm(tasks, opts, url, workers, budget_s, fopts, tick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.farm worker SPEC``: the worker process that ``run_farm`` starts."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "worker":
+        print("usage: python -m autotune.farm worker SPEC_JSON (started by autotune run --storage postgresql://...)")
+        return 2
+    try:
+        return work(json.loads(argv[1]))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

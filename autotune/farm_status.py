@@ -1,0 +1,163 @@
+"""``autotune status --storage URL [--farm NAME] [--watch [S]]``: a farm's progress from its storage.
+
+Tasks done / running / left, trials per worker and the best time so far, read from the farm study's
+trials (``autotune.farm``); ``--watch`` redraws every S seconds until the farm drains. The same storage
+opens in optuna-dashboard for per-trial detail (README, "Tuning farm").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.farm import FARM_PREFIX, _safe, plain_storage
+
+STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
+
+
+def farm_names(storage: Any) -> list[str]:
+    return sorted(n for n in optuna.get_all_study_names(storage) if n.startswith(FARM_PREFIX))
+
+
+def _task_state(trials: list[FrozenTrial]) -> tuple[str, FrozenTrial]:
+    """A task's state over all its farm trials (claims, retries, re-runs) and the trial that shows it."""
+    by_state = {s: [t for t in trials if t.state == s] for s in TrialState}
+    for state, name in ((TrialState.RUNNING, "running"), (TrialState.WAITING, "waiting")):
+        if by_state[state]:
+            return name, by_state[state][-1]
+    complete = by_state[TrialState.COMPLETE]
+    ok = [t for t in complete if not (t.user_attrs.get("result") or {}).get("error")]
+    if ok:
+        return "done", ok[-1]
+    if complete:
+        return "failed", complete[-1]
+    return "lost", trials[-1]
+
+
+def snapshot(storage: Any, name: str) -> dict[str, Any]:
+    """Plain data of one farm: counts, one row per task, one row per worker."""
+    farm = optuna.load_study(study_name=name, storage=storage)
+    trials = [t for t in farm.get_trials(deepcopy=False) if "task_key" in t.user_attrs]
+    grouped: dict[str, list[FrozenTrial]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        grouped.setdefault(t.user_attrs["task_key"], []).append(t)
+    tasks, counts = [], {k: 0 for k in ("done", "failed", "running", "waiting", "lost")}
+    for runs in grouped.values():
+        state, t = _task_state(runs)
+        counts[state] += 1
+        entry = (t.user_attrs.get("result") or {}).get("entry") or {}
+        progress = t.user_attrs.get("progress") or {}
+        best = entry.get("median_ms") if state in ("done", "failed") else progress.get("best_ms")
+        tasks.append(
+            {
+                "task": t.user_attrs.get("label", t.user_attrs["task_key"]),
+                "state": state,
+                "worker": t.user_attrs.get("worker") if state != "waiting" else None,
+                "claims": sum(1 for r in runs if r.state != TrialState.WAITING),
+                "trials": entry.get("trials", progress.get("measured")),
+                "best_ms": best,
+                "speedup": entry.get("speedup"),
+                "error": (t.user_attrs.get("result") or {}).get("error"),
+            }
+        )
+    workers: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        wid = t.user_attrs.get("worker")
+        if wid is None or t.state == TrialState.WAITING:
+            continue
+        w = workers.setdefault(wid, {"worker": wid, "done": 0, "lost": 0, "trials": 0, "running": None})
+        w["trials"] += (t.user_attrs.get("progress") or {}).get("measured") or 0
+        if t.state == TrialState.COMPLETE:
+            w["done"] += 1
+        elif t.state == TrialState.RUNNING:
+            w["running"] = t.user_attrs.get("label")
+        elif t.state == TrialState.FAIL:
+            w["lost"] += 1
+    key = farm.user_attrs.get("timing_key", {})
+    return {"farm": name, "counts": counts, "tasks": tasks, "workers": sorted(workers.values(), key=str), "key": key}
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render(snap: dict[str, Any], url: str) -> Any:
+    """Rich renderable: a title line, the tasks table and the workers table."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    c, key = snap["counts"], snap["key"]
+    title = Text.from_markup(
+        f"[bold]{escape(snap['farm'])}[/] on {escape(_safe(url))}: [green]{c['done']} done[/], "
+        f"[yellow]{c['running']} running[/], {c['waiting']} left"
+        + (f", [red]{c['failed']} failed[/]" if c["failed"] else "")
+        + (f", [red]{c['lost']} lost[/]" if c["lost"] else "")
+        + f"\n{escape(str(key.get('gpu_name')))} ({key.get('sm_count')} SMs), driver {key.get('driver')}, "
+        f"torch {key.get('torch')}, triton {key.get('triton')}, cute-dsl {key.get('cutlass_dsl')}"
+    )
+    tasks = Table(title="tasks")
+    for col in ("task", "state", "worker", "claims", "trials", "best ms", "speedup"):
+        tasks.add_column(col, justify="right" if col in ("claims", "trials", "best ms", "speedup") else "left")
+    for r in snap["tasks"]:
+        style = STATE_STYLE.get(r["state"], "")
+        state = r["state"] + (f": {r['error'][:40]}" if r["error"] else "")
+        tasks.add_row(
+            escape(r["task"]),
+            f"[{style}]{escape(state)}[/]" if style else escape(state),
+            escape(r["worker"] or "-"),
+            str(r["claims"]),
+            _fmt(r["trials"], "d"),
+            _fmt(r["best_ms"], ".4f"),
+            _fmt(r["speedup"], ".2f") + ("x" if r["speedup"] else ""),
+        )
+    workers = Table(title="workers")
+    for col in ("worker", "tasks done", "trials", "lost claims", "running"):
+        workers.add_column(col)
+    for w in snap["workers"]:
+        workers.add_row(
+            escape(w["worker"]), str(w["done"]), str(w["trials"]), str(w["lost"]), escape(w["running"] or "-")
+        )
+    return Group(title, tasks, workers)
+
+
+def cmd_status(args: Any) -> int:
+    """Print (or with ``--watch`` keep redrawing) the farms of a storage; 1 when it holds none."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from autotune.cli import CLIError, _console
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = _console()
+    try:
+        storage = plain_storage(args.storage)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's connection errors
+        raise CLIError(f"cannot open the storage {_safe(args.storage)}: {str(e).splitlines()[0]}") from None
+    names = [args.farm] if args.farm else farm_names(storage)
+    if not names:
+        console.print(f"no farm in {_safe(args.storage)} (start one: autotune run --storage URL)")
+        return 1
+
+    def view() -> tuple[Any, bool]:
+        snaps = [snapshot(storage, n) for n in names]
+        busy = any(s["counts"]["running"] or s["counts"]["waiting"] for s in snaps)
+        return Group(*(render(s, args.storage) for s in snaps)), busy
+
+    renderable, busy = view()
+    if not args.watch:
+        console.print(renderable)
+        return 0
+    with Live(renderable, console=console, auto_refresh=False) as live:
+        try:
+            while busy:
+                time.sleep(args.watch)
+                renderable, busy = view()
+                live.update(renderable, refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -1,0 +1,278 @@
+"""The tuning farm on a real PostgreSQL (``tests/pg_fixture.py``): worker processes on the fake op under
+the Triton interpreter share one farm; nothing is timed twice, nothing is lost, a killed worker's task is
+finished by another, a worker of another timing environment refuses to join. Short heartbeats (1 s,
+3 s grace) keep the whole file near a minute."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
+
+from autotune import artifacts as art
+from autotune.farm_status import farm_names
+from autotune.registry import load_plugins
+from autotune.tuner import rdb_url
+
+load_plugins(["autotune.fake"])
+REPO = Path(__file__).resolve().parents[1]
+BUCKETS = "256,512,1K,2K"
+N_TASKS = 16  # 4 buckets x 2 distributions x 2 head dims
+FARM_ENV = {
+    "AUTOTUNE_FAKE_MODES": "ok,ok2",
+    "AUTOTUNE_FARM_HEARTBEAT": "1",
+    "AUTOTUNE_FARM_GRACE": "3",
+    "AUTOTUNE_FARM_POLL": "0.3",
+    "TRITON_INTERPRET": "1",
+}
+
+
+def _argv(url: str, root: Path, workers: int, buckets: str = BUCKETS, dims: str = "32,64") -> list[str]:
+    return [
+        "run",
+        "--interpret",
+        "--kernel",
+        "fake_faults",
+        "--plugin",
+        "autotune.fake",
+        "--trials",
+        "3",
+        "--sampler",
+        "bruteforce",
+        "--buckets",
+        buckets,
+        "--dims",
+        dims,
+        "--artifacts",
+        str(root),
+        "--storage",
+        url,
+        "--workers",
+        str(workers),
+    ]
+
+
+def _start(url: str, root: Path, workers: int, host: str, small: bool = False, **env: str) -> subprocess.Popen:
+    """One ``autotune run`` command, as a host would start it (``small``: 4 tasks instead of 16)."""
+    full = {**os.environ, **FARM_ENV, "AUTOTUNE_FARM_HOST": host, "PYTHONPATH": str(REPO), **env}
+    log = open(root.parent / f"{host}.out", "w")  # noqa: SIM115 - closed with the process
+    argv = _argv(url, root, workers, "256,512", "32") if small else _argv(url, root, workers)
+    cmd = [sys.executable, "-m", "autotune.cli", *argv]
+    return subprocess.Popen(cmd, env=full, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(proc: subprocess.Popen, root: Path, host: str, timeout: float = 150) -> None:
+    try:
+        rc = proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = (root.parent / f"{host}.out").read_text()
+    assert rc == 0, out[-3000:]
+
+
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(rdb_url(url))
+
+
+def _check_farm(url: str, roots: list[Path], n_tasks: int = N_TASKS) -> dict:
+    """Every task finished once, no config measured twice in any task study, every entry in each artifact."""
+    storage = _storage(url)
+    (name,) = farm_names(storage)
+    farm = optuna.load_study(study_name=name, storage=storage)
+    trials = [t for t in farm.get_trials(deepcopy=False) if "task_key" in t.user_attrs]
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len({t.user_attrs["task_key"] for t in trials}) == n_tasks
+    assert sorted(t.user_attrs["task_key"] for t in done) == sorted({t.user_attrs["task_key"] for t in trials})
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+    duplicates, measured = 0, 0
+    task_studies = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
+    assert len(task_studies) == n_tasks
+    for study in task_studies:
+        keys = [
+            t.user_attrs["config_key"]
+            for t in optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+            if t.user_attrs.get("measured")
+        ]
+        measured += len(keys)
+        duplicates += len(keys) - len(set(keys))
+    assert duplicates == 0 and measured >= 3 * n_tasks
+    for root in roots:
+        a = art.load_artifact(art.artifact_path("h100", "fake_faults", root))
+        assert len(a.entries) == n_tasks
+        for t in done:
+            task, result = t.user_attrs["task"], t.user_attrs["result"]
+            entry = a.lookup("float32", task["dqk"], task["dv"], task["bucket"], task["distribution"])
+            # 'ok' or 'ok2' (4 and 6 ms): under this load either may time faster; never a planted fault
+            assert entry == result["entry"] and entry["config"]["mode"] in ("ok", "ok2")
+    return {"farm": farm, "trials": trials, "done": done, "workers": Counter(t.user_attrs["worker"] for t in done)}
+
+
+def test_four_workers_share_one_farm(pg_url, tmp_path, monkeypatch, capsys):
+    from autotune.cli import main
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    root = tmp_path / "artifacts"
+    assert main(_argv(pg_url, root, 4)) == 0
+    got = _check_farm(pg_url, [root])
+    assert len(got["workers"]) >= 2, got["workers"]  # the tasks were spread over the workers
+    assert all(t.user_attrs["attempt"] == 1 for t in got["done"])
+    capsys.readouterr()
+    assert main(["status", "--storage", pg_url]) == 0
+    out = capsys.readouterr().out
+    assert f"{N_TASKS} done" in out and "0 running" in out and "0 left" in out
+    # The same command again finds the farm done: nothing is re-run, the artifact is rewritten from the storage.
+    art.artifact_path("h100", "fake_faults", root).unlink()
+    assert main(_argv(pg_url, root, 4)) == 0
+    again = _check_farm(pg_url, [root])
+    assert len(again["trials"]) == len(got["trials"])
+
+
+def _running_task(url: str) -> tuple[optuna.trial.FrozenTrial, str] | None:
+    """A farm trial whose worker is inside a config trial right now (the default, slowed down)."""
+    storage = _storage(url)
+    names = farm_names(storage)
+    if not names:
+        return None
+    farm = optuna.load_study(study_name=names[0], storage=storage)
+    for t in farm.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if "pid" not in t.user_attrs:
+            continue
+        for study in optuna.get_all_study_names(storage):
+            if not study.startswith(t.user_attrs["task_key"] + "|src"):
+                continue
+            s = optuna.load_study(study_name=study, storage=storage)
+            running = s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if running and running[0].user_attrs.get("config_key") == "fake:mode=slow":
+                return t, study
+    return None
+
+
+def test_killed_worker_task_is_requeued_and_finished_by_another(pg_url, tmp_path):
+    root = tmp_path / "artifacts"
+    # The default sleeps 0.4 s per launch: its trial (5 launches on the CPU) is the window for the kill.
+    proc = _start(pg_url, root, 2, "hostK", small=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        victim, study = found
+        os.kill(victim.user_attrs["pid"], signal.SIGKILL)
+    finally:
+        _wait(proc, root, "hostK")
+    got = _check_farm(pg_url, [root], n_tasks=4)
+    farm = got["farm"]
+    killed = farm.trials[victim.number]
+    assert killed.state == TrialState.FAIL  # failed as stale by a surviving worker's fail_stale_trials
+    retries = [t for t in got["done"] if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1 and retries[0].user_attrs["worker"] != victim.user_attrs["worker"]
+    assert retries[0].user_attrs["task_key"] == victim.user_attrs["task_key"] and retries[0].user_attrs["attempt"] == 2
+    trials = optuna.load_study(study_name=study, storage=_storage(pg_url)).get_trials(deepcopy=False)
+    interrupted = [t for t in trials if t.user_attrs.get("status") == "interrupted"]
+    assert [t.user_attrs.get("config_key") for t in interrupted] == ["fake:mode=slow"], [
+        (t.number, t.state, t.params, t.user_attrs, t.system_attrs) for t in trials
+    ]
+    remeasured = [t for t in trials if t.user_attrs.get("measured") and t.user_attrs["config_key"] == "fake:mode=slow"]
+    assert len(remeasured) == 1 and remeasured[0].user_attrs["status"] == "ok"
+
+
+def test_two_hosts_side_by_side(pg_url, tmp_path):
+    roots = [tmp_path / "hostA" / "artifacts", tmp_path / "hostB" / "artifacts"]
+    for r in roots:
+        r.parent.mkdir()
+    procs = [_start(pg_url, r, 2, h) for r, h in zip(roots, ("hostA", "hostB"), strict=True)]
+    for p, r, h in zip(procs, roots, ("hostA", "hostB"), strict=True):
+        _wait(p, r, h)
+    got = _check_farm(pg_url, roots)  # each host's artifact holds every entry, tuned here or there
+    hosts = {t.user_attrs["host"] for t in got["done"]}
+    assert hosts == {"hostA", "hostB"}, got["workers"]
+
+
+def test_worker_with_another_gpu_key_refuses_to_join(pg_url, tmp_path, monkeypatch, capsys):
+    from autotune import farm, gpus
+    from autotune.cli import main
+    from autotune.tasks import Task
+    from autotune.tuner import TuneOptions
+
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    # The knobs of the command below (same tasks and knobs: the same farm).
+    opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.fake"])
+    storage = farm.farm_storage(pg_url)
+    name = farm.join_farm(storage, [task], opts)
+    real = gpus.environment()
+    monkeypatch.setattr(gpus, "environment", lambda: {**real, "sm_count": 114, "driver": "999.1"})
+    with pytest.raises(farm.FarmError, match="refusing to join") as err:
+        farm.join_farm(storage, [task], opts)
+    assert "sm_count: farm None, this worker 114" in str(err.value) and "driver" in str(err.value)
+    with pytest.raises(farm.FarmError, match="refusing to join"):
+        farm.check_key(optuna.load_study(study_name=name, storage=storage), True)  # a worker's own check
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    argv = _argv(pg_url, tmp_path, 1)
+    argv[argv.index(BUCKETS)], argv[argv.index("32,64")] = "256", "32"
+    assert main([*argv, "--distributions", "uniform"]) == 2  # the command refuses too (exit 2), starts no worker
+    assert "refusing to join" in capsys.readouterr().err
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.WAITING]  # nothing was claimed
+
+
+def test_claim_left_without_a_heartbeat_is_requeued(pg_url, tmp_path):
+    """A worker killed between ``ask`` and its first heartbeat: Optuna never sees that trial as stale,
+    the farm fails and re-queues it after two grace periods."""
+    from autotune import farm
+    from autotune.tasks import Task
+    from autotune.tuner import TuneOptions
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    storage = farm.farm_storage(pg_url, fopts)
+    name = farm.join_farm(storage, [task], TuneOptions(interpret=True, plugins=["autotune.fake"]))
+    study = optuna.load_study(study_name=name, storage=storage)
+    orphan = study.ask()  # ... and the worker died here
+    assert farm.claim(study, fopts) is None and not farm._drained(study)  # nothing waiting, one held
+    time.sleep(2.5)
+    again = farm.claim(study, fopts)
+    assert again is not None and again.user_attrs["task_key"] == task.study_name
+    assert study.trials[orphan.number].state == TrialState.FAIL
+
+
+_MERGER = """
+import sys
+from pathlib import Path
+from autotune.registry import load_plugins
+from autotune.tasks import Task
+from autotune.tuner import TaskResult, TuneOptions, update_artifact
+from autotune.gpus import environment
+load_plugins(["autotune.fake"])
+root, first = Path(sys.argv[1]), int(sys.argv[2])
+env = environment()
+for i in range(first, first + 6):
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1 + i, 256, "uniform", batch=2, seq_cap=16)
+    r = TaskResult(task, backend="fake", config={"mode": "ok", "size": 1}, median_ms=1.0, spread_ms=0.0, tflops=1.0)
+    update_artifact(r, TuneOptions(artifacts_root=root), env)
+"""
+
+
+def test_concurrent_artifact_writers_lose_no_entry(tmp_path):
+    """Four processes upsert 6 entries each into one artifact at once: the lock and re-read keep all 24."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = textwrap.dedent(_MERGER)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(6 * k)], env=env) for k in range(4)]
+    assert [p.wait(120) for p in procs] == [0, 0, 0, 0]
+    a = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path))
+    assert sorted(e["num_heads"] for e in a.entries) == list(range(1, 25))
+    json.loads(art.artifact_path("h100", "fake_faults", tmp_path).read_text())  # one valid document

@@ -17,6 +17,7 @@ its bucket, then timed interleaved with the default and kept only if it wins by 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import time
@@ -154,10 +155,19 @@ def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSam
     raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
 
 
+def rdb_url(url: str) -> str:
+    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there."""
+    import importlib.util
+
+    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg2") is None:
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
 def make_storage(url: str | None, gpu: str, root: Path) -> Any:
     """Optuna storage: an RDB URL as is; otherwise a journal file (default artifacts/<gpu>/studies/)."""
     if url and "://" in url:
-        return url
+        return rdb_url(url)
     path = Path(url) if url else Path(root) / gpu / "studies" / "tuning.journal"
     path.parent.mkdir(parents=True, exist_ok=True)
     from optuna.storages.journal import JournalFileBackend
@@ -210,7 +220,23 @@ def study_name(task: Task, backends: list[str]) -> str:
     parts = [search_space_hash(task.kernel)]
     parts += [f"{b}:{art.current_template_hash(task.kernel, b)}" for b in sorted(backends)]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-    return f"{task.study_name}|src{digest}"
+    return f"{task.study_name}|src{digest}|{task.gpu}|env{environment_digest()}"
+
+
+# What makes two timings comparable besides the code: the device and the software stack that ran it.
+TIMING_ENV_KEYS = ("gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "cutlass_dsl")
+
+
+@functools.lru_cache(maxsize=1)
+def _environment_cached() -> tuple[tuple[str, Any], ...]:
+    env = environment()
+    return tuple((k, env.get(k)) for k in TIMING_ENV_KEYS)
+
+
+def environment_digest() -> str:
+    """Digest of this process's timing environment (GPU model, SMs, driver, CUDA, torch, Triton, CuTe DSL):
+    studies and farms of different digests never share trials, as their timings do not compare."""
+    return hashlib.sha256(repr(_environment_cached()).encode()).hexdigest()[:10]
 
 
 def search_space_hash(kernel: str) -> str:
@@ -650,23 +676,49 @@ def tune_task(
 
 
 def update_artifact(result: TaskResult, opts: TuneOptions, env: dict[str, Any]) -> Path | None:
-    """Upsert the task's entry into artifacts/<gpu>/<kernel>.json (atomic write)."""
+    """Upsert the task's entry into artifacts/<gpu>/<kernel>.json (locked re-read, atomic write)."""
     if result.config is None or not opts.write_artifacts:
         return None
     t = result.task
-    path = art.artifact_path(t.gpu, t.kernel, opts.artifacts_root)
-    existing = None
-    if path.exists():
-        try:
-            existing = art.load_artifact(path)
-        except art.ArtifactError as e:
-            warnings.warn(f"replacing unusable artifact: {e}", RuntimeWarning, stacklevel=2)
-    hashes = {b.name: art.current_template_hash(t.kernel, b.name) for b in backends_for(t.kernel, available_only=False)}
-    artifact = art.Artifact(t.kernel, t.gpu, env, hashes, search_space_hash(t.kernel))
-    if existing is not None:
-        artifact.entries = list(existing.entries)
-    artifact.upsert(result.entry())
-    return art.save_artifact(artifact, path)
+    return merge_entries(t.kernel, t.gpu, [result.entry()], opts.artifacts_root, env)
+
+
+def merge_entries(kernel: str, gpu: str, entries: list[dict[str, Any]], root: Path, env: dict[str, Any]) -> Path:
+    """Upsert ``entries`` into artifacts/<gpu>/<kernel>.json without lost updates.
+
+    Many tuners (farm workers, two runs) write one file: under an exclusive ``fcntl`` lock the file is
+    re-read, merged and replaced atomically, so no writer overwrites another's entries. Entries of an
+    artifact written in another timing environment (GPU, SMs, driver, versions) are dropped with a
+    warning instead of being relabelled with this one; stale or invalid files are replaced as before.
+    """
+    import fcntl
+
+    path = art.artifact_path(gpu, kernel, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        existing = None
+        if path.exists():
+            try:
+                existing = art.load_artifact(path)
+            except art.ArtifactError as e:
+                warnings.warn(f"replacing unusable artifact: {e}", RuntimeWarning, stacklevel=3)
+        hashes = {b.name: art.current_template_hash(kernel, b.name) for b in backends_for(kernel, available_only=False)}
+        artifact = art.Artifact(kernel, gpu, env, hashes, search_space_hash(kernel))
+        if existing is not None:
+            differ = [k for k in TIMING_ENV_KEYS if existing.environment.get(k) != env.get(k)]
+            if differ and existing.entries:
+                warnings.warn(
+                    f"dropping {len(existing.entries)} entries of {path} tuned in another environment "
+                    f"({', '.join(f'{k} {existing.environment.get(k)!r} != {env.get(k)!r}' for k in differ)})",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            else:
+                artifact.entries = list(existing.entries)
+        for entry in entries:
+            artifact.upsert(entry)
+        return art.save_artifact(artifact, path)
 
 
 def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:

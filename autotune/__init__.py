@@ -13,10 +13,11 @@ __all__: list[str] = []
 # The dispatch engineer adds ``load()`` here, e.g. ``from autotune.dispatch import load``.
 
 
-def load(path: str = "artifacts", gpu: str | None = None, allow_same_arch: bool = False) -> dict:
+def load(path: str | None = None, gpu: str | None = None, allow_same_arch: bool = False) -> dict:
     """Load tuned artifacts for ``gpu`` (detected when None) so every HSTU op call dispatches to them.
 
-    One line in training code: ``autotune.load("artifacts")``. Lazy, so ``import autotune`` stays light.
+    One line in training code: ``autotune.load()`` (the artifacts shipped with the package) or
+    ``autotune.load(DIR)`` (a folder or an ``autotune export`` bundle). Lazy, so ``import autotune`` stays light.
     Files tuned on another GPU are rejected (warned, defaults used); ``allow_same_arch=True`` accepts
     one of the same compute capability (H100 configs on an H200), said once. Never raises.
     """

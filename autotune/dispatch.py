@@ -197,9 +197,10 @@ def _same_arch_file(root: Path, gpu: str, kind: str) -> Path | None:
 
 
 def load(
-    path: str | os.PathLike = "artifacts", gpu: str | None = None, allow_same_arch: bool = False
+    path: str | os.PathLike | None = None, gpu: str | None = None, allow_same_arch: bool = False
 ) -> dict[str, Any]:
-    """Load the tuned artifacts of ``gpu`` (detected when None) from ``path``/<gpu>/<kernel>.json.
+    """Load the tuned artifacts of ``gpu`` (detected when None) from ``path``/<gpu>/<kernel>.json
+    (``path`` None: the artifacts shipped with the installed package, the repository's in a checkout).
 
     Each file must pass ``autotune.artifacts.assess_artifact`` against the running environment: a
     file tuned on another GPU (by its ``gpu``, its device name or the folder it was copied to) is
@@ -213,6 +214,10 @@ def load(
     from autotune import gpus
     from autotune.artifacts import assess_artifact
 
+    if path is None:
+        from autotune.bundle import packaged_artifacts_root
+
+        path = packaged_artifacts_root()
     state = _State(loaded=True, path=str(path))
     if gpu is None:
         try:

@@ -4,7 +4,6 @@ that ``autotune.load(DIR)`` accepts."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 import subprocess
@@ -120,12 +119,6 @@ def test_wheel_carries_the_artifacts_and_an_install_finds_them(tmp_path):
         assert str(Path(site) / "artifacts" / "h100" / f"{kind}.json") in where and "does not exist" not in where
 
 
-_WIRED = inspect.signature(autotune.load).parameters["path"].default is None
-
-
-@pytest.mark.xfail(
-    not _WIRED, reason="autotune.load() still defaults to ./artifacts (dispatch wiring pending)", strict=True
-)
 def test_load_without_a_path_reads_the_packaged_artifacts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./artifacts here: only the packaged copy can be found
     summary = autotune.load(gpu="h100")

@@ -500,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--storage", required=True, help="the farm's storage URL (postgresql://...)")
     status.add_argument("--farm", default=None, help="one farm study (default: every farm in the storage)")
     status.add_argument(
+        "--audit", metavar="ARTIFACTS", help="print tasks finished, configs timed twice, entries missing in ARTIFACTS"
+    )
+    status.add_argument(
         "--watch", type=float, nargs="?", const=2.0, default=None, metavar="S", help="redraw every S s (2) until done"
     )
     from autotune import cli_graph

@@ -8,6 +8,7 @@ opens in optuna-dashboard for per-trial detail (README, "Tuning farm").
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -80,6 +81,55 @@ def snapshot(storage: Any, name: str) -> dict[str, Any]:
     return {"farm": name, "counts": counts, "tasks": tasks, "workers": sorted(workers.values(), key=str), "key": key}
 
 
+def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
+    """The farm's evidence: tasks finished, configs measured twice in one task study (must be 0) and
+    finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0)."""
+    from autotune import artifacts as art
+    from autotune.farm import latest_per_task
+
+    farm = optuna.load_study(study_name=name, storage=storage)
+    latest = latest_per_task(farm.get_trials(deepcopy=False))
+    done = [t for t in latest.values() if t.state == TrialState.COMPLETE and (t.user_attrs.get("result") or {})]
+    prefixes = tuple(k + "|src" for k in latest)
+    measured = duplicates = 0
+    for study in optuna.get_all_study_names(storage):
+        if study.startswith(prefixes):
+            trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+            keys = [t.user_attrs["config_key"] for t in trials if t.user_attrs.get("measured")]
+            measured, duplicates = measured + len(keys), duplicates + len(keys) - len(set(keys))
+    lost, artifacts = 0, {}
+    for t in done:
+        entry, task = t.user_attrs["result"].get("entry") or {}, t.user_attrs["task"]
+        if entry.get("config") is None:
+            continue
+        key = (task["gpu"], task["kernel"])
+        if key not in artifacts:
+            artifacts[key] = art.load_artifact_or_none(art.artifact_path(*key, root), check_stale=False)
+        a = artifacts[key]
+        hit = (
+            a.lookup(
+                task["dtype"],
+                task["dqk"],
+                task["dv"],
+                task["bucket"],
+                task["distribution"],
+                task["num_heads"],
+                task["mask"],
+            )
+            if a
+            else None
+        )
+        lost += hit != entry
+    finished = sum(1 for t in done if not t.user_attrs["result"].get("error"))
+    return {
+        "tasks": len(latest),
+        "finished": finished,
+        "measured": measured,
+        "duplicates": duplicates,
+        "entries_lost": lost,
+    }
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -148,6 +198,10 @@ def cmd_status(args: Any) -> int:
         busy = any(s["counts"]["running"] or s["counts"]["waiting"] for s in snaps)
         return Group(*(render(s, args.storage) for s in snaps)), busy
 
+    if getattr(args, "audit", None):
+        for n in names:
+            console.print(f"{n}: " + ", ".join(f"{k} {v}" for k, v in audit(storage, n, args.audit).items()))
+        return 0
     renderable, busy = view()
     if not args.watch:
         console.print(renderable)

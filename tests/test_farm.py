@@ -133,8 +133,13 @@ def test_four_workers_share_one_farm(pg_url, tmp_path, monkeypatch, capsys):
     assert main(["status", "--storage", pg_url]) == 0
     out = capsys.readouterr().out
     assert f"{N_TASKS} done" in out and "0 running" in out and "0 left" in out
+    assert main(["status", "--storage", pg_url, "--audit", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"tasks {N_TASKS}, finished {N_TASKS}" in out and "duplicates 0, entries_lost 0" in out
     # The same command again finds the farm done: nothing is re-run, the artifact is rewritten from the storage.
     art.artifact_path("h100", "fake_faults", root).unlink()
+    assert main(["status", "--storage", pg_url, "--audit", str(root)]) == 0
+    assert f"entries_lost {N_TASKS}" in capsys.readouterr().out  # the audit sees a missing artifact
     assert main(_argv(pg_url, root, 4)) == 0
     again = _check_farm(pg_url, [root])
     assert len(again["trials"]) == len(got["trials"])

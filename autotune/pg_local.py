@@ -5,9 +5,10 @@
     python -m autotune.pg_local url pgdata | stop pgdata | status pgdata
 
 Needs the server binaries (``initdb``, ``pg_ctl``, ``postgres``: Debian/Ubuntu ``apt-get install
-postgresql``, macOS ``brew install postgresql``, conda ``conda install -c conda-forge postgresql``);
-they are looked up on PATH and under /usr/lib/postgresql/*/bin. PostgreSQL refuses to run as root, so
-as root the server runs as the ``postgres`` (else ``nobody``) account, which then owns the folder.
+postgresql``, macOS ``brew install postgresql``, conda ``conda install -c conda-forge postgresql``, or
+``pip install pgserver``, whose wheel carries them); ``server_bin`` says where they are looked up.
+PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` (else ``nobody``)
+account, which then owns the folder.
 Stdlib only (psycopg is needed only to create the database).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import pwd
@@ -36,11 +38,19 @@ class PgError(RuntimeError):
 
 
 def server_bin(name: str) -> str | None:
-    """Path of a PostgreSQL server program (``initdb``, ``pg_ctl``), newest version first; None if absent."""
-    found = shutil.which(name)
+    """Path of a PostgreSQL server program (``initdb``, ``pg_ctl``); None if absent. Looked up in
+    ``AUTOTUNE_PG_BIN``, on PATH, in Debian's /usr/lib/postgresql/*/bin (newest first), then in the
+    ``pgserver`` wheel (``pip install pgserver`` carries the server programs: no root, no apt)."""
+    dirs = [os.environ["AUTOTUNE_PG_BIN"]] if os.environ.get("AUTOTUNE_PG_BIN") else []
+    found = shutil.which(name, path=dirs[0]) if dirs else None
+    found = found or shutil.which(name)
     if found:
         return found
-    for path in sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=_version_key, reverse=True):
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=_version_key, reverse=True)
+    spec = importlib.util.find_spec("pgserver")
+    if spec is not None and spec.origin:
+        candidates.append(str(Path(spec.origin).parent / "pginstall" / "bin" / name))
+    for path in candidates:
         if os.access(path, os.X_OK):
             return path
     return None

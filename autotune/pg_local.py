@@ -84,7 +84,13 @@ def _run_as() -> str | None:
 
 
 def _cmd(args: list[str], user: str | None) -> list[str]:
-    return ["runuser", "-u", user, "--", *args] if user else args
+    """``args`` run as ``user`` (runuser, else setpriv: both in util-linux, one may be missing)."""
+    if not user:
+        return args
+    if shutil.which("runuser"):
+        return ["runuser", "-u", user, "--", *args]
+    entry = pwd.getpwnam(user)
+    return ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups", *args]
 
 
 def _check(args: list[str], user: str | None, what: str) -> subprocess.CompletedProcess:

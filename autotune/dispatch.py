@@ -297,12 +297,12 @@ def _config_json(config: Any) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def default_choice(kind: str, dqk: int, dv: int) -> Choice:
-    """The heuristic default (Triton) for these head dims."""
+def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None) -> Choice:
+    """The heuristic default (Triton) for these head dims and dtype (float32 takes smaller tiles)."""
     from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
 
     fn = default_fwd_config if kind == "hstu_attention_fwd" else default_bwd_config
-    return Choice("triton", _config_json(fn(dqk, dv, _interpreting())), "default")
+    return Choice("triton", _config_json(fn(dqk, dv, _interpreting(), dtype)), "default")
 
 
 def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
@@ -376,10 +376,10 @@ def _resolve(
     if source == "reference":
         return Choice("reference", "{}", "reference")
     if source == "default" or not _STATE.loaded:
-        return default_choice(kind, dqk, dv)
+        return default_choice(kind, dqk, dv, dtype)
     if kind in _STATE.problems:
         _warn_once(f"{_STATE.problems[kind]}; using the heuristic default config")
-        return default_choice(kind, dqk, dv)
+        return default_choice(kind, dqk, dv, dtype)
     artifact = _STATE.artifacts[kind]
     bucket = _bucket_for(max_seq_len)
     if max_seq_len > LARGEST_BUCKET:
@@ -391,7 +391,7 @@ def _resolve(
     entry = artifact.lookup(dtype, dqk, dv, bucket, distribution, num_heads, mask)
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")
-        return choice or default_choice(kind, dqk, dv)
+        return choice or default_choice(kind, dqk, dv, dtype)
     same_dims = [
         e
         for e in _entries(artifact)
@@ -402,12 +402,12 @@ def _resolve(
             f"{kind}: no tuned entry for dtype={dtype}, head dims dqk={dqk} dv={dv} (unseen head dim) in the "
             f"'{_STATE.gpu}' artifact; using the heuristic default config"
         )
-        return default_choice(kind, dqk, dv)
+        return default_choice(kind, dqk, dv, dtype)
     best = _nearest(same_dims, bucket, distribution, num_heads, mask)
     call = {"dtype": dtype, "dqk": dqk, "dv": dv, "bucket": bucket, "distribution": distribution}
     _warn_once(_fallback_message(kind, {**call, "num_heads": num_heads, "mask": mask}, best))
     choice = _entry_choice(kind, best, "nearest")
-    return choice or default_choice(kind, dqk, dv)
+    return choice or default_choice(kind, dqk, dv, dtype)
 
 
 def select(

@@ -173,11 +173,11 @@ def tma_dq_needs_hopper(c, ctx: SpaceContext) -> str | None:
 
 
 def _fwd_default(ctx: SpaceContext) -> HSTUFwdConfig:
-    return default_fwd_config(ctx.dqk, ctx.dv, interpret=ctx.interpret)
+    return default_fwd_config(ctx.dqk, ctx.dv, interpret=ctx.interpret, dtype=ctx.dtype)
 
 
 def _bwd_default(ctx: SpaceContext) -> HSTUBwdConfig:
-    return default_bwd_config(ctx.dqk, ctx.dv, interpret=ctx.interpret)
+    return default_bwd_config(ctx.dqk, ctx.dv, interpret=ctx.interpret, dtype=ctx.dtype)
 
 
 COMMON_RULES = (head_dims_supported, interpreter_limits, tile_fits_length, enough_work_per_thread)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -132,3 +133,24 @@ def test_triton_bwd_space_admits_the_measured_best_d256_split_config():
     best = HSTUBwdConfig(32, 128, 8, 3, "separate", 128, dkv_split=True, dq_block_n=32)
     assert HSTU_BWD_TRITON.why_infeasible(best, ctx) is None
     assert best == default_bwd_config(256, 256)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+def test_heuristic_defaults_fit_the_gpu_in_every_dtype(d, dtype):
+    """What dispatch runs without artifacts must pass the space's own resource model: fp32 needs twice
+    the shared memory of half types, so its defaults are smaller at head dims 128 and 256."""
+    from autotune import dispatch
+    from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
+
+    ctx = SpaceContext(get_gpu("h100"), dtype, d, d, 4096)
+    for kind, space, fn in (
+        ("hstu_attention_fwd", HSTU_FWD_TRITON, default_fwd_config),
+        ("hstu_attention_bwd", HSTU_BWD_TRITON, default_bwd_config),
+    ):
+        config = fn(d, d, False, dtype)
+        assert config == space.default(ctx)
+        assert space.why_infeasible(config, ctx) is None
+        # dispatch hands the call's dtype to the same heuristic
+        expected = fn(d, d, dispatch._interpreting(), dtype).to_dict()
+        assert json.loads(dispatch.default_choice(kind, d, d, dtype).config) == expected

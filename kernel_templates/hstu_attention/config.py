@@ -98,11 +98,21 @@ class HSTUBwdConfig(_ConfigBase):
         return self.dq_block_n or self.block_n
 
 
-def default_fwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUFwdConfig:
-    """Heuristic forward tiles, chosen from GPU sweeps on H100/H200 (see artifacts for tuned ones)."""
+def _is_fp32(dtype: object) -> bool:
+    return str(dtype).removeprefix("torch.") == "float32"
+
+
+def default_fwd_config(dqk: int, dv: int, interpret: bool = False, dtype: object = None) -> HSTUFwdConfig:
+    """Heuristic forward tiles, chosen from GPU sweeps on H100/H200 (see artifacts for tuned ones).
+
+    ``dtype`` float32 (torch dtype or name) takes smaller tiles: the half-precision tiles of
+    head dims 128/256 need twice the shared memory in fp32, more than an H100 has (the Triton
+    space's smem model; fp32 is the correctness path, not a tuned one)."""
     if interpret:
         return HSTUFwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
     d = max(dqk, dv)
+    if _is_fp32(dtype) and d > 64:
+        return HSTUFwdConfig(block_m=64, block_n=64 if d <= 128 else 32, num_warps=4, num_stages=2)
     if d >= 256:
         # H100, b32 h4 d256 4K uniform: 303 TFLOP/s (128x64 w8 s3 and 128x128 s2 exceed 227 KB smem);
         # l2_group=8 (the dataclass default) lifts it to 370 (session 3, docs/RESULTS.md).
@@ -111,11 +121,15 @@ def default_fwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUFwdCon
     return HSTUFwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
 
 
-def default_bwd_config(dqk: int, dv: int, interpret: bool = False) -> HSTUBwdConfig:
-    """Heuristic backward tiles."""
+def default_bwd_config(dqk: int, dv: int, interpret: bool = False, dtype: object = None) -> HSTUBwdConfig:
+    """Heuristic backward tiles (float32: smaller ones that fit, as for the forward)."""
     if interpret:
         return HSTUBwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
     d = max(dqk, dv)
+    if _is_fp32(dtype) and d > 64:
+        if d <= 128:
+            return HSTUBwdConfig(block_m=32, block_n=64, num_warps=4, num_stages=2, dq_mode="atomic")
+        return HSTUBwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1, dq_mode="atomic")
     if d >= 256:
         # H100, d256 4K uniform (docs/runs/triton_bwd_sweep2_h100_s5.log): fp32 dQ atomics of 64x256
         # tiles throttle the key-block kernel (45-66 TFLOP/s); 64x64 with a separate dQ pass: 157

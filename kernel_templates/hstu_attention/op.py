@@ -173,8 +173,8 @@ def hstu_attention(
     if alpha is None:
         alpha = 1.0 / math.sqrt(q.shape[2])
     interp = _interpreting()
-    fwd_config = fwd_config or default_fwd_config(q.shape[2], v.shape[2], interp)
-    bwd_config = bwd_config or default_bwd_config(q.shape[2], v.shape[2], interp)
+    fwd_config = fwd_config or default_fwd_config(q.shape[2], v.shape[2], interp, q.dtype)
+    bwd_config = bwd_config or default_bwd_config(q.shape[2], v.shape[2], interp, q.dtype)
     if not isinstance(fwd_config, HSTUFwdConfig):
         raise ValueError(f"fwd_config must be an HSTUFwdConfig, got {type(fwd_config).__name__}")
     if not isinstance(bwd_config, HSTUBwdConfig):

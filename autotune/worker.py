@@ -311,10 +311,24 @@ def _failure(status: str, e: BaseException) -> dict[str, Any]:
 _COMMANDS = ("evaluate", "time", "probe", "compare", "verify")
 
 
+def _die_with_parent() -> None:
+    """Linux: the worker is killed when the tuner process dies (kill -9 included), so an orphaned
+    worker never keeps the GPU busy under the next tuner's timings. Elsewhere a no-op."""
+    import contextlib
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 def _main(conn, plugins: list[str]) -> None:
     """Worker loop: one request, one reply."""
     from autotune.registry import load_plugins
 
+    _die_with_parent()
     load_plugins(plugins)
     session: _Session | None = None
     while True:

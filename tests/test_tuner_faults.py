@@ -217,3 +217,46 @@ def test_autotune_run_exits_nonzero_naming_the_failed_task(tmp_path, monkeypatch
     out = capsys.readouterr()
     assert code != 0
     assert "fake_faults" in out.out + out.err and "infrastructure" in out.out + out.err
+
+
+_ORPHAN_PARENT = """
+import time
+from autotune.registry import load_plugins
+from autotune.tasks import Task
+from autotune.worker import Worker
+load_plugins(["autotune.fake"])
+task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=8, seq_cap=16)
+w = Worker(["autotune.fake"])
+assert w.call({"cmd": "setup", "task": task.to_dict()}, 120)["status"] == "ok"
+w._conn.send({"cmd": "evaluate", "backend": "fake", "config": {"mode": "hang"}, "quick": True})
+time.sleep(1)  # the worker is now inside the hanging launch, not reading its pipe
+print(w._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_worker_dies_with_a_killed_tuner():
+    """kill -9 of the tuner process takes its worker along even inside a launch that never returns
+    (Linux PR_SET_PDEATHSIG): an orphan would keep the GPU busy under the next tuner's timings."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("parent-death signal is Linux-only")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_ORPHAN_PARENT)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        worker_pid = int(parent.stdout.readline())
+        os.kill(worker_pid, 0)  # alive
+        parent.kill()
+        parent.wait(30)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                os.kill(worker_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker_pid, 0)
+    finally:
+        parent.kill()

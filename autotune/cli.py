@@ -386,10 +386,50 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_heatmap(args: argparse.Namespace) -> int:
+    """``bench --heatmap``: measure the batch x length grid on the GPU (or re-render ``--from-csv``),
+    then write CSV and PNG heatmaps, with ratio maps against ``--reference`` when given."""
+    from autotune import heatmap
+
+    try:
+        reference = heatmap.read_table(args.reference) if args.reference else None
+        if args.from_csv:
+            rows = heatmap.read_table(args.from_csv)
+        else:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise CLIError("bench --heatmap measures on a CUDA GPU (or pass --from-csv FILE to re-render)")
+            from autotune.gpus import get_gpu
+            from autotune.tasks import parse_dims
+
+            gpu = resolve_gpu(args.gpu, False, False)
+            import autotune
+
+            autotune.load(args.artifacts, gpu)
+            rows = heatmap.measure_grid(
+                dims=sorted({d for d, _ in parse_dims(args.dims or "256,128")}),
+                heads=[int(h) for h in _split(args.heatmap_heads)],
+                batches=[int(b) for b in _split(args.heatmap_batches)],
+                lengths=[parse_bucket(n) if n[-1] in "kK" else int(n) for n in _split(args.heatmap_lengths)],
+                directions=_split(args.directions),
+                peak_tflops=get_gpu(gpu).peak_bf16_tflops,
+            )
+        files = heatmap.write_report(rows, args.out, reference)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    _console().print(
+        f"heatmap: {len(rows)} cells -> {', '.join(str(f) for f in files['csv'])}, {len(files['png'])} PNGs"
+    )
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time default vs tuned configs in this process on the given shapes (GPU only)."""
     from rich.table import Table
 
+    if args.heatmap:
+        return cmd_heatmap(args)
     _fill_defaults(args)
     args.trials, args.seq_cap = 1, None
     gpu = resolve_gpu(args.gpu, False, False)
@@ -496,6 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--artifacts", default=None)
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
+    bench.add_argument("--heatmap", action="store_true", help="batch x length heatmaps (TFLOP/s, MFU), CSV + PNG")
+    bench.add_argument("--heatmap-batches", default="1,2,4,8,16,32,64,128")
+    bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K")
+    bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8")
+    bench.add_argument("--directions", default="fwd,bwd,both")
+    bench.add_argument("--reference", help="CSV with direction,dqk,heads,batch,length,tflops: ratio maps against it")
+    bench.add_argument("--from-csv", help="re-render a heatmap CSV written earlier (no GPU needed)")
+    bench.add_argument("--out", default="runs/heatmap", help="output folder (default runs/heatmap)")
     status = sub.add_parser("status", help="progress of a tuning farm: tasks, workers, best so far")
     status.add_argument("--storage", required=True, help="the farm's storage URL (postgresql://...)")
     status.add_argument("--farm", default=None, help="one farm study (default: every farm in the storage)")

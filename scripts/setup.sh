@@ -10,7 +10,7 @@ if [ ! -x "$_root/.venv/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$_root/.venv/bin/activate"
-if ! python -c "import kernel_templates, optuna, rich, pytest, cutlass, onnxscript, onnxruntime, psycopg" >/dev/null 2>&1; then
+if ! python -c "import kernel_templates, optuna, rich, pytest, cutlass, onnxscript, onnxruntime, psycopg, matplotlib" >/dev/null 2>&1; then
   python -m pip install -q --upgrade pip
   if ! python -c "import torch" >/dev/null 2>&1; then
     if python -c "import sys; sys.exit(0 if sys.platform == 'linux' else 1)"; then

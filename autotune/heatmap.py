@@ -1,0 +1,200 @@
+"""The attention heatmap report: TFLOP/s and MFU over batch x length, per direction, head dim and heads.
+
+``measure_grid`` times the public call (``autotune.ops.hstu_attention``, tuned and default configs)
+on uniform-length causal batches, as the published CUTLASS HSTU heatmap does; ``write_report`` turns
+rows (measured here, or read back from a CSV) into one CSV and PNG heatmaps per (direction, head dim,
+heads, source), plus a ratio map against a reference table the user passes (for example the
+published CUTLASS numbers). Rows are plain dicts with the keys of ``COLUMNS``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+DIRECTIONS = ("fwd", "bwd", "both")
+GRID_BATCHES = tuple(2**i for i in range(8))  # 1 .. 128
+GRID_LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16K
+KEY = ("direction", "dqk", "heads", "batch", "length")
+COLUMNS = (*KEY, "source", "ms", "tflops", "mfu")
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    return tuple(str(row[k]) for k in KEY)
+
+
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a heatmap CSV (ours, or a reference with at least the KEY columns and ``tflops``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"heatmap table {path} does not exist")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    missing = [c for c in (*KEY, "tflops") if rows and c not in rows[0]]
+    if not rows or missing:
+        raise ValueError(f"heatmap table {path}: needs columns {', '.join((*KEY, 'tflops'))}; missing {missing}")
+    for r in rows:
+        for k in ("dqk", "heads", "batch", "length"):
+            r[k] = int(r[k])
+        r["tflops"] = float(r["tflops"]) if r["tflops"] not in ("", None) else math.nan
+        r.setdefault("source", "reference")
+    return rows
+
+
+def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in COLUMNS})
+    return path
+
+
+def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], source: str) -> list[dict]:
+    """``source`` TFLOP/s over the reference's, cell by cell (cells missing on either side are left out)."""
+    ref = {_key(r): float(r["tflops"]) for r in reference}
+    out = []
+    for r in rows:
+        if r.get("source") != source or _key(r) not in ref:
+            continue
+        theirs, ours = ref[_key(r)], float(r["tflops"])
+        if theirs > 0 and math.isfinite(ours):
+            out.append({**{k: r[k] for k in KEY}, "source": f"{source}/reference", "tflops": ours / theirs})
+    return out
+
+
+def _grid(rows: Sequence[dict[str, Any]], value: str) -> tuple[list[int], list[int], list[list[float]]]:
+    batches = sorted({int(r["batch"]) for r in rows})
+    lengths = sorted({int(r["length"]) for r in rows})
+    cells = {(int(r["batch"]), int(r["length"])): float(r[value]) for r in rows if r.get(value) not in ("", None)}
+    return batches, lengths, [[cells.get((b, n), math.nan) for n in lengths] for b in batches]
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str, value: str = "tflops", fmt: str = ".0f") -> Path:
+    """One heatmap PNG: batch down, length across, each cell annotated with its value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches, lengths, grid = _grid(rows, value)
+    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 2, 0.6 * len(batches) + 1.5))
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
+    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("batch")
+    ax.set_title(title)
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            if math.isfinite(v):
+                ax.text(j, i, format(v, fmt), ha="center", va="center", color="white", fontsize=8)
+    fig.colorbar(image, ax=ax, label=value)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    rows: Sequence[dict[str, Any]], out_dir: str | Path, reference: Sequence[dict[str, Any]] | None = None
+) -> dict[str, list[Path]]:
+    """CSV of every row, and per (direction, dqk, heads, source) a TFLOP/s heatmap (an MFU one where
+    rows have it); with ``reference``, a ratio CSV and ratio heatmaps of every source against it."""
+    out = Path(out_dir)
+    files: dict[str, list[Path]] = {"csv": [write_csv(rows, out / "heatmap.csv")], "png": []}
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["direction"], int(r["dqk"]), int(r["heads"]), r.get("source", "")), []).append(r)
+    for (direction, dqk, heads, source), group in sorted(groups.items()):
+        stem = f"{direction}_d{dqk}_h{heads}_{source}"
+        title = f"{direction} d{dqk} h{heads} {source}: TFLOP/s"
+        files["png"].append(plot(group, out / f"{stem}_tflops.png", title))
+        if any(r.get("mfu") not in ("", None) for r in group):
+            files["png"].append(plot(group, out / f"{stem}_mfu.png", title.replace("TFLOP/s", "MFU"), "mfu", ".2f"))
+    if reference:
+        ratios = [x for s in sorted({r.get("source", "") for r in rows}) for x in ratio_rows(rows, reference, s)]
+        files["csv"].append(write_csv(ratios, out / "ratio.csv"))
+        by: dict[tuple, list[dict[str, Any]]] = {}
+        for r in ratios:
+            by.setdefault((r["direction"], int(r["dqk"]), int(r["heads"]), r["source"]), []).append(r)
+        for (direction, dqk, heads, source), group in sorted(by.items()):
+            name = f"{direction}_d{dqk}_h{heads}_{source.replace('/', '_vs_')}_ratio.png"
+            files["png"].append(plot(group, out / name, f"{direction} d{dqk} h{heads} {source}", fmt=".2f"))
+    return files
+
+
+def measure_grid(
+    dims: Sequence[int],
+    heads: Sequence[int],
+    batches: Sequence[int] = GRID_BATCHES,
+    lengths: Sequence[int] = GRID_LENGTHS,
+    directions: Sequence[str] = DIRECTIONS,
+    sources: Sequence[str] = ("tuned", "default"),
+    peak_tflops: float | None = None,
+    max_tokens: int = 1 << 20,
+) -> list[dict[str, Any]]:
+    """Time every cell on the GPU through the public call (bf16, causal, uniform lengths).
+
+    ``fwd`` times the forward, ``bwd`` the backward alone (gradients of a kept graph), ``both`` the
+    two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, or out of memory, are
+    left out. Timing: ``autotune.measure.bench`` (do_bench, L2 flush, median).
+    """
+    import torch
+
+    from autotune import measure, ops
+    from kernel_templates.hstu_attention import hstu_attention_flops
+
+    rows: list[dict[str, Any]] = []
+    for d in dims:
+        for h in heads:
+            for b in batches:
+                for n in lengths:
+                    if b * n > max_tokens:
+                        continue
+                    off = torch.arange(0, (b + 1) * n, n, device="cuda", dtype=torch.int32)
+                    fwd_f, bwd_f = hstu_attention_flops(off.cpu(), h, d, d)
+                    flops = {"fwd": fwd_f, "bwd": bwd_f, "both": fwd_f + bwd_f}
+                    for source in sources:
+                        try:
+                            times = _time_cell(b * n, h, d, off, n, source, directions, ops, measure)
+                        except torch.cuda.OutOfMemoryError:
+                            torch.cuda.empty_cache()
+                            continue
+                        for direction, ms in times.items():
+                            tf = flops[direction] / (ms * 1e-3) / 1e12
+                            mfu = tf / peak_tflops if peak_tflops else ""
+                            rows.append(dict(direction=direction, dqk=d, heads=h, batch=b, length=n, source=source,
+                                             ms=ms, tflops=tf, mfu=mfu))  # fmt: skip
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def _time_cell(rows: int, h: int, d: int, off, n: int, source: str, directions, ops, measure) -> dict[str, float]:
+    import torch
+
+    q, k, v = (torch.randn(rows, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(rows, h, d, device="cuda", dtype=torch.bfloat16)
+
+    def fwd():
+        return ops.hstu_attention(q, k, v, off, n, source=source)
+
+    out = fwd()
+    times: dict[str, float] = {}
+    if "fwd" in directions:
+        with torch.no_grad():
+            times["fwd"] = measure.bench(fwd, quick=False).median_ms
+    if "bwd" in directions:
+        times["bwd"] = measure.bench(
+            lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), False
+        ).median_ms
+    if "both" in directions:
+        times["both"] = measure.bench(lambda: torch.autograd.grad(fwd(), (q, k, v), do), quick=False).median_ms
+    return times

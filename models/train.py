@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from . import distributed
 from .config import PRESETS, ModelConfig, get_config
 from .data import JaggedBatch, make_loader
 from .hstu import HSTURankingModel
@@ -40,11 +41,17 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
 
 
 def train_step(
-    model: HSTURankingModel, opt: torch.optim.Optimizer, batch: JaggedBatch, amp: contextlib.AbstractContextManager
+    model: HSTURankingModel,
+    opt: torch.optim.Optimizer,
+    batch: JaggedBatch,
+    amp: contextlib.AbstractContextManager,
+    loss_fn: Any = None,
 ) -> torch.Tensor:
-    """One forward/backward/Adam step; returns the loss (a device tensor, no host sync)."""
+    """One forward/backward/Adam step; returns the loss (a device tensor, no host sync).
+
+    ``loss_fn`` (default ``model.loss``) is the DDP-wrapped loss in data-parallel runs."""
     with amp:
-        loss = model.loss(batch)
+        loss = (loss_fn or model.loss)(batch)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -77,11 +84,23 @@ def run(
     workers: int = 0,
     progress: bool = True,
     console: Console | None = None,
+    balance: str = "workload",
 ) -> dict[str, Any]:
-    """Train ``warmup + steps`` steps and return the metrics dict (losses, tokens/s, TFLOP/s, MFU)."""
+    """Train ``warmup + steps`` steps and return the metrics dict (losses, tokens/s, TFLOP/s, MFU).
+
+    Under torchrun (``WORLD_SIZE`` > 1) every rank trains its shard of a global batch of
+    ``batch_size x world`` sequences through DDP; ``balance`` "workload" gives ranks equal attention
+    + GEMM work (``models.distributed``), "none" equal sequence counts.
+    """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if balance not in distributed.BALANCE:
+        raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
     device = torch.device(device)
+    dist_info = distributed.setup(device.type)
+    if dist_info.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist_info.local_rank)
+        torch.cuda.set_device(device)
     dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
     console = console or Console(stderr=True)
     gpu_name = gpu or detect_gpu_name(device)
@@ -93,9 +112,18 @@ def run(
     model, opt = build(cfg, device)
     dense = model.dense_params()
     amp = autocast_context(device, dtype)
+    loss_fn = None
+    if dist_info.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        loss_fn = DistributedDataParallel(distributed.LossModule(model), device_ids=ids)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    loader = iter(make_loader(cfg, warmup + steps, workers=workers, pin=device.type == "cuda"))
+    global_cfg = cfg.replace(batch_size=cfg.batch_size * dist_info.world)
+    loader = iter(make_loader(global_cfg, warmup + steps, workers=workers, pin=device.type == "cuda"))
+    weight = distributed.token_weight(cfg)
+    imbalances: list[float] = []
     losses: list[tuple[int, float]] = []
     pending: list[tuple[int, torch.Tensor]] = []
     tokens = 0
@@ -110,11 +138,15 @@ def run(
                 _sync(device)
                 t0 = time.perf_counter()
             batch = next(loader)
+            if dist_info.enabled:
+                shards, imb = distributed.split(batch.lengths, dist_info.world, balance, weight)
+                batch = distributed.select_sequences(batch, shards[dist_info.rank])
+                imbalances.append(imb)
             if step >= warmup:
                 tokens += batch.num_tokens
                 for key, val in step_flops(cfg, batch.lengths, dense).items():
                     flops[key] += val
-            pending.append((step, train_step(model, opt, batch.to(device), amp)))
+            pending.append((step, train_step(model, opt, batch.to(device), amp, loss_fn)))
             if (step + 1) % log_every == 0 or step + 1 == warmup + steps:
                 losses.extend((s, float(v)) for s, v in pending)
                 pending.clear()
@@ -124,6 +156,15 @@ def run(
             bar.advance(task)
     _sync(device)
     elapsed = time.perf_counter() - t0
+    world_tokens = tokens
+    if dist_info.enabled:
+        import torch.distributed as dist
+
+        agg = torch.tensor([float(tokens), elapsed, flops["total"]], dtype=torch.float64, device=device)
+        times = agg[1:2].clone()
+        dist.all_reduce(agg)  # summed tokens and FLOPs of every rank
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the step time
+        world_tokens, elapsed, flops["total"] = int(agg[0]), float(times[0]), float(agg[2])
     tflops = flops["total"] / elapsed / 1e12
     peak = peak_tflops(gpu_name)
     result: dict[str, Any] = {
@@ -135,8 +176,13 @@ def run(
         "warmup": warmup,
         "timed_s": elapsed,
         "step_ms": 1e3 * elapsed / steps,
-        "tokens": tokens,
-        "tokens_per_s": tokens / elapsed,
+        "tokens": world_tokens,
+        "tokens_per_s": world_tokens / elapsed,
+        "world": dist_info.world,
+        "balance": balance if dist_info.enabled else None,
+        "imbalance_mean": sum(imbalances) / len(imbalances) if imbalances else None,
+        "imbalance_max": max(imbalances) if imbalances else None,
+        "imbalance_per_step": imbalances,
         "tflops": tflops,
         "attention_tflop_per_step": flops["attention"] / steps / 1e12,
         "gemm_tflop_per_step": flops["gemm"] / steps / 1e12,
@@ -222,6 +268,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers for data generation")
     p.add_argument("--json", default=None, help="write the metrics here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--balance",
+        default="workload",
+        choices=distributed.BALANCE,
+        help="data-parallel shards (torchrun): equal attention+GEMM work (default) or equal counts",
+    )
     return p
 
 
@@ -234,9 +286,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides["seed"] = args.seed
     cfg = get_config(args.preset, **overrides)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rank0 = int(os.environ.get("RANK", "0")) == 0
     result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
-                 args.workers, progress=not args.no_progress, console=console)  # fmt: skip
+                 args.workers, progress=not args.no_progress and rank0, console=console,
+                 balance=args.balance)  # fmt: skip
     result["preset"] = args.preset
+    if not rank0:
+        return result
     print_summary(result, console)
     for w in result["dispatch"]["warnings"]:
         console.print(f"[yellow]dispatch fallback:[/yellow] {w}")

@@ -1,0 +1,95 @@
+"""Data-parallel training (two gloo processes) and the workload-balanced split of jagged batches (CPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+from autotune.buckets import sequence_lengths
+from models import distributed
+from models.config import get_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, out: str, balance: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))  # fmt: skip
+    import torch.distributed as dist
+
+    from models import train
+
+    cfg = get_config("tiny", kernels="reference", dropout=0.0)
+    captured = {}
+    real_build = train.build
+
+    def build(cfg, device):
+        model, opt = real_build(cfg, device)
+        captured["model"] = model
+        return model, opt
+
+    train.build = build
+    result = train.run(cfg, steps=3, warmup=0, progress=False, balance=balance)
+    torch.save({"params": captured["model"].state_dict(), "result": result}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("balance", ["workload", "none"])
+def test_two_gloo_ranks_end_with_identical_parameters(tmp_path, balance):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path), balance), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["params"].keys() == r1["params"].keys()
+    for name, p in r0["params"].items():
+        assert torch.equal(p, r1["params"][name]), name
+    res = r0["result"]
+    assert res["world"] == 2 and len(res["imbalance_per_step"]) == 3 and res["imbalance_mean"] >= 1.0
+    assert res["tokens"] == r1["result"]["tokens"] > 0  # summed over ranks on both
+    # Training moved the weights away from their seeded initialisation.
+    from models.train import build
+
+    init, _ = build(get_config("tiny", kernels="reference", dropout=0.0), torch.device("cpu"))
+    assert any(not torch.equal(p, r0["params"][n]) for n, p in init.state_dict().items())
+
+
+def test_balanced_split_evens_heavy_tailed_work():
+    cfg = get_config("seed")
+    weight = distributed.token_weight(cfg)
+    worse = []
+    for seed in range(5):
+        lengths = sequence_lengths(4096, 256, "jagged", seed)
+        balanced, imb = distributed.split(lengths, 8, "workload", weight)
+        plain, plain_imb = distributed.split(lengths, 8, "none", weight)
+        assert sorted(i for s in balanced for i in s) == list(range(len(lengths)))  # each sequence once
+        assert imb <= 1.05 and imb < plain_imb
+        assert all(balanced_shard for balanced_shard in balanced)  # no idle rank
+        assert distributed.split(lengths, 8, "workload", weight) == (balanced, imb)  # deterministic
+        worse.append(plain_imb)
+    assert max(worse) > 1.2  # the plain split is what the balance fixes
+
+
+def test_split_edge_cases_and_bad_balance():
+    shards, imb = distributed.split([5, 0, 3], 4, "workload", 1.0)
+    assert sorted(i for s in shards for i in s) == [0, 1, 2] and imb >= 1.0
+    assert distributed.plain_split(5, 2) == [[0, 1, 2], [3, 4]]
+    with pytest.raises(ValueError, match="balance"):
+        distributed.split([1, 2], 2, "random", 1.0)
+
+
+def test_select_sequences_keeps_rows_and_offsets():
+    from models.data import make_loader
+
+    batch = next(iter(make_loader(get_config("tiny"), 1)))
+    sub = distributed.select_sequences(batch, [2, 0])
+    assert sub.lengths == [batch.lengths[2], batch.lengths[0]]
+    off = batch.seq_offsets.tolist()
+    assert torch.equal(sub.items, torch.cat([batch.items[off[2] : off[3]], batch.items[off[0] : off[1]]]))
+    assert sub.seq_offsets.tolist() == [0, sub.lengths[0], sum(sub.lengths)]

@@ -115,7 +115,7 @@ def default_fwd_config(dqk: int, dv: int, interpret: bool = False, dtype: object
         return HSTUFwdConfig(block_m=64, block_n=64 if d <= 128 else 32, num_warps=4, num_stages=2)
     if d >= 256:
         # H100, b32 h4 d256 4K uniform: 303 TFLOP/s (128x64 w8 s3 and 128x128 s2 exceed 227 KB smem);
-        # l2_group=8 (the dataclass default) lifts it to 370 (session 3, docs/RESULTS.md).
+        # l2_group=8 (the dataclass default) lifts it to 370 (L2-grouped launch order, docs/RESULTS.md).
         return HSTUFwdConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
     # H100, d128 4K: 64x64 w4 s3 282 TFLOP/s vs 128x64 w8 s3 274.
     return HSTUFwdConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
@@ -131,7 +131,7 @@ def default_bwd_config(dqk: int, dv: int, interpret: bool = False, dtype: object
             return HSTUBwdConfig(block_m=32, block_n=64, num_warps=4, num_stages=2, dq_mode="atomic")
         return HSTUBwdConfig(block_m=32, block_n=32, num_warps=4, num_stages=1, dq_mode="atomic")
     if d >= 256:
-        # H100, d256 4K uniform (docs/runs/triton_bwd_sweep2_h100_s5.log): fp32 dQ atomics of 64x256
+        # H100, d256 4K uniform (the Triton backward sweep in docs/RESULTS.md): fp32 dQ atomics of 64x256
         # tiles throttle the key-block kernel (45-66 TFLOP/s); 64x64 with a separate dQ pass: 157
         # (both kernels spill at 255 registers). dV and dK in two passes over 128-key blocks (one
         # accumulator each) with 3 stages of 32 query rows, and the dQ kernel on its own 128x32 tiles:

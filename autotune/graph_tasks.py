@@ -142,13 +142,19 @@ def module_hint(node: Any, root: Any) -> str | None:
     The hint is the artifact key dispatch will look up, so the task must carry it; it lives on the
     module, not in the op's arguments, hence the nn_module_stack walk.
     """
+    module = innermost_module_with(node, root, "distribution")
+    return None if module is None else module.distribution
+
+
+def innermost_module_with(node: Any, root: Any, attr: str) -> Any:
+    """The innermost module on an exported node's ``nn_module_stack`` that has ``attr``, or None."""
     for path, _type in reversed(list(node.meta.get("nn_module_stack", {}).values())):
         try:
             module = root.get_submodule(path)
         except (AttributeError, TypeError):
             continue
-        if hasattr(module, "distribution"):
-            return module.distribution
+        if hasattr(module, attr):
+            return module
     return None
 
 

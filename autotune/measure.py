@@ -185,9 +185,14 @@ def _estimate_ms(fn: Callable[[], Any]) -> float:
     return max(start.elapsed_time(end), 1e-3)
 
 
-def _quantile(sorted_times: Sequence[float], q: float) -> float:
-    i = min(len(sorted_times) - 1, max(0, round(q * (len(sorted_times) - 1))))
-    return float(sorted_times[i])
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of a short list: timings and the tuner's
+    interleaved ratios read their median and 20/80 % spread the same way."""
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
 
 
 def bench(fn: Callable[[], Any], quick: bool, cuda_graph: bool = False) -> Timing:
@@ -201,8 +206,8 @@ def bench(fn: Callable[[], Any], quick: bool, cuda_graph: bool = False) -> Timin
             fn = graphed(fn)
         est = _estimate_ms(fn)
         rep = max(p["rep"], MIN_SAMPLES[quick] * (1.5 * est + FLUSH_MS))
-        times = sorted(float(t) for t in triton.testing.do_bench(fn, warmup=p["warmup"], rep=rep, return_mode="all"))
-        return Timing(_quantile(times, 0.5), _quantile(times, 0.8) - _quantile(times, 0.2), len(times))
+        times = [float(t) for t in triton.testing.do_bench(fn, warmup=p["warmup"], rep=rep, return_mode="all")]
+        return Timing(quantile(times, 0.5), quantile(times, 0.8) - quantile(times, 0.2), len(times))
     times = []
     for _ in range(INTERPRET_REPS[quick]):
         t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from autotune import artifacts as art
 from autotune.buckets import bucket_for, neighbours
 from autotune.gpus import environment
+from autotune.measure import quantile
 from autotune.registry import Backend, backends_for, get_op
 from autotune.tasks import Task, space_context
 from autotune.worker import Worker, WorkerError
@@ -284,27 +285,18 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default) of a short list."""
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def compare_verdict(a_ms: list[float], b_ms: list[float]) -> dict[str, Any]:
     """Paired verdict of interleaved timings: A (candidate) beats B (default) only when its median
     gain over the per-round ratios B/A exceeds their spread (80th - 20th percentile)."""
     ratios = [b / a for a, b in zip(a_ms, b_ms, strict=True) if a > 0]
     if not ratios:
         return {"rounds": 0, "speedup": None, "spread": None, "beats": False}
-    speedup = _quantile(ratios, 0.5)
-    spread = _quantile(ratios, 0.8) - _quantile(ratios, 0.2)
+    speedup = quantile(ratios, 0.5)
+    spread = quantile(ratios, 0.8) - quantile(ratios, 0.2)
     return {
         "rounds": len(ratios),
-        "a_ms": _quantile(a_ms, 0.5),
-        "b_ms": _quantile(b_ms, 0.5),
+        "a_ms": quantile(a_ms, 0.5),
+        "b_ms": quantile(b_ms, 0.5),
         "speedup": speedup,
         "spread": spread,
         "beats": speedup - 1.0 > spread and speedup > 1.0,

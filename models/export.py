@@ -248,14 +248,9 @@ def kernel_records(
 
 def module_of(node: Any, root: nn.Module) -> nn.Module | None:
     """The innermost module of a call that has a ``source`` (the attention module), if any."""
-    for path, _type in reversed(list(node.meta.get("nn_module_stack", {}).values())):
-        try:
-            m = root.get_submodule(path)
-        except (AttributeError, TypeError):
-            continue
-        if hasattr(m, "source"):
-            return m
-    return None
+    from autotune.graph_tasks import innermost_module_with
+
+    return innermost_module_with(node, root, "source")
 
 
 def _annotate(proto: Any, records: list[dict[str, Any]], cfg: ModelConfig, preset: str, gpu: str | None) -> None:

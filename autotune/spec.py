@@ -1,0 +1,175 @@
+"""One spec per op: the single record the tuner's registry, the artifacts and the runtime dispatch read.
+
+An op (``hstu_attention``, ``gemm_silu``, ``layer_norm``, ...) has one or more *kernels*, each tuned
+on its own and written to its own artifact file (``hstu_attention_fwd``, ``hstu_attention_bwd``).
+A kernel has *backends* (``triton``, ``cute``, ``torch``); each names, as ``"module:attr"`` strings
+imported only when used, its runtime launcher, its config class, its search space and its tuner
+adapter, plus the template files hashed into artifacts and what it needs to run. Strings keep this
+module (and ``import autotune``) free of torch, triton and cutlass.
+
+Adding an op = a template folder (kernels, ``config.py``, ``reference.py``, ``tuning.py``), a
+search space under ``search_spaces/``, and a ``spec.py`` in the template folder defining ``SPEC``
+(an ``OpSpec``) whose module is listed in ``SPEC_MODULES`` (or registered with ``register``).
+
+Contracts of the named callables (``inputs`` is the dict ``make_inputs`` returns):
+
+- ``KernelSpec.make_inputs(task, lengths, seed, device, dtype) -> dict`` (a task is read as the HSTU
+  layer owning the op: tokens = sum(lengths), hidden = heads x dv, head dims dqk/dv);
+- ``KernelSpec.reference(inputs, compute_dtype) -> tuple`` (fp32 oracle when compute_dtype is float32);
+- ``KernelSpec.flops(inputs) -> float`` (HSTU.md convention; memory-bound ops count their FLOPs too,
+  and ``bytes`` gives their HBM traffic for GB/s);
+- ``KernelSpec.alloc_out(inputs) -> tuple | None``: NaN-filled outputs the correctness check proves written;
+- ``BackendSpec.tune_launch(inputs, config, out) -> tuple`` of outputs in ``output_names`` order;
+- ``BackendSpec.launcher``: the runtime call (explicit tensors, ``config=``), what the custom ops run;
+- ``BackendSpec.config``: a frozen dataclass with ``to_dict`` / strict ``from_dict``;
+- ``BackendSpec.space``: a ``search_spaces.base.SearchSpace`` over that config class.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+# Modules defining ``SPEC``; imported lazily by ``specs()``.
+SPEC_MODULES: list[str] = [
+    "kernel_templates.hstu_attention.spec",
+    "kernel_templates.gemm_silu.spec",
+    "kernel_templates.layer_norm.spec",
+    "kernel_templates.fused_ln_mul_dropout.spec",
+    "kernel_templates.linear_residual.spec",
+]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One implementation of a kernel. ``"module:attr"`` strings; None = not provided."""
+
+    name: str
+    launcher: str | None
+    config: str | None
+    space: str | None
+    tune_launch: str | None
+    sources: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # Python modules that must be importable (find_spec, never imported here)
+    needs_cuda: bool = False
+    compute_capability: tuple[int, int] | None = None  # exact capability the kernel is built for (sm90a)
+    interpretable: bool = False  # runs without a GPU under TRITON_INTERPRET=1 (or is plain torch)
+    jit_functions: str | None = None  # -> Triton JITFunctions, for compiler reports
+    compile_report: str | None = None  # (inputs, config) -> dict, for non-Triton backends
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One tuned kernel: one study per task, one artifact file per GPU."""
+
+    name: str
+    direction: str  # "fwd" | "bwd"
+    make_inputs: str
+    reference: str
+    flops: str
+    backends: tuple[BackendSpec, ...]
+    alloc_out: str | None = None
+    bytes: str | None = None  # inputs -> HBM bytes moved (memory-bound ops)
+    output_names: tuple[str, ...] = ("out",)
+    verify_masks: tuple[str, ...] = ()  # mask features a winner is re-checked on (empty: the task's own)
+    default_backend: str | None = None  # what runs when nothing is tuned (None: the first available)
+
+    def backend(self, name: str) -> BackendSpec:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise ValueError(f"{self.name}: no backend {name!r}; has {', '.join(b.name for b in self.backends)}")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op and its kernels (forward, backward, ...)."""
+
+    name: str
+    kernels: tuple[KernelSpec, ...]
+    doc: str = ""
+    sources: tuple[str, ...] = field(default=())  # files every backend of every kernel depends on
+
+
+_EXTRA: dict[str, OpSpec] = {}
+_LOADED: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add (or replace) an op spec at run time, e.g. a test's fake op or a user's plugin."""
+    _EXTRA[spec.name] = spec
+    _kernel_index.cache_clear()
+    return spec
+
+
+def unregister(name: str) -> None:
+    _EXTRA.pop(name, None)
+    _kernel_index.cache_clear()
+
+
+def _load(module: str) -> OpSpec | None:
+    if module not in _LOADED:
+        try:
+            _LOADED[module] = importlib.import_module(module).SPEC
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                return None  # an op not present in this checkout
+            raise
+    return _LOADED[module]
+
+
+def specs() -> list[OpSpec]:
+    """Every op spec: the built-in modules, then the registered ones (which win on a name clash)."""
+    out: dict[str, OpSpec] = {}
+    for m in SPEC_MODULES:
+        s = _load(m)
+        if s is not None:
+            out[s.name] = s
+    out.update(_EXTRA)
+    return list(out.values())
+
+
+@cache
+def _kernel_index() -> dict[str, tuple[OpSpec, KernelSpec]]:
+    return {k.name: (s, k) for s in specs() for k in s.kernels}
+
+
+def kernel(name: str) -> KernelSpec:
+    """The spec of an artifact kernel name; ValueError naming the known ones otherwise."""
+    idx = _kernel_index()
+    if name not in idx:
+        raise ValueError(f"unknown kernel {name!r}; known: {', '.join(sorted(idx))}")
+    return idx[name][1]
+
+
+def kernels() -> list[str]:
+    return sorted(_kernel_index())
+
+
+def op_of(kernel_name: str) -> OpSpec:
+    kernel(kernel_name)
+    return _kernel_index()[kernel_name][0]
+
+
+def sources(kernel_name: str, backend: str) -> tuple[str, ...]:
+    """Template files whose hash keys ``kernel_name``'s artifacts for ``backend`` (op-wide files too)."""
+    op, k = _kernel_index().get(kernel_name, (None, None))
+    if k is None:
+        return ()
+    try:
+        b = k.backend(backend)
+    except ValueError:
+        return ()
+    return tuple(dict.fromkeys((*b.sources, *op.sources)))
+
+
+@cache
+def resolve(target: str) -> Any:
+    """Import ``module:attr`` once."""
+    mod, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -75,6 +75,9 @@ class KernelSpec:
     output_names: tuple[str, ...] = ("out",)
     verify_masks: tuple[str, ...] = ()  # mask features a winner is re-checked on (empty: the task's own)
     default_backend: str | None = None  # what runs when nothing is tuned (None: the first available)
+    # "module:fn" (dqk, dv, num_heads, dtype, interpret) -> {backend: config} heuristic defaults, in
+    # preference order; None: each backend's search-space default.
+    default: str | None = None
 
     def backend(self, name: str) -> BackendSpec:
         for b in self.backends:

@@ -72,56 +72,19 @@ ENTRY_KEYS: dict[str, tuple] = {
 OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {"timing": (str,), "verified": (list,), "samples": (int,), "compare": (dict,)}
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 
-# (kernel, backend) -> template source files (relative to the repo root) hashed into "template_hash".
-# What every CuTe template also runs: the compile cache and launch helpers, the sm90 TMA/pipeline
-# helpers, the config base.
-CUTE_SHARED = ("kernel_templates/cute_runtime.py", "kernel_templates/cute_sm90.py", "kernel_templates/config_base.py")
-TEMPLATE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("hstu_attention_fwd", "triton"): (
-        "kernel_templates/config_base.py",
-        *(f"kernel_templates/hstu_attention/{f}" for f in ("config.py", "triton_common.py", "triton_fwd.py")),
-    ),
-    ("hstu_attention_bwd", "triton"): (
-        "kernel_templates/config_base.py",
-        *(
-            f"kernel_templates/hstu_attention/{f}"
-            for f in ("config.py", "triton_common.py", "triton_fwd.py", "triton_bwd.py")
-        ),
-    ),
-    ("hstu_attention_fwd", "cute"): (
-        *(f"kernel_templates/cute/{f}" for f in ("config.py", "schedule.py", "hstu_fwd_sm90.py", "op.py")),
-        *CUTE_SHARED,
-    ),
-    ("hstu_attention_bwd", "cute"): (
-        *(
-            f"kernel_templates/cute/{f}"
-            for f in ("config.py", "schedule.py", "hstu_fwd_sm90.py", "bwd_config.py", "hstu_bwd_sm90.py", "bwd_op.py")
-        ),
-        *CUTE_SHARED,
-    ),
-    ("gemm_silu", "cute"): (
-        *(f"kernel_templates/gemm_silu/{f}" for f in ("config.py", "gemm_silu_sm90.py", "op.py", "reference.py")),
-        *CUTE_SHARED,
-    ),
-    ("gemm_silu", "torch"): ("kernel_templates/gemm_silu/reference.py", "autotune/gemm_ops.py"),
-}
-
 
 class ArtifactError(ValueError):
     """A corrupt, invalid or stale artifact; the message says which and what to do."""
 
 
-def register_template_sources(kernel: str, backend: str, files: tuple[str, ...] | list[str]) -> None:
-    """Declare the source files whose content defines (kernel, backend)'s template hash."""
-    TEMPLATE_SOURCES[(kernel, backend)] = tuple(files)
-
-
 def current_template_hash(kernel: str, backend: str = "triton") -> str:
-    """sha256 over the (path, content) of the template sources of (kernel, backend).
+    """sha256 over the (path, content) of the template sources of (kernel, backend), as its op spec lists them.
 
-    Unregistered backends hash every ``.py`` under ``kernel_templates/<backend>/`` (e.g. cute).
+    Backends without a spec hash every ``.py`` under ``kernel_templates/<backend>/``.
     """
-    files = TEMPLATE_SOURCES.get((kernel, backend))
+    from autotune.spec import sources
+
+    files = sources(kernel, backend) or None
     if files is None:
         base = REPO_ROOT / "kernel_templates" / backend
         files = tuple(str(p.relative_to(REPO_ROOT)) for p in sorted(base.rglob("*.py"))) if base.is_dir() else ()
@@ -209,21 +172,26 @@ def _check_type(value: Any, types: tuple, where: str) -> None:
         raise ArtifactError(f"{where} must be finite, got {value!r}")
 
 
+def _config_class(kernel: str, backend: str) -> type | None:
+    """The config class the op spec names for (kernel, backend); None when the spec has none.
+
+    Config modules are pure Python (no cutlass, no GPU), so validating an artifact stays cheap.
+    """
+    from autotune.spec import kernel as kernel_spec
+    from autotune.spec import resolve
+
+    try:
+        target = kernel_spec(kernel).backend(backend).config
+    except ValueError:
+        return None
+    return resolve(target) if target else None
+
+
 def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:
     for k, v in config.items():
         if not isinstance(k, str) or not isinstance(v, (int, float, str, bool)):
             raise ArtifactError(f"{where}.config: {k!r}={v!r} is not a JSON scalar")
-    cls = None
-    if backend == "triton" and kernel in ("hstu_attention_fwd", "hstu_attention_bwd"):
-        from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
-
-        cls = HSTUFwdConfig if kernel == "hstu_attention_fwd" else HSTUBwdConfig
-    elif backend == "cute" and kernel == "hstu_attention_fwd":
-        from kernel_templates.cute.config import HSTUCuteFwdConfig as cls  # pure Python; no cutlass import
-    elif backend == "cute" and kernel == "hstu_attention_bwd":
-        from kernel_templates.cute.bwd_config import HSTUCuteBwdConfig as cls  # pure Python; no cutlass import
-    elif backend == "cute" and kernel == "gemm_silu":
-        from kernel_templates.gemm_silu.config import GemmSiluConfig as cls  # pure Python; no cutlass import
+    cls = _config_class(kernel, backend)
     if cls is not None:
         try:
             cls.from_dict(config)

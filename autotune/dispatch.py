@@ -18,8 +18,6 @@ Configs leave this module as JSON strings (sorted keys) because custom ops take 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import json
 import math
 import os
@@ -30,92 +28,56 @@ from typing import Any
 
 import torch
 
-KINDS = ("hstu_attention_fwd", "hstu_attention_bwd")
+from autotune import spec
+
 SOURCES = ("tuned", "default", "reference")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tasks.MASKS
 LARGEST_BUCKET = 16384  # == autotune.buckets.BUCKETS[-1]: longer calls run this bucket's config
 
 
 # --------------------------------------------------------------------------------------------------
-# Backend table. Add a backend by adding one entry; modules are imported only when it is chosen, so
-# the CuTe DSL (cutlass) is never imported unless an artifact or caller picks "cute".
+# Backends: read from the op specs (autotune.spec). Modules are imported only when a backend is
+# chosen, so the CuTe DSL (cutlass) is never imported unless an artifact or caller picks "cute".
 # --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Backend:
-    """Where a backend's launchers and config classes live ("module:attr"; None = not provided).
-
-    ``requires``: modules that must be installed (checked with find_spec, never imported here);
-    ``needs_cuda``: the backend only runs on a CUDA device.
-    """
-
-    fwd: str | None
-    bwd: str | None
-    fwd_config: str | None = None
-    bwd_config: str | None = None
-    requires: tuple[str, ...] = ()
-    needs_cuda: bool = False
+def kinds() -> list[str]:
+    """Every kernel an op spec declares (the artifact file names)."""
+    return spec.kernels()
 
 
-BACKENDS: dict[str, Backend] = {
-    "triton": Backend(
-        fwd="kernel_templates.hstu_attention.triton_fwd:hstu_attention_fwd",
-        bwd="kernel_templates.hstu_attention.triton_bwd:hstu_attention_bwd",
-        fwd_config="kernel_templates.hstu_attention.config:HSTUFwdConfig",
-        bwd_config="kernel_templates.hstu_attention.config:HSTUBwdConfig",
-    ),
-    # CuTe DSL forward and backward; launcher signatures as the Triton ones (fwd: plus ``sm_count``).
-    "cute": Backend(
-        fwd="kernel_templates.cute:hstu_attention_cute_fwd",
-        bwd="kernel_templates.cute:hstu_attention_cute_bwd",
-        fwd_config="kernel_templates.cute:HSTUCuteFwdConfig",
-        bwd_config="kernel_templates.cute:HSTUCuteBwdConfig",
-        requires=("cutlass",),
-        needs_cuda=True,
-    ),
-    # The PyTorch oracle (handled inside autotune.ops; configs ignored).
-    "reference": Backend(fwd=None, bwd=None),
-}
-
-
-def register_backend(name: str, backend: Backend) -> None:
-    """Add or replace a backend (e.g. an experimental kernel) and drop cached choices."""
-    BACKENDS[name] = backend
-    clear_cache()
-
-
-@functools.cache
-def resolve(spec: str) -> Any:
-    """Import ``module:attr`` once."""
-    mod, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(mod), attr)
+def launcher(backend: str, kind: str) -> Any:
+    """The runtime launcher of ``backend`` for ``kind`` (imported once)."""
+    target = spec.kernel(kind).backend(backend).launcher
+    if target is None:
+        raise ValueError(f"{kind}: backend {backend!r} has no runtime launcher")
+    return spec.resolve(target)
 
 
 @functools.lru_cache(maxsize=512)
 def decode_config(backend: str, kind: str, config_json: str) -> Any:
     """Config object for a backend from its JSON string (cached: same string, same object)."""
-    spec = BACKENDS[backend]
-    cls_spec = spec.fwd_config if kind == "hstu_attention_fwd" else spec.bwd_config
+    if backend == "reference":
+        return None
+    cls_spec = spec.kernel(kind).backend(backend).config
     if cls_spec is None:
         return None
-    return resolve(cls_spec).from_dict(json.loads(config_json))
+    return spec.resolve(cls_spec).from_dict(json.loads(config_json))
 
 
+@functools.cache
 def backend_available(name: str, kind: str) -> bool:
-    """Whether ``name`` provides ``kind`` here (imports its module: call only when it is chosen)."""
-    spec = BACKENDS.get(name)
-    if spec is None:
-        return False
+    """Whether ``name`` provides ``kind`` here (imports its launcher: call only when it is chosen)."""
     if name == "reference":
         return True
-    target = spec.fwd if kind == "hstu_attention_fwd" else spec.bwd
-    if target is None:
+    from autotune.registry import unavailable_reason
+
+    try:
+        b = spec.kernel(kind).backend(name)
+    except ValueError:
         return False
-    if spec.needs_cuda and not torch.cuda.is_available():
+    if b.launcher is None or unavailable_reason(b) is not None:
         return False
     try:
-        if any(importlib.util.find_spec(m) is None for m in spec.requires):
-            return False
-        resolve(target)
+        spec.resolve(b.launcher)
     except Exception:  # noqa: BLE001 - any import failure means "not available here"
         return False
     return True
@@ -141,6 +103,7 @@ class _State:
     gpu: str | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)  # kernels without a file: defaults, said when called
     notes: dict[str, list[str]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
 
@@ -165,16 +128,31 @@ def _warn_once(msg: str, key: str | None = None, stacklevel: int = 4) -> None:
     warnings.warn(msg, DispatchWarning, stacklevel=stacklevel)
 
 
+_CLEAR_HOOKS: list = []  # caches built on choices (the fused layer's plans)
+
+
+def on_clear(fn) -> None:
+    """Call ``fn`` whenever cached choices are dropped."""
+    _CLEAR_HOOKS.append(fn)
+
+
 def clear_cache() -> None:
-    """Forget cached choices (after loading other artifacts)."""
+    """Forget cached choices (after loading other artifacts, or when the op specs change)."""
     _CACHE.clear()
+    decode_config.cache_clear()
+    backend_available.cache_clear()
+    for fn in _CLEAR_HOOKS:
+        fn()
+
+
+spec.on_change(clear_cache)
 
 
 def reset() -> None:
     """Back to the unloaded state: no artifacts, no cached choices, warnings may repeat (tests)."""
     global _STATE
     _STATE = _State()
-    _CACHE.clear()
+    clear_cache()
     _WARNED.clear()
     WARNINGS.clear()
 
@@ -223,16 +201,16 @@ def load(
         try:
             gpu = _detect_gpu()
         except Exception as exc:  # noqa: BLE001 - no CUDA / unknown GPU: defaults, with the reason
-            for kind in KINDS:
+            for kind in kinds():
                 state.problems[kind] = f"no artifact used for {kind}: could not detect the GPU ({exc})"
     state.gpu = gpu
     running = gpus.running_environment() if gpu is not None else None
-    for kind in KINDS if gpu is not None else ():
+    for kind in kinds() if gpu is not None else ():
         file = Path(path) / gpu / f"{kind}.json"
         if not file.is_file():
             file = (_same_arch_file(Path(path), gpu, kind) if allow_same_arch else None) or file
         if not file.is_file():
-            state.problems[kind] = f"no artifact for GPU '{gpu}': {file} does not exist"
+            state.missing[kind] = f"no artifact for GPU '{gpu}': {file} does not exist"
             continue
         verdict = assess_artifact(file, gpu, running, allow_same_arch)
         if verdict.usable:
@@ -242,21 +220,23 @@ def load(
             state.problems[kind] = f"artifact rejected: {verdict.reason}"
     global _STATE
     _STATE = state
-    _CACHE.clear()
-    for note in dict.fromkeys(n for kind in KINDS for n in state.notes.get(kind, [])):
+    clear_cache()
+    for note in dict.fromkeys(n for kind in kinds() for n in state.notes.get(kind, [])):
         _warn_once(note, stacklevel=3)  # fwd and bwd usually share the note: said once
     return summary()
 
 
 def summary() -> dict[str, Any]:
-    """What is loaded: GPU, kernels with artifacts (and their files), problems (rejected or missing
-    files), notes said when a file was used anyway (version drift, same-architecture), warnings so far."""
+    """What is loaded: GPU, kernels with artifacts (and their files), problems (rejected files),
+    missing files (those kernels run their defaults, warned at their first call), notes said when a
+    file was used anyway (version drift, same-architecture), warnings so far."""
     return {
         "loaded": _STATE.loaded,
         "path": _STATE.path,
         "gpu": _STATE.gpu,
         "kernels": sorted(_STATE.artifacts),
         "problems": dict(_STATE.problems),
+        "missing": dict(_STATE.missing),
         "notes": {k: list(v) for k, v in _STATE.notes.items()},
         "files": dict(_STATE.files),
         "warnings": list(WARNINGS),
@@ -297,12 +277,17 @@ def _config_json(config: Any) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None) -> Choice:
-    """The heuristic default (Triton) for these head dims and dtype (float32 takes smaller tiles)."""
-    from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
-
-    fn = default_fwd_config if kind == "hstu_attention_fwd" else default_bwd_config
-    return Choice("triton", _config_json(fn(dqk, dv, _interpreting(), dtype)), "default")
+def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_heads: int = 1) -> Choice:
+    """The heuristic default for these dims and dtype: the first available backend of the kernel
+    spec's defaults (float32 takes smaller attention tiles)."""
+    k = spec.kernel(kind)
+    if k.default is None:
+        raise ValueError(f"{kind}: its spec names no default configs")
+    defaults = spec.resolve(k.default)(dqk, dv, num_heads, dtype, _interpreting())
+    for backend, config in defaults.items():
+        if backend_available(backend, kind):
+            return Choice(backend, _config_json(config), "default")
+    raise RuntimeError(f"{kind}: no backend of its defaults ({', '.join(defaults)}) can run in this process")
 
 
 def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
@@ -376,10 +361,11 @@ def _resolve(
     if source == "reference":
         return Choice("reference", "{}", "reference")
     if source == "default" or not _STATE.loaded:
-        return default_choice(kind, dqk, dv, dtype)
-    if kind in _STATE.problems:
-        _warn_once(f"{_STATE.problems[kind]}; using the heuristic default config")
-        return default_choice(kind, dqk, dv, dtype)
+        return default_choice(kind, dqk, dv, dtype, num_heads)
+    problem = _STATE.problems.get(kind) or _STATE.missing.get(kind)
+    if problem:
+        _warn_once(f"{problem}; using the heuristic default config")
+        return default_choice(kind, dqk, dv, dtype, num_heads)
     artifact = _STATE.artifacts[kind]
     bucket = _bucket_for(max_seq_len)
     if max_seq_len > LARGEST_BUCKET:
@@ -391,7 +377,7 @@ def _resolve(
     entry = artifact.lookup(dtype, dqk, dv, bucket, distribution, num_heads, mask)
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")
-        return choice or default_choice(kind, dqk, dv, dtype)
+        return choice or default_choice(kind, dqk, dv, dtype, num_heads)
     same_dims = [
         e
         for e in _entries(artifact)
@@ -402,12 +388,12 @@ def _resolve(
             f"{kind}: no tuned entry for dtype={dtype}, head dims dqk={dqk} dv={dv} (unseen head dim) in the "
             f"'{_STATE.gpu}' artifact; using the heuristic default config"
         )
-        return default_choice(kind, dqk, dv, dtype)
+        return default_choice(kind, dqk, dv, dtype, num_heads)
     best = _nearest(same_dims, bucket, distribution, num_heads, mask)
     call = {"dtype": dtype, "dqk": dqk, "dv": dv, "bucket": bucket, "distribution": distribution}
     _warn_once(_fallback_message(kind, {**call, "num_heads": num_heads, "mask": mask}, best))
     choice = _entry_choice(kind, best, "nearest")
-    return choice or default_choice(kind, dqk, dv, dtype)
+    return choice or default_choice(kind, dqk, dv, dtype, num_heads)
 
 
 def select(
@@ -431,8 +417,8 @@ def select(
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    if kind not in KINDS:
-        raise ValueError(f"unknown kernel kind {kind!r}; expected one of {KINDS}")
+    if kind not in kinds():
+        raise ValueError(f"unknown kernel kind {kind!r}; expected one of {tuple(kinds())}")
     if source not in SOURCES:
         raise ValueError(f"unknown kernel source {source!r}; expected one of {SOURCES}")
     if mask not in MASKS:

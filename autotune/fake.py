@@ -1,7 +1,7 @@
 """Injectable fake kernels for tests: configs that crash, hang, are wrong, poison the process, or are slow.
 
-Registered only when this module is imported (``plugins=["autotune.fake"]``); its worker imports it
-too. Two ops:
+Registered (``autotune.spec.register``, the same op spec every real op has) only when this module is
+imported (``plugins=["autotune.fake"]``); its worker imports it too. Two ops:
 
 - ``fake_op``: modes slow (the default), ok, ok2, wrong, nan, crash, hang. The 'wrong' and 'nan'
   configs are the fastest, so a tuner that skipped the correctness check would pick them.
@@ -28,10 +28,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
-from autotune.registry import Backend, Op, register_backend, register_op
+from autotune.spec import register
+from kernel_templates.config_base import JsonConfig
+from kernel_templates.spec_base import BackendSpec, KernelSpec, OpSpec
 from search_spaces.base import SearchSpace
 
 FAKE_OP = "fake_op"
@@ -45,7 +48,8 @@ _BROKEN: list[str] = []  # set by a 'sticky' launch: this process is unusable fr
 
 
 @dataclass(frozen=True)
-class FakeConfig:
+class FakeConfig(JsonConfig):
+    kind: ClassVar[str] = "fake"
     mode: str = "slow"
     size: int = 1
 
@@ -98,14 +102,48 @@ def _make_inputs(task, lengths, seed, device, dtype) -> dict:
     return {"x": x, "n_seqs": len(lengths)}
 
 
-def _op(name: str) -> Op:
-    return Op(
-        name,
-        make_inputs=_make_inputs,
-        reference=lambda inputs, dtype: (inputs["x"].float() * 2,),
-        flops=lambda inputs: float(inputs["x"].numel()),
-        alloc_out=lambda inputs: (torch.full_like(inputs["x"], float("nan")),),
+def _reference(inputs: dict, dtype: torch.dtype) -> tuple:
+    return (inputs["x"].float() * 2,)
+
+
+def _flops(inputs: dict) -> float:
+    return float(inputs["x"].numel())
+
+
+def _alloc_out(inputs: dict) -> tuple:
+    return (torch.full_like(inputs["x"], float("nan")),)
+
+
+def _defaults(dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool) -> dict[str, FakeConfig]:
+    return {"fake": FakeConfig()}
+
+
+def fake_launcher(x: torch.Tensor, *, config: FakeConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The runtime call: what dispatch runs for a fake kernel (same code as the tuner's launch)."""
+    return _launch({"x": x, "n_seqs": 1}, config, (out,) if out is not None else None)[0]
+
+
+def _spec(name: str, space: str) -> OpSpec:
+    backend = BackendSpec(
+        name="fake",
+        launcher="autotune.fake:fake_launcher",
+        config="autotune.fake:FakeConfig",
+        space=f"autotune.fake:{space}",
+        tune_launch="autotune.fake:_launch",
+        sources=("autotune/fake.py",),
+        interpretable=True,
     )
+    kernel = KernelSpec(
+        name=name,
+        direction="fwd",
+        make_inputs="autotune.fake:_make_inputs",
+        reference="autotune.fake:_reference",
+        flops="autotune.fake:_flops",
+        alloc_out="autotune.fake:_alloc_out",
+        backends=(backend,),
+        default="autotune.fake:_defaults",
+    )
+    return OpSpec(name=name, kernels=(kernel,))
 
 
 FAKE_SPACE = SearchSpace(
@@ -115,7 +153,5 @@ FAULTS_SPACE = SearchSpace(
     "fake_faults/fake", FakeConfig, {"mode": tuple(FAULT_SLEEP_S)}, (_only_listed_modes,), lambda ctx: FakeConfig()
 )
 
-register_op(_op(FAKE_OP))
-register_op(_op(FAULTS_OP))
-register_backend(Backend(FAKE_OP, "fake", FAKE_SPACE, _launch, template_files=("autotune/fake.py",)))
-register_backend(Backend(FAULTS_OP, "fake", FAULTS_SPACE, _launch, template_files=("autotune/fake.py",)))
+FAKE_SPEC = register(_spec(FAKE_OP, "FAKE_SPACE"))
+FAULTS_SPEC = register(_spec(FAULTS_OP, "FAULTS_SPACE"))

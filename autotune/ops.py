@@ -107,7 +107,7 @@ def attention_fwd(
         return _reference_fwd(
             q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen
         )
-    launcher = dispatch.resolve(dispatch.BACKENDS[backend].fwd)
+    launcher = dispatch.launcher(backend, FWD)
     cfg = dispatch.decode_config(backend, FWD, config)
     return launcher(
         q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, cfg
@@ -145,7 +145,7 @@ def attention_bwd(
         return _reference_bwd(
             do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen
         )
-    launcher = dispatch.resolve(dispatch.BACKENDS[backend].bwd)
+    launcher = dispatch.launcher(backend, BWD)
     cfg = dispatch.decode_config(backend, BWD, config)
     dq, dk, dv = launcher(
         do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, cfg

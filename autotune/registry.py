@@ -1,42 +1,30 @@
-"""Registry of tunable kernels, so the tuner is backend-agnostic.
+"""The tuner's view of the op specs: resolved callables per kernel and backend.
 
-An *op* says what is computed (inputs, fp32 reference, FLOPs); a *backend* says how (a search
-space and a launch function). A task's study searches over every available backend of its op with a
-categorical ``backend`` parameter, so a CuTe DSL implementation competes with the Triton one.
+Every kernel the tuner can tune is described once, by its op's spec (``autotune.spec``; a
+``spec.py`` in each template folder). This module resolves a spec's ``"module:attr"`` strings into
+the callables the tuner and its workers run. ``Op`` and ``Backend`` are those resolved views; nothing
+registers them by hand.
 
-How to register a backend (e.g. the CuTe DSL one), in a module of your own::
-
-    from autotune.registry import Backend, register_backend
-    from search_spaces.hstu_cute import HSTU_FWD_CUTE          # a search_spaces.base.SearchSpace
-
-    def _launch(inputs, config, out):                          # -> tuple of output tensors
-        return (my_cute_fwd(inputs["q"], ..., config=config, out=out[0] if out else None),)
-
-    register_backend(Backend(
-        op="hstu_attention_fwd", name="cute", space=HSTU_FWD_CUTE, launch=_launch,
-        template_files=("kernel_templates/cute/hstu_fwd.py",),   # hashed into artifacts
-        available=lambda: None if cutlass_present() else "nvidia-cutlass-dsl not installed",
-    ))
-
-then make the module known to the tuner (its worker subprocess imports it too): add it to
-``PLUGIN_MODULES`` below, or set ``AUTOTUNE_PLUGINS=my.module``, or pass ``autotune run --plugin
-my.module``. ``inputs`` is the dict the op's ``make_inputs`` builds (see ``autotune/hstu_ops.py``);
-``out`` is the op's poisoned (NaN-filled) output buffers or None. ``jit_functions`` (optional)
-returns the Triton JITFunctions the launch runs so their compiler reports (registers, spills, shared
-memory) are recorded; other backends may instead return them from ``compile_report(inputs, config)``.
+Extra ops (a test's fake kernels, a user's plugin) call ``autotune.spec.register(OpSpec(...))`` in a
+module the tuner imports: list it in ``AUTOTUNE_PLUGINS=my.module`` or pass ``autotune run --plugin
+my.module`` (its worker subprocesses import it too).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from search_spaces.base import SearchSpace
+from autotune import spec as specs
+from kernel_templates.spec_base import BackendSpec, KernelSpec
 
-PLUGIN_MODULES: list[str] = ["autotune.hstu_ops", "autotune.gemm_ops"]
+PLUGIN_MODULES: list[str] = []  # built-in ops come from autotune.spec.SPEC_MODULES
+_loaded: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -55,11 +43,11 @@ class Op:
 
 @dataclass(frozen=True)
 class Backend:
-    """One implementation of an op: its search space and how to launch a config."""
+    """One implementation of a kernel: its search space and how the tuner launches a config."""
 
     op: str
     name: str
-    space: SearchSpace
+    space: Any  # search_spaces.base.SearchSpace
     launch: Callable[[dict, Any, tuple | None], tuple]
     template_files: tuple[str, ...] = ()
     jit_functions: Callable[[], Sequence[Any]] = lambda: ()
@@ -67,42 +55,79 @@ class Backend:
     available: Callable[[], str | None] = lambda: None
 
 
-_OPS: dict[str, Op] = {}
-_BACKENDS: dict[tuple[str, str], Backend] = {}
-_loaded: list[str] = []
+def unavailable_reason(b: BackendSpec) -> str | None:
+    """Why backend ``b`` cannot run in this process (package missing, no/wrong GPU), or None.
 
-
-def cute_available() -> str | None:
-    """Why the CuTe DSL backends cannot run here (package missing, no Hopper sm90 GPU), or None.
-
-    Shared by every CuTe backend's ``available``; imports lazily so ``import autotune`` stays light.
+    Checks what the spec declares without importing the backend's modules.
     """
-    import importlib.util
-
-    if importlib.util.find_spec("cutlass") is None:
-        return "nvidia-cutlass-dsl not installed"
+    for mod in b.requires:
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} not installed" if mod != "cutlass" else "nvidia-cutlass-dsl not installed"
     import torch
 
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if b.needs_cuda and not cuda:
         return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "needs an sm90 (Hopper) GPU"
+    if not cuda and not (b.interpretable and os.environ.get("TRITON_INTERPRET", "0") == "1"):
+        if not b.interpretable:
+            return "needs a CUDA GPU"
+        return "needs a CUDA GPU (or TRITON_INTERPRET=1)"
+    if b.compute_capability is not None and cuda and torch.cuda.get_device_capability() != b.compute_capability:
+        major, minor = b.compute_capability
+        return f"needs an sm{major}{minor} GPU"
     return None
 
 
-def register_op(op: Op) -> Op:
-    _OPS[op.name] = op
-    return op
+def cute_available() -> str | None:
+    """Why the CuTe DSL backends cannot run here, or None (what every CuTe backend spec declares)."""
+    return unavailable_reason(
+        BackendSpec("cute", None, None, None, None, requires=("cutlass",), needs_cuda=True, compute_capability=(9, 0))
+    )
 
 
-def register_backend(backend: Backend) -> Backend:
-    """Register (or replace) a backend and tell the artifacts which files its template hash covers."""
-    from autotune.artifacts import register_template_sources
+def _maybe(target: str | None) -> Any:
+    return specs.resolve(target) if target else None
 
-    _BACKENDS[(backend.op, backend.name)] = backend
-    if backend.template_files:
-        register_template_sources(backend.op, backend.name, backend.template_files)
-    return backend
+
+@cache
+def _op_view(name: str) -> Op:
+    k: KernelSpec = specs.kernel(name)
+    return Op(
+        name=k.name,
+        make_inputs=specs.resolve(k.make_inputs),
+        reference=specs.resolve(k.reference),
+        flops=specs.resolve(k.flops),
+        alloc_out=_maybe(k.alloc_out) or (lambda inputs: None),
+        output_names=k.output_names,
+        direction=k.direction,
+        verify_masks=k.verify_masks,
+    )
+
+
+@cache
+def _backend_view(kernel: str, name: str) -> Backend:
+    b = specs.kernel(kernel).backend(name)
+    if b.space is None or b.tune_launch is None:
+        raise ValueError(f"{kernel}: backend {name!r} is not tunable (no search space or tuner launch in its spec)")
+    return Backend(
+        op=kernel,
+        name=b.name,
+        space=specs.resolve(b.space),
+        launch=specs.resolve(b.tune_launch),
+        template_files=specs.sources(kernel, name),
+        jit_functions=_maybe(b.jit_functions) or (lambda: ()),
+        compile_report=_maybe(b.compile_report),
+        available=lambda b=b: unavailable_reason(b),
+    )
+
+
+def clear() -> None:
+    """Forget resolved views (after ``autotune.spec.register`` replaced an op)."""
+    _op_view.cache_clear()
+    _backend_view.cache_clear()
+
+
+specs.on_change(clear)
 
 
 def plugin_modules(extra: Sequence[str] = ()) -> list[str]:
@@ -115,7 +140,7 @@ def plugin_modules(extra: Sequence[str] = ()) -> list[str]:
 
 
 def load_plugins(extra: Sequence[str] = ()) -> list[str]:
-    """Import the registering modules (built-in, AUTOTUNE_PLUGINS, ``extra``); returns their names."""
+    """Import the modules that register extra op specs (AUTOTUNE_PLUGINS, ``extra``); returns their names."""
     mods = plugin_modules(extra)
     for m in mods:
         if m not in _loaded:
@@ -125,30 +150,28 @@ def load_plugins(extra: Sequence[str] = ()) -> list[str]:
 
 
 def get_op(name: str) -> Op:
-    try:
-        return _OPS[name]
-    except KeyError:
-        raise ValueError(f"unknown kernel {name!r}; registered: {', '.join(sorted(_OPS)) or 'none'}") from None
+    return _op_view(name)
 
 
 def ops() -> list[str]:
-    return sorted(_OPS)
+    return specs.kernels()
 
 
 def backends_for(op: str, only: Sequence[str] | None = None, available_only: bool = True) -> list[Backend]:
-    """Backends of ``op`` (sorted by name), optionally only the named / the available ones."""
+    """Tunable backends of kernel ``op`` (sorted by name), optionally only the named / the available ones."""
     out = []
-    for (o, name), b in sorted(_BACKENDS.items()):
-        if o != op or (only and name not in only):
+    for b in sorted(specs.kernel(op).backends, key=lambda b: b.name):
+        if (only and b.name not in only) or b.space is None or b.tune_launch is None:
             continue
-        if available_only and b.available() is not None:
+        view = _backend_view(op, b.name)
+        if available_only and view.available() is not None:
             continue
-        out.append(b)
+        out.append(view)
     return out
 
 
 def get_backend(op: str, name: str) -> Backend:
     try:
-        return _BACKENDS[(op, name)]
-    except KeyError:
-        raise ValueError(f"no backend {name!r} registered for {op!r}") from None
+        return _backend_view(op, name)
+    except ValueError as e:
+        raise ValueError(f"no backend {name!r} registered for {op!r}: {e}") from None

@@ -28,9 +28,13 @@ Contracts of the named callables (``inputs`` is the dict ``make_inputs`` returns
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import cache
 from typing import Any
+
+from kernel_templates.spec_base import BackendSpec, KernelSpec, OpSpec
+
+__all__ = ["BackendSpec", "KernelSpec", "OpSpec", "kernel", "kernels", "register", "resolve", "specs"]
 
 # Modules defining ``SPEC``; imported lazily by ``specs()``.
 SPEC_MODULES: list[str] = [
@@ -42,74 +46,34 @@ SPEC_MODULES: list[str] = [
 ]
 
 
-@dataclass(frozen=True)
-class BackendSpec:
-    """One implementation of a kernel. ``"module:attr"`` strings; None = not provided."""
-
-    name: str
-    launcher: str | None
-    config: str | None
-    space: str | None
-    tune_launch: str | None
-    sources: tuple[str, ...] = ()
-    requires: tuple[str, ...] = ()  # Python modules that must be importable (find_spec, never imported here)
-    needs_cuda: bool = False
-    compute_capability: tuple[int, int] | None = None  # exact capability the kernel is built for (sm90a)
-    interpretable: bool = False  # runs without a GPU under TRITON_INTERPRET=1 (or is plain torch)
-    jit_functions: str | None = None  # -> Triton JITFunctions, for compiler reports
-    compile_report: str | None = None  # (inputs, config) -> dict, for non-Triton backends
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One tuned kernel: one study per task, one artifact file per GPU."""
-
-    name: str
-    direction: str  # "fwd" | "bwd"
-    make_inputs: str
-    reference: str
-    flops: str
-    backends: tuple[BackendSpec, ...]
-    alloc_out: str | None = None
-    bytes: str | None = None  # inputs -> HBM bytes moved (memory-bound ops)
-    output_names: tuple[str, ...] = ("out",)
-    verify_masks: tuple[str, ...] = ()  # mask features a winner is re-checked on (empty: the task's own)
-    default_backend: str | None = None  # what runs when nothing is tuned (None: the first available)
-    # "module:fn" (dqk, dv, num_heads, dtype, interpret) -> {backend: config} heuristic defaults, in
-    # preference order; None: each backend's search-space default.
-    default: str | None = None
-
-    def backend(self, name: str) -> BackendSpec:
-        for b in self.backends:
-            if b.name == name:
-                return b
-        raise ValueError(f"{self.name}: no backend {name!r}; has {', '.join(b.name for b in self.backends)}")
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """An op and its kernels (forward, backward, ...)."""
-
-    name: str
-    kernels: tuple[KernelSpec, ...]
-    doc: str = ""
-    sources: tuple[str, ...] = field(default=())  # files every backend of every kernel depends on
-
-
 _EXTRA: dict[str, OpSpec] = {}
 _LOADED: dict[str, OpSpec] = {}
+_ON_CHANGE: list[Callable[[], None]] = []  # caches built from specs (registry views, dispatch choices)
+
+
+def on_change(fn: Callable[[], None]) -> None:
+    """Call ``fn`` whenever the set of specs changes, so caches derived from them are dropped."""
+    _ON_CHANGE.append(fn)
+
+
+def _changed() -> None:
+    _kernel_index.cache_clear()
+    resolve.cache_clear()
+    for fn in _ON_CHANGE:
+        fn()
 
 
 def register(spec: OpSpec) -> OpSpec:
     """Add (or replace) an op spec at run time, e.g. a test's fake op or a user's plugin."""
     _EXTRA[spec.name] = spec
-    _kernel_index.cache_clear()
+    _changed()
     return spec
 
 
 def unregister(name: str) -> None:
+    """Drop a registered spec (a built-in one of the same name is seen again)."""
     _EXTRA.pop(name, None)
-    _kernel_index.cache_clear()
+    _changed()
 
 
 def _load(module: str) -> OpSpec | None:

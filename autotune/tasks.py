@@ -59,6 +59,11 @@ class Task:
         """The longest sequence of the representative batch (= bucket unless capped)."""
         return min(self.bucket, self.seq_cap) if self.seq_cap else self.bucket
 
+    @property
+    def mask_features(self) -> tuple[int, float, float]:
+        """(contextual_seq_len, target fraction, window fraction) of the task's mask: what op adapters read."""
+        return MASKS[self.mask]
+
     def lengths(self) -> list[int]:
         return sequence_lengths(self.max_len, self.batch, self.distribution, self.seed)
 

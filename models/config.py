@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 KERNEL_SOURCES = ("reference", "default", "tuned")
+LAYER_IMPLS = ("unfused", "fused")
+PRECISIONS = ("autocast", "bf16")
+RECOMPUTE = ("none", "uvqk", "ln", "uvqk+ln")
 LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed")
 TRITON_HEAD_DIMS = (32, 64, 128, 256)
 
@@ -44,6 +47,17 @@ class ModelConfig:
     # training
     lr: float = 1e-3
     kernels: str = "default"
+    # How a layer runs its kernels: "unfused" chains nn modules and the attention custom op;
+    # "fused" runs the whole layer as one autograd function over dispatched kernels
+    # (autotune.layer: every op tuned, q/k/v/u as views, one d(uvqk) buffer, fused residual grad).
+    layer: str = "unfused"
+    # "autocast": fp32 residual stream and LayerNorms (torch autocast's policy); "bf16": activations,
+    # the residual stream included, in bf16 with fp32 statistics inside the fused kernels and fp32
+    # master weights (fused layer only).
+    precision: str = "autocast"
+    # Fused layer only: recompute SiLU(LN(x) W) ("uvqk") and/or LN(x) ("ln") in the backward.
+    recompute: str = "none"
+    zero_copy: bool = True  # fused layer only; False copies q/k/v/u and concatenates their gradients
     seed: int = 0
 
     def replace(self, **overrides: Any) -> ModelConfig:
@@ -97,6 +111,13 @@ class ModelConfig:
                 f"head_dim {self.head_dim} has no Triton kernel (supported: {TRITON_HEAD_DIMS}); "
                 "use kernels='reference' or a supported head dim"
             )
+        for name, allowed in (("layer", LAYER_IMPLS), ("precision", PRECISIONS), ("recompute", RECOMPUTE)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.layer == "fused" and self.kernels == "reference":
+            raise ValueError("layer='fused' runs dispatched kernels; kernels must be 'default' or 'tuned'")
+        if self.layer == "unfused" and (self.precision != "autocast" or self.recompute != "none"):
+            raise ValueError("precision='bf16' and recompute need layer='fused'")
         if self.length_dist not in LENGTH_DISTRIBUTIONS:
             raise ValueError(f"length_dist must be one of {LENGTH_DISTRIBUTIONS}, got {self.length_dist!r}")
         if self.min_seq_len > self.max_seq_len:

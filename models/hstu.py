@@ -4,10 +4,11 @@ Embeddings (item + previous action + position) -> a stack of HSTU layers -> Laye
 head per task. An HSTU layer: ``x -> LN -> uvqk = silu(LN(x) W + b) -> split u, v, q, k per head ->
 jagged attention -> dropout(LN(attn) * u) -> W_o -> + x``.
 
-The kernel source is the model's only kernel knob: "reference" runs the PyTorch oracle attention and
+The kernel source is the model's kernel knob: "reference" runs the PyTorch oracle attention and
 an unfused LN * u + dropout; "default" and "tuned" run the ``hstu::attention_*`` custom ops (heuristic
-configs, or the ones ``autotune.load`` found) and the fused Triton LN * u + dropout. Model code never
-names a backend or a tile size.
+configs, or the ones ``autotune.load`` found) and the fused Triton LN * u + dropout. ``layer="fused"``
+runs each layer as one autograd function over dispatched kernels (``autotune.layer``), with the
+precision policy and recompute switches of the config. Model code never names a backend or a tile size.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autotune.layer import hstu_layer, plan_layer
 from autotune.ops import HSTUAttention
 from kernel_templates.fused_ln_mul_dropout import fused_ln_mul_dropout
 
@@ -40,8 +42,37 @@ class HSTULayer(nn.Module):
         self.fused = cfg.kernels != "reference"
         self.alpha = 1.0 / math.sqrt(d)
 
+    def _fused(self, x: torch.Tensor, seq_offsets: torch.Tensor) -> torch.Tensor:
+        """The whole layer through ``autotune.layer`` (kernels chosen per shape by dispatch)."""
+        cfg, dev = self.cfg, x.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        if cfg.precision == "bf16":
+            x = x.to(dt)
+        p = cfg.dropout if self.training else 0.0
+        plan = plan_layer(
+            dt, cfg.num_heads, cfg.head_dim, cfg.max_seq_len, self.alpha, cfg.eps, p, cfg.kernels, cfg.distribution,
+            recompute_uvqk="uvqk" in cfg.recompute, recompute_ln="ln" in cfg.recompute.split("+"),
+            zero_copy=cfg.zero_copy,
+        )  # fmt: skip
+        seed = torch.randint(0, 2**31 - 1, (1,), device=x.device) if p > 0 else self._zero_seed(x.device)
+        params = {
+            "ln1_w": self.input_norm.weight, "ln1_b": self.input_norm.bias,
+            "w_uvqk": self.uvqk.weight, "b_uvqk": self.uvqk.bias,
+            "ln2_w": self.attn_norm.weight, "ln2_b": self.attn_norm.bias,
+            "w_o": self.out_proj.weight, "b_o": self.out_proj.bias,
+        }  # fmt: skip
+        with torch.autocast(dev, enabled=False):
+            return hstu_layer(x, params, seq_offsets, plan, seed)
+
+    def _zero_seed(self, device: torch.device) -> torch.Tensor:
+        if getattr(self, "_seed0", None) is None or self._seed0.device != device:
+            self._seed0 = torch.zeros(1, dtype=torch.int64, device=device)
+        return self._seed0
+
     def forward(self, x: torch.Tensor, seq_offsets: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
+        if cfg.layer == "fused":
+            return self._fused(x, seq_offsets)
         L, h, d = x.shape[0], cfg.num_heads, cfg.head_dim
         uvqk = F.silu(self.uvqk(self.input_norm(x)))
         # Under autocast the linear's output is bf16 already; cast explicitly so every kernel sees one dtype.

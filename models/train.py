@@ -256,6 +256,9 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--kernels", default="default", help="reference | default | tuned")
+    p.add_argument("--layer", default=None, help="unfused | fused (one autograd function over tuned kernels)")
+    p.add_argument("--precision", default=None, help="autocast (fp32 residual stream) | bf16 (fused layer)")
+    p.add_argument("--recompute", default=None, help="none | uvqk | ln | uvqk+ln (fused layer)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
@@ -282,6 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     console = Console(stderr=True)
     overrides = parse_overrides(args.set)
     overrides["kernels"] = args.kernels
+    for name in ("layer", "precision", "recompute"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     if args.seed is not None:
         overrides["seed"] = args.seed
     cfg = get_config(args.preset, **overrides)

@@ -99,7 +99,7 @@ def test_same_arch_opt_in_uses_it_and_says_so_once(tmp_path, monkeypatch):
 def test_same_arch_opt_in_finds_the_sibling_folder(tmp_path, monkeypatch):
     _running(monkeypatch, H200)
     root = write(tmp_path, "h100", "h100", H100)  # nothing under h200/
-    assert set(dispatch.load(root, gpu="h200")["problems"]) == {FWD, BWD}
+    assert set(dispatch.load(root, gpu="h200")["missing"]) >= {FWD, BWD}
     with pytest.warns(dispatch.DispatchWarning, match="allowed by allow_same_arch"):
         loaded = dispatch.load(root, gpu="h200", allow_same_arch=True)
     assert loaded["kernels"] == [BWD, FWD] and loaded["files"][FWD].endswith("h100/hstu_attention_fwd.json")

@@ -128,10 +128,17 @@ def test_stale_template_hash_is_refused(tmp_path):
 def test_template_hash_depends_on_sources(tmp_path):
     f = tmp_path / "k.py"
     f.write_text("x = 1\n")
-    art.register_template_sources("test_kernel", "triton", [str(f)])
-    h1 = art.current_template_hash("test_kernel", "triton")
-    f.write_text("x = 2\n")
-    assert art.current_template_hash("test_kernel", "triton") != h1
+    from autotune import spec
+
+    backend = spec.BackendSpec("triton", None, None, None, None, sources=(str(f),))
+    kernel = spec.KernelSpec("test_kernel", "fwd", "m:a", "m:b", "m:c", backends=(backend,))
+    spec.register(spec.OpSpec("test_op", kernels=(kernel,)))
+    try:
+        h1 = art.current_template_hash("test_kernel", "triton")
+        f.write_text("x = 2\n")
+        assert art.current_template_hash("test_kernel", "triton") != h1
+    finally:
+        spec.unregister("test_op")
     assert art.current_template_hash("hstu_attention_fwd") != art.current_template_hash("hstu_attention_bwd")
 
 

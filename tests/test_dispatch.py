@@ -95,7 +95,7 @@ def test_no_artifact_for_gpu_falls_back_to_default(tmp_path):
         c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform")
     assert c.source == "default"
     assert json.loads(c.config) == default_fwd_config(64, 64, os.environ.get("TRITON_INTERPRET") == "1").to_dict()
-    assert "a100" in dispatch.summary()["problems"][FWD]
+    assert "a100" in dispatch.summary()["missing"][FWD]
 
 
 def test_stale_template_hash_falls_back(tmp_path):

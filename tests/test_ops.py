@@ -97,16 +97,24 @@ def test_torch_export_sees_the_op(device):
 
 
 def test_backend_table_is_extensible_and_cute_stays_unimported(device):
+    import dataclasses
     import sys
 
-    triton_spec = dispatch.BACKENDS["triton"]
-    dispatch.register_backend("triton_alias", triton_spec)
+    from autotune import spec
+
+    # A new backend is one more entry in the op's spec: here the Triton launcher under another name.
+    op = spec.op_of("hstu_attention_fwd")
+    fwd = spec.kernel("hstu_attention_fwd")
+    alias = dataclasses.replace(fwd.backend("triton"), name="triton_alias")
+    kernels = tuple(dataclasses.replace(k, backends=(*k.backends, alias)) if k is fwd else k for k in op.kernels)
+    spec.register(dataclasses.replace(op, kernels=kernels))
     try:
         q, k, v, off = _inputs(device)
         out = torch.ops.hstu.attention_fwd(q, k, v, off, None, 32, 0.25, 0, 0, None, "triton_alias", FWD_CFG, "", "")
         torch.testing.assert_close(out, hstu_attention_reference(q, k, v, off, 32, 0.25), atol=1e-5, rtol=1e-4)
     finally:
-        del dispatch.BACKENDS["triton_alias"]
+        spec.unregister(op.name)
+    assert "triton_alias" not in [b.name for b in spec.kernel("hstu_attention_fwd").backends]
     # Nothing chose "cute", so the CuTe DSL is never imported: checked in a fresh interpreter, since other
     # tests in this session (the CuTe compile tests) import it on purpose.
     code = (

@@ -1,28 +1,20 @@
-"""Registration of the jagged HSTU attention ops (forward, backward) and their Triton backends."""
+"""Tuner adapter of the jagged HSTU attention kernels: representative inputs, oracles, FLOPs, launches.
+
+Named by ``spec.py``; the tuner's worker calls these (see ``autotune.spec`` for the contracts). A
+task is read through ``task.mask_features`` (contextual length, target fraction, window fraction).
+"""
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 
-from autotune.artifacts import TEMPLATE_SOURCES
-from autotune.registry import Backend, Op, cute_available, register_backend, register_op
-from autotune.tasks import MASKS
-from kernel_templates.hstu_attention import hstu_attention_flops, hstu_attention_reference
-from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE, HSTU_FWD_CUTE
-from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON
-
-# The template files hashed into artifacts: one table, in autotune.artifacts, shared with dispatch.
-TRITON_FWD_FILES = TEMPLATE_SOURCES[("hstu_attention_fwd", "triton")]
-TRITON_BWD_FILES = TEMPLATE_SOURCES[("hstu_attention_bwd", "triton")]
-CUTE_FWD_FILES = TEMPLATE_SOURCES[("hstu_attention_fwd", "cute")]
-CUTE_BWD_FILES = TEMPLATE_SOURCES[("hstu_attention_bwd", "cute")]
+from .reference import hstu_attention_flops, hstu_attention_reference
 
 
-def make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:
+def _make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:
     """Random (never zero) q, k, v (and dO) on the task's jagged offsets and mask features."""
     gen = torch.Generator(device=device).manual_seed(seed)
     total, heads = sum(lengths), task.num_heads
@@ -31,7 +23,7 @@ def make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: to
     def rnd(d: int) -> torch.Tensor:
         return torch.randn((total, heads, d), generator=gen, device=device, dtype=torch.float32).to(dtype)
 
-    context, target_frac, window_frac = MASKS[task.mask]
+    context, target_frac, window_frac = task.mask_features
     num_targets = None
     if target_frac > 0:
         nt = [min(n, max(1, int(n * target_frac))) if n else 0 for n in lengths]
@@ -160,75 +152,17 @@ def _jit_bwd() -> list:
     return [triton_bwd._hstu_bwd_kv_kernel, triton_bwd._hstu_bwd_q_kernel]
 
 
-def triton_available() -> str | None:
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return None
-    return "needs a CUDA GPU (or TRITON_INTERPRET=1)"
+def make_inputs_fwd(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype) -> dict:
+    return _make_inputs(task, lengths, seed, device, dtype, False)
 
 
-register_op(
-    Op(
-        "hstu_attention_fwd",
-        make_inputs=lambda task, lengths, seed, device, dtype: make_inputs(task, lengths, seed, device, dtype, False),
-        reference=reference_fwd,
-        flops=lambda inputs: _flops(inputs, 0),
-        alloc_out=alloc_out_fwd,
-        output_names=("out",),
-        direction="fwd",
-        verify_masks=tuple(MASKS),
-    )
-)
-register_op(
-    Op(
-        "hstu_attention_bwd",
-        make_inputs=lambda task, lengths, seed, device, dtype: make_inputs(task, lengths, seed, device, dtype, True),
-        reference=reference_bwd,
-        flops=lambda inputs: _flops(inputs, 1),
-        alloc_out=alloc_out_bwd,
-        output_names=("dq", "dk", "dv"),
-        direction="bwd",
-        verify_masks=tuple(MASKS),
-    )
-)
-register_backend(
-    Backend(
-        "hstu_attention_fwd",
-        "triton",
-        HSTU_FWD_TRITON,
-        launch_triton_fwd,
-        TRITON_FWD_FILES,
-        _jit_fwd,
-        available=triton_available,
-    )
-)
-register_backend(
-    Backend(
-        "hstu_attention_bwd",
-        "triton",
-        HSTU_BWD_TRITON,
-        launch_triton_bwd,
-        TRITON_BWD_FILES,
-        _jit_bwd,
-        available=triton_available,
-    )
-)
-register_backend(
-    Backend(
-        "hstu_attention_fwd",
-        "cute",
-        HSTU_FWD_CUTE,
-        launch_cute_fwd,
-        CUTE_FWD_FILES,
-        available=cute_available,
-    )
-)
-register_backend(
-    Backend(
-        "hstu_attention_bwd",
-        "cute",
-        HSTU_BWD_CUTE,
-        launch_cute_bwd,
-        CUTE_BWD_FILES,
-        available=cute_available,
-    )
-)
+def make_inputs_bwd(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype) -> dict:
+    return _make_inputs(task, lengths, seed, device, dtype, True)
+
+
+def flops_fwd(inputs: dict) -> float:
+    return _flops(inputs, 0)
+
+
+def flops_bwd(inputs: dict) -> float:
+    return _flops(inputs, 1)

@@ -1,0 +1,212 @@
+"""The whole HSTU layer over dispatched kernels: one autograd function, zero-copy, fused epilogues.
+
+``x -> LN -> uvqk = silu(LN(x) W^T + b) -> u, v, q, k (views) -> attention -> dropout(LN(attn) * u)
+-> out = x + y W_o^T + b_o``. Every step runs the kernel ``autotune.dispatch`` selects for the call's
+shape (tuned artifact entry, else the heuristic default): ``layer_norm_fwd/bwd``, ``gemm_silu`` /
+``gemm_silu_bwd``, ``hstu_attention_fwd/bwd``, ``ln_mul_dropout_fwd/bwd``, ``linear_residual_fwd``.
+
+Why one function instead of chaining autograd ops:
+
+- zero copy: q, k, v and u are strided column views of the uvqk output, and the backward writes
+  du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward);
+- the residual's gradient is added inside the input LayerNorm's backward kernel (no separate add);
+- selective recompute is explicit: ``recompute_uvqk`` keeps only LN(x) and recomputes SiLU(LN(x) W)
+  in the backward; ``recompute_ln`` keeps only x and the LN statistics and recomputes LN(x).
+
+Precision: activations and GEMMs run in the compute dtype (bf16 under autocast or a bf16 model),
+LayerNorm statistics and weight/bias gradient sums in fp32 inside the kernels; parameters stay in
+their own dtype (fp32 master weights) and their gradients are returned in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autotune import dispatch
+
+LAYER_KERNELS = (
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "gemm_silu",
+    "gemm_silu_bwd",
+    "hstu_attention_fwd",
+    "hstu_attention_bwd",
+    "ln_mul_dropout_fwd",
+    "ln_mul_dropout_bwd",
+    "linear_residual_fwd",
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One dispatched kernel: its runtime launcher and decoded config."""
+
+    kind: str
+    backend: str
+    config: Any
+    source: str
+
+    @property
+    def launch(self) -> Any:
+        return dispatch.launcher(self.backend, self.kind)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Everything the layer's forward and backward need besides tensors (hashable: cached per shape)."""
+
+    dtype: torch.dtype  # compute dtype of activations and GEMMs (the residual stream may be wider)
+    heads: int
+    head_dim: int
+    max_seq_len: int
+    alpha: float
+    eps: float
+    dropout: float
+    recompute_uvqk: bool
+    recompute_ln: bool
+    zero_copy: bool
+    steps: tuple[Step, ...]
+
+    def step(self, kind: str) -> Step:
+        for s in self.steps:
+            if s.kind == kind:
+                return s
+        raise KeyError(kind)
+
+
+_PLANS: dict[tuple, LayerPlan] = {}
+
+
+def plan_layer(
+    dtype: torch.dtype,
+    heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    alpha: float,
+    eps: float,
+    dropout: float,
+    source: str = "tuned",
+    distribution: str | None = None,
+    recompute_uvqk: bool = False,
+    recompute_ln: bool = False,
+    zero_copy: bool = True,
+) -> LayerPlan:
+    """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
+    flags = (recompute_uvqk, recompute_ln, zero_copy)
+    key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if source == "reference":
+            raise ValueError("the fused layer has no 'reference' source; use the unfused layer")
+        steps = []
+        for kind in LAYER_KERNELS:
+            c = dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
+            steps.append(Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source))
+        plan = LayerPlan(dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps))
+        _PLANS[key] = plan
+    return plan
+
+
+dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen again
+
+
+def _attention_args(plan: LayerPlan, seq_offsets: torch.Tensor) -> tuple:
+    return (seq_offsets, plan.max_seq_len, plan.alpha, None, 0, 0, None)
+
+
+def _views(uvqk: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, ...]:
+    """u (L, H*d) and q, k, v (L, H, d): column views of uvqk, no copies."""
+    L, hd = uvqk.shape[0], heads * d
+    u, v, q, k = (uvqk[:, i * hd : (i + 1) * hd] for i in range(4))
+    return u, q.view(L, heads, d), k.view(L, heads, d), v.view(L, heads, d)
+
+
+class HSTULayerFunction(torch.autograd.Function):
+    """Forward and backward of one HSTU layer through the plan's kernels (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, b_o, seq_offsets, seed, plan: LayerPlan):
+        dt = plan.dtype
+        w_uvqk_c, b_uvqk_c, w_o_c, b_o_c = (t.to(dt) for t in (w_uvqk, b_uvqk, w_o, b_o))
+        cfg = plan.step
+        s = cfg("layer_norm_fwd")
+        xn, mean1, rstd1 = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=dt)
+        uvqk = cfg("gemm_silu").launch(xn, w_uvqk_c, b_uvqk_c, config=cfg("gemm_silu").config)
+        u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
+        if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
+            u, q, k, v = (t.contiguous() for t in (u, q, k, v))
+        s = cfg("hstu_attention_fwd")
+        attn = s.launch(q, k, v, *_attention_args(plan, seq_offsets), s.config)
+        attn2 = attn.view(attn.shape[0], -1)
+        s = cfg("ln_mul_dropout_fwd")
+        y, mean2, rstd2 = s.launch(attn2, u, ln2_w, ln2_b, plan.eps, plan.dropout, seed, config=s.config)
+        out = cfg("linear_residual_fwd").launch(y, w_o_c, b_o_c, x, config=cfg("linear_residual_fwd").config)
+        saved_xn = None if plan.recompute_ln else xn
+        saved_uvqk = None if plan.recompute_uvqk else uvqk
+        ctx.save_for_backward(
+            x, saved_xn, mean1, rstd1, saved_uvqk, attn2, y, mean2, rstd2,
+            ln1_w, ln1_b, w_uvqk_c, b_uvqk_c, ln2_w, ln2_b, w_o_c, seq_offsets, seed,
+        )  # fmt: skip
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        plan: LayerPlan = ctx.plan
+        cfg = plan.step
+        (x, xn, mean1, rstd1, uvqk, attn2, y, mean2, rstd2,
+         ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, seq_offsets, seed) = ctx.saved_tensors  # fmt: skip
+        dout = dout.contiguous()
+        dout_c = dout.to(plan.dtype)
+        # Output projection: plain GEMMs (cuBLAS); the residual's gradient is dout itself.
+        dy = dout_c @ w_o
+        dw_o = dout_c.t() @ y
+        db_o = dout_c.sum(0, dtype=torch.float32)
+        if xn is None:
+            s = cfg("layer_norm_fwd")
+            xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
+        if uvqk is None:
+            s = cfg("gemm_silu")
+            uvqk = s.launch(xn, w_uvqk, b_uvqk, config=s.config)
+        L, hd = x.shape[0], plan.heads * plan.head_dim
+        d_uvqk = torch.empty((L, 4 * hd), dtype=uvqk.dtype, device=uvqk.device)
+        du, dq, dk, dv = _views(d_uvqk, plan.heads, plan.head_dim)
+        u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
+        if not plan.zero_copy:  # separate gradient tensors, concatenated below as split's backward does
+            u, q, k, v = (t.contiguous() for t in (u, q, k, v))
+            du, dq, dk, dv = (torch.empty_like(t) for t in (u, q, k, v))
+        s = cfg("ln_mul_dropout_bwd")
+        d_attn = torch.empty_like(attn2)
+        dw2 = torch.empty_like(ln2_w)
+        db2 = torch.empty_like(ln2_b)
+        s.launch(
+            dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2)
+        )
+        s = cfg("hstu_attention_bwd")
+        d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
+        s.launch(d_attn3, q, k, v, *_attention_args(plan, seq_offsets), s.config, out=(dq, dk, dv))
+        if not plan.zero_copy:
+            d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
+        s = cfg("gemm_silu_bwd")
+        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config)
+        s = cfg("layer_norm_bwd")
+        dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
+        return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
+
+
+def hstu_layer(
+    x: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    seq_offsets: torch.Tensor,
+    plan: LayerPlan,
+    seed: torch.Tensor,
+) -> torch.Tensor:
+    """One layer on a jagged (L, hidden) activation. ``params``: ln1_w/ln1_b, w_uvqk/b_uvqk, ln2_w/ln2_b, w_o/b_o."""
+    p = params
+    return HSTULayerFunction.apply(
+        x, p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
+        seq_offsets, seed, plan,
+    )  # fmt: skip

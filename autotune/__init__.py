@@ -1,16 +1,16 @@
 """hstu-autotune: the tuner (``autotune run|show|bench``) and the runtime dispatch of tuned configs.
 
 Kept light on purpose: importing ``autotune`` must not import torch, triton or optuna. The tuner
-lives in ``autotune.tuner`` / ``autotune.cli``; artifacts (stdlib only) in ``autotune.artifacts``;
-the GPU registry in ``autotune.gpus``; buckets in ``autotune.buckets``.
+lives in ``autotune.tuning.tuner`` / ``autotune.tuning.cli``; artifacts (stdlib only) in ``autotune.runtime.artifacts``;
+the GPU registry in ``autotune.runtime.gpus``; buckets in ``autotune.runtime.buckets``.
 """
 
 from __future__ import annotations
 
 __all__: list[str] = []
 
-# --- runtime dispatch (owner: autotune/dispatch.py) ---------------------------------------------
-# The dispatch engineer adds ``load()`` here, e.g. ``from autotune.dispatch import load``.
+# --- runtime dispatch (owner: autotune/runtime/dispatch.py) ---------------------------------------------
+# The dispatch engineer adds ``load()`` here, e.g. ``from autotune.runtime.dispatch import load``.
 
 
 def load(path: str | None = None, gpu: str | None = None, allow_same_arch: bool = False) -> dict:
@@ -21,7 +21,7 @@ def load(path: str | None = None, gpu: str | None = None, allow_same_arch: bool 
     Files tuned on another GPU are rejected (warned, defaults used); ``allow_same_arch=True`` accepts
     one of the same compute capability (H100 configs on an H200), said once. Never raises.
     """
-    from autotune.dispatch import load as _load
+    from autotune.runtime.dispatch import load as _load
 
     return _load(path, gpu, allow_same_arch)
 

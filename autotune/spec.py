@@ -28,6 +28,8 @@ Contracts of the named callables (``inputs`` is the dict ``make_inputs`` returns
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -140,3 +142,26 @@ def resolve(target: str) -> Any:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def unavailable_reason(b: BackendSpec) -> str | None:
+    """Why backend ``b`` cannot run in this process (package missing, no/wrong GPU), or None.
+
+    Checks what the spec declares without importing the backend's modules.
+    """
+    for mod in b.requires:
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} not installed" if mod != "cutlass" else "nvidia-cutlass-dsl not installed"
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if b.needs_cuda and not cuda:
+        return "needs a CUDA GPU"
+    if not cuda and not (b.interpretable and os.environ.get("TRITON_INTERPRET", "0") == "1"):
+        if not b.interpretable:
+            return "needs a CUDA GPU"
+        return "needs a CUDA GPU (or TRITON_INTERPRET=1)"
+    if b.compute_capability is not None and cuda and torch.cuda.get_device_capability() != b.compute_capability:
+        major, minor = b.compute_capability
+        return f"needs an sm{major}{minor} GPU"
+    return None

@@ -16,7 +16,7 @@ import traceback
 import torch
 from cute_bench_common import CHECK_LENGTHS, MASKS, feasible, parse_args, run, time_row
 
-from autotune.buckets import sequence_lengths
+from autotune.runtime.buckets import sequence_lengths
 from kernel_templates.cute import HSTUCuteFwdConfig, check_fwd_config, hstu_attention_cute_fwd
 from kernel_templates.hstu_attention import default_fwd_config, hstu_attention_flops, hstu_attention_reference
 from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs

@@ -19,7 +19,7 @@ import time
 import torch
 import triton
 
-from autotune.buckets import sequence_lengths
+from autotune.runtime.buckets import sequence_lengths
 from kernel_templates.hstu_attention import (
     HSTUBwdConfig,
     HSTUFwdConfig,

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from autotune import dispatch  # noqa: E402
+from autotune.runtime import dispatch  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
 from models.train import parse_overrides, run  # noqa: E402
 

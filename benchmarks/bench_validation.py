@@ -1,4 +1,4 @@
-"""Benchmark: per-call host cost of each ``validate`` mode of ``autotune.ops.hstu_attention``.
+"""Benchmark: per-call host cost of each ``validate`` mode of ``autotune.runtime.ops.hstu_attention``.
 
 Times ``--calls`` forward calls on a small jagged batch (so the kernels are short and the host is what
 is measured), ``--repeats`` times, and reports medians in microseconds per call:
@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import ops  # noqa: E402
+from autotune.runtime import ops  # noqa: E402
 from kernel_templates.hstu_attention import input_check as ic  # noqa: E402
 from kernel_templates.hstu_attention.op import validate_hstu_inputs  # noqa: E402
 

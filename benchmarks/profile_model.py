@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from autotune import dispatch  # noqa: E402
+from autotune.runtime import dispatch  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
 from models.data import make_loader  # noqa: E402
 from models.train import autocast_context, build, parse_overrides, train_step  # noqa: E402
@@ -34,6 +34,14 @@ GROUPS = (
     ("attention", ("hstu_fwd", "hstu_bwd", "HSTUFwd", "HSTUBwd")),
     ("gemm", ("gemm", "Gemm", "sm90_xmma", "nvjet", "cutlass")),
 )
+
+
+# Kernels that only move or cast data (torch's copy/cast kernels and cat).
+COPY_KEYS = ("copy", "Copy", "CatArray", "cat_", "bfloat16_copy")
+
+
+def is_copy(name: str) -> bool:
+    return any(k in name for k in COPY_KEYS)
 
 
 def group_of(name: str) -> str:
@@ -74,17 +82,26 @@ def profile_source(preset: str, kernels: str, steps: int, warmup: int, artifacts
     for r in rows:
         r["group"] = group_of(r["name"])
         groups[r["group"]] = groups.get(r["group"], 0.0) + r["ms_per_step"]
+    copies = [r for r in rows if is_copy(r["name"])]
+    copy_kernels = {"calls": sum(r["calls"] for r in copies), "ms_per_step": sum(r["ms_per_step"] for r in copies)}
     del model, opt
     gc.collect()
     torch.cuda.empty_cache()
     dispatch.reset()
-    return dict(kernels=kernels, device_ms_per_step=total, groups=groups, top=rows[:40])
+    overrides = {k: v for k, v in overrides.items() if k != "kernels"}
+    return dict(kernels=kernels, overrides=overrides, device_ms_per_step=total, groups=groups,
+                copy_kernels=copy_kernels, top=rows[:40])  # fmt: skip
 
 
 def show(result: dict, console: Console, top: int) -> None:
     total = result["device_ms_per_step"]
     groups = ", ".join(f"{g} {ms:.1f} ms ({ms / total:.0%})" for g, ms in sorted(result["groups"].items()))
-    t = Table(title=f"{result['kernels']}: {total:.1f} ms of device time per step; {groups}")
+    cp = result["copy_kernels"]
+    label = " ".join([result["kernels"], *(f"{k}={v}" for k, v in result.get("overrides", {}).items())])
+    t = Table(
+        title=f"{label}: {total:.1f} ms of device time per step; {groups}; "
+        f"copy kernels {cp['calls']} calls, {cp['ms_per_step']:.1f} ms"
+    )
     for col in ("ms/step", "share", "calls/step", "group", "kernel"):
         t.add_column(col, justify="right" if col != "kernel" else "left")
     for r in result["top"][:top]:

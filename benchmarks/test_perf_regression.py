@@ -1,10 +1,10 @@
 """pytest-benchmark regression checks of the HSTU attention kernels (GPU only; not in the CPU suite).
 
-Each case runs one kernel the way ``autotune bench`` does (``autotune.tuner.bench_launches``: the
+Each case runs one kernel the way ``autotune bench`` does (``autotune.tuning.tuner.bench_launches``: the
 registry's launch function on the tuner's representative batch): the Triton heuristic default, or
 the config the committed artifact holds for the bucket. pytest-benchmark times the launch with the
 L2 flushed before every round (``setup``, untimed) and keeps the statistics for
-``--benchmark-compare``; the check itself uses the project's harness (``autotune.measure.bench``:
+``--benchmark-compare``; the check itself uses the project's harness (``autotune.tuning.measure.bench``:
 CUDA events, warm-up, L2 flush, median) and fails when TFLOP/s fall more than ``TOLERANCE`` below
 the floor recorded for this GPU in ``perf_baseline.json`` (numbers from docs/RESULTS.md, with the
 log that holds them). The pytest-benchmark rounds are isolated launches (flush, launch, sync), so on
@@ -27,12 +27,12 @@ pytest.importorskip("pytest_benchmark")
 if not torch.cuda.is_available():
     pytest.skip("performance regression checks need a CUDA GPU", allow_module_level=True)
 
-from autotune import measure  # noqa: E402
-from autotune.artifacts import artifact_path, load_artifact  # noqa: E402
-from autotune.gpus import detect_gpu  # noqa: E402
-from autotune.registry import load_plugins  # noqa: E402
-from autotune.tasks import Task  # noqa: E402
-from autotune.tuner import bench_launches  # noqa: E402
+from autotune.runtime.artifacts import artifact_path, load_artifact  # noqa: E402
+from autotune.runtime.gpus import detect_gpu  # noqa: E402
+from autotune.tuning import measure  # noqa: E402
+from autotune.tuning.registry import load_plugins  # noqa: E402
+from autotune.tuning.tasks import Task  # noqa: E402
+from autotune.tuning.tuner import bench_launches  # noqa: E402
 
 load_plugins()  # registers the HSTU attention and GEMM ops and their backends
 ROOT = Path(__file__).resolve().parent.parent

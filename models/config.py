@@ -49,7 +49,7 @@ class ModelConfig:
     kernels: str = "default"
     # How a layer runs its kernels: "unfused" chains nn modules and the attention custom op;
     # "fused" runs the whole layer as one autograd function over dispatched kernels
-    # (autotune.layer: every op tuned, q/k/v/u as views, one d(uvqk) buffer, fused residual grad).
+    # (autotune.runtime.layer: every op tuned, q/k/v/u as views, one d(uvqk) buffer, fused residual grad).
     layer: str = "unfused"
     # "autocast": fp32 residual stream and LayerNorms (torch autocast's policy); "bf16": activations,
     # the residual stream included, in bf16 with fp32 statistics inside the fused kernels and fp32

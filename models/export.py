@@ -8,7 +8,7 @@ The graph takes the jagged batch as values plus offsets: ``items`` and ``prev_ac
 (``rows``) and B fixed by the preset (empty sequences are allowed, so fewer sequences fit too); it
 returns ``logits`` (L, num_tasks). Opset 18, exported by ``torch.onnx`` (dynamo) in eval mode.
 
-Each HSTU attention call is one ``hstu.JaggedAttention`` node (``autotune.onnx_hstu``): a model-local
+Each HSTU attention call is one ``hstu.JaggedAttention`` node (``autotune.runtime.onnx_hstu``): a model-local
 function of standard operators defines it, so ONNX Runtime runs the file as is, and its attributes
 record the call's kernel key (kernel dtype, bucket, distribution, mask) and the configs a runtime with
 the kernels should launch: the exact tuned entry of ``--gpu``'s artifacts, else what dispatch chose
@@ -168,7 +168,7 @@ def _artifacts(gpu: str | None, root: Path | None, notes: list[str]) -> dict[str
     """Usable fwd/bwd artifacts of ``gpu`` under ``root`` (keyed by kernel); reasons go to ``notes``."""
     if gpu is None:
         return {}
-    from autotune.artifacts import DEFAULT_ROOT, assess_artifact
+    from autotune.runtime.artifacts import DEFAULT_ROOT, assess_artifact
 
     root = Path(root) if root is not None else DEFAULT_ROOT
     if not root.is_dir():
@@ -191,9 +191,9 @@ def kernel_records(
     ep: Any, root: nn.Module, kernel_dtype: str, gpu: str | None, artifacts_root: Path | None, notes: list[str]
 ) -> list[dict[str, Any]]:
     """The kernel-key and config attributes of each hstu::attention_fwd call, in graph order."""
-    from autotune import dispatch
-    from autotune.buckets import bucket_for
-    from autotune.graph_tasks import FWD, attention_op, module_hint, schema_args, walk_nodes
+    from autotune.runtime import dispatch
+    from autotune.runtime.buckets import bucket_for
+    from autotune.runtime.graph import FWD, attention_op, module_hint, schema_args, walk_nodes
 
     arts = _artifacts(gpu, artifacts_root, notes)
     records = []
@@ -248,14 +248,14 @@ def kernel_records(
 
 def module_of(node: Any, root: nn.Module) -> nn.Module | None:
     """The innermost module of a call that has a ``source`` (the attention module), if any."""
-    from autotune.graph_tasks import innermost_module_with
+    from autotune.runtime.graph import innermost_module_with
 
     return innermost_module_with(node, root, "source")
 
 
 def _annotate(proto: Any, records: list[dict[str, Any]], cfg: ModelConfig, preset: str, gpu: str | None) -> None:
     """Fill the hstu nodes' kernel attributes, name the dynamic dim, attach functions and metadata."""
-    from autotune.onnx_hstu import DOMAIN, attach_functions, set_attributes
+    from autotune.runtime.onnx_hstu import DOMAIN, attach_functions, set_attributes
 
     hstu = [n for n in proto.graph.node if n.domain == DOMAIN]
     if len(hstu) != len(records):
@@ -294,7 +294,7 @@ def export_onnx(
     """Export ``preset`` to ``out`` and run the full ``onnx.checker``; returns (result, module, config)."""
     import onnx
 
-    from autotune.onnx_hstu import translation_table
+    from autotune.runtime.onnx_hstu import translation_table
 
     cfg = resolve_config(preset, overrides)
     out = Path(out)

@@ -7,7 +7,7 @@ jagged attention -> dropout(LN(attn) * u) -> W_o -> + x``.
 The kernel source is the model's kernel knob: "reference" runs the PyTorch oracle attention and
 an unfused LN * u + dropout; "default" and "tuned" run the ``hstu::attention_*`` custom ops (heuristic
 configs, or the ones ``autotune.load`` found) and the fused Triton LN * u + dropout. ``layer="fused"``
-runs each layer as one autograd function over dispatched kernels (``autotune.layer``), with the
+runs each layer as one autograd function over dispatched kernels (``autotune.runtime.layer``), with the
 precision policy and recompute switches of the config. Model code never names a backend or a tile size.
 """
 
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.layer import hstu_layer, plan_layer
-from autotune.ops import HSTUAttention
+from autotune.runtime.layer import hstu_layer, plan_layer
+from autotune.runtime.ops import HSTUAttention
 from kernel_templates.fused_ln_mul_dropout import fused_ln_mul_dropout
 
 from .config import ModelConfig
@@ -43,7 +43,7 @@ class HSTULayer(nn.Module):
         self.alpha = 1.0 / math.sqrt(d)
 
     def _fused(self, x: torch.Tensor, seq_offsets: torch.Tensor) -> torch.Tensor:
-        """The whole layer through ``autotune.layer`` (kernels chosen per shape by dispatch)."""
+        """The whole layer through ``autotune.runtime.layer`` (kernels chosen per shape by dispatch)."""
         cfg, dev = self.cfg, x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         if cfg.precision == "bf16":

@@ -26,7 +26,7 @@ def peak_tflops(gpu: str | None) -> float | None:
     if gpu is None:
         return None
     try:
-        from autotune.gpus import GPUS
+        from autotune.runtime.gpus import GPUS
 
         spec = GPUS.get(gpu)
         return float(spec.peak_bf16_tflops) if spec is not None else None
@@ -39,7 +39,7 @@ def detect_gpu_name(device: torch.device) -> str | None:
     if device.type != "cuda":
         return None
     try:
-        from autotune.gpus import detect_gpu
+        from autotune.runtime.gpus import detect_gpu
 
         return detect_gpu()
     except Exception:  # noqa: BLE001 - unknown GPU: no MFU, everything else still reported

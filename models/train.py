@@ -212,7 +212,7 @@ def _triton_version() -> str | None:
 
 def _dispatch_report(loaded: dict[str, Any] | None) -> dict[str, Any]:
     """Which configs ran (from dispatch's cache) and every fallback warning issued."""
-    from autotune import dispatch
+    from autotune.runtime import dispatch
 
     choices = [
         {"kind": k[0], "dtype": str(k[1]), "dqk": k[2], "dv": k[3], "heads": k[4], "max_seq_len": k[5],

@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$OUT/gpu.txt
 case "$step" in
 tune)
   start=$(date +%s)
-  python -m autotune.cli run --gpu auto "$@" 2>&1 | tee "$OUT/tune.log" | tail -5
+  python -m autotune.tuning.cli run --gpu auto "$@" 2>&1 | tee "$OUT/tune.log" | tail -5
   echo "tune wall time: $(($(date +%s) - start)) s" | tee -a "$OUT/tune.log"
   tar cf "$OUT/artifacts.tar" artifacts
   ;;
@@ -27,7 +27,7 @@ model)
     tee "$OUT/model.log" | tail -12
   ;;
 bench)
-  python -m autotune.cli bench --gpu auto "$@" 2>&1 | tee "$OUT/bench.log" | tail -40
+  python -m autotune.tuning.cli bench --gpu auto "$@" 2>&1 | tee "$OUT/bench.log" | tail -40
   ;;
 tests)
   python -m pytest -q -m gpu "$@" 2>&1 | tee "$OUT/tests.log" | tail -15

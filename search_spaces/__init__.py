@@ -2,5 +2,5 @@
 
 ``base.SearchSpace`` is the declaration format; ``hstu_triton`` declares the Triton HSTU templates.
 Each backend keeps its space in its own module (e.g. a ``*cute*`` module for the CuTe DSL backend) and
-registers it with ``autotune.registry``. Nothing is imported here so that modules stay independent.
+registers it with ``autotune.tuning.registry``. Nothing is imported here so that modules stay independent.
 """

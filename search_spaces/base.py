@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.gpus import GPUSpec
+from autotune.runtime.gpus import GPUSpec
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 

@@ -1,7 +1,7 @@
 """A real PostgreSQL server for the farm tests: initdb into a temporary folder, ``pg_ctl start`` on a free
 loopback port, one fresh database per test. Skipped, saying why, only where the server programs (or the
 psycopg driver) are missing. As root the server runs as the ``postgres``/``nobody`` account
-(``autotune.pg_local``), so its folder lives under /tmp where that account can reach it. A test module
+(``autotune.tuning.pg_local``), so its folder lives under /tmp where that account can reach it. A test module
 imports ``pg_server_fixture, pg_url_fixture`` and its tests ask for ``pg_url``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune import pg_local
+from autotune.tuning import pg_local
 
 _counter = itertools.count()
 

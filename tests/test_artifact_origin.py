@@ -2,7 +2,7 @@
 heads and mask, lengths above the largest bucket, no file content that makes ``load`` raise, and
 ``autotune show`` printing the same verdict that ``load`` acts on.
 
-The running GPU is simulated by patching ``autotune.gpus.environment``; the GPU key is always passed.
+The running GPU is simulated by patching ``autotune.runtime.gpus.environment``; the GPU key is always passed.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune import artifacts as art
-from autotune import dispatch, gpus
-from autotune.cli import main
-from autotune.tasks import MASKS
+from autotune.runtime import artifacts as art
+from autotune.runtime import dispatch, gpus
+from autotune.tuning.cli import main
+from autotune.tuning.tasks import MASKS
 from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
 
 FWD, BWD = "hstu_attention_fwd", "hstu_attention_bwd"

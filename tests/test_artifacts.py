@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from autotune import artifacts as art
+from autotune.runtime import artifacts as art
 
 
 def _entry(**kw):
@@ -173,7 +173,7 @@ def test_lookup_is_keyed_by_heads_and_mask():
 
 
 def test_mask_names_match_the_tasks():
-    from autotune.tasks import MASKS
+    from autotune.tuning.tasks import MASKS
 
     assert tuple(MASKS) == art.MASKS
 

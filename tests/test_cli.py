@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import artifacts as art
-from autotune import gpus
-from autotune.cli import main, parse_duration
+from autotune.runtime import artifacts as art
+from autotune.runtime import gpus
+from autotune.tuning.cli import main, parse_duration
 
 
 def _run(capsys, *argv):

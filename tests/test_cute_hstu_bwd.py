@@ -121,7 +121,7 @@ def test_config_round_trip_and_defaults():
 
 
 def test_search_space_admits_only_valid_configs():
-    from autotune.gpus import GPUS
+    from autotune.runtime.gpus import GPUS
     from search_spaces.base import SpaceContext
     from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE
 
@@ -139,7 +139,7 @@ def test_search_space_buffers_and_dq_serial_rules():
     """At D=256 only two buffer layouts fit 227 KB: one Q + one dO with the whole fp32 dQ tile, or two Q
     + one dO with ``dq_serial``. Everywhere, ``dq_serial`` and single buffers appear only where the
     roomier variant does not fit."""
-    from autotune.gpus import GPUS
+    from autotune.runtime.gpus import GPUS
     from search_spaces.base import SpaceContext
     from search_spaces.hstu_attention_cute import HSTU_BWD_CUTE
 

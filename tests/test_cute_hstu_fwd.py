@@ -104,7 +104,7 @@ def test_config_round_trip():
 
 
 def test_search_space_admits_only_valid_configs():
-    from autotune.gpus import GPUS
+    from autotune.runtime.gpus import GPUS
     from search_spaces.base import SpaceContext
     from search_spaces.hstu_attention_cute import HSTU_FWD_CUTE
 

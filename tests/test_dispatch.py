@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import dispatch
-from autotune.artifacts import Artifact, current_template_hash, save_artifact
+from autotune.runtime import dispatch
+from autotune.runtime.artifacts import Artifact, current_template_hash, save_artifact
 from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
 
 FWD, BWD = "hstu_attention_fwd", "hstu_attention_bwd"
@@ -148,7 +148,7 @@ def test_cached_dispatch_is_microseconds(tmp_path):
 _CHILD = """
 import json, sys, warnings
 warnings.simplefilter("ignore")
-from autotune import dispatch
+from autotune.runtime import dispatch
 dispatch.load(sys.argv[1], gpu="h100")
 out = []
 for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):

@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 
-from autotune.buckets import sequence_lengths
+from autotune.runtime.buckets import sequence_lengths
 from models import distributed
 from models.config import get_config
 

@@ -20,12 +20,12 @@ import pytest
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 
-from autotune import artifacts as art
-from autotune.farm_status import farm_names
-from autotune.registry import load_plugins
-from autotune.tuner import rdb_url
+from autotune.runtime import artifacts as art
+from autotune.tuning.farm_status import farm_names
+from autotune.tuning.registry import load_plugins
+from autotune.tuning.tuner import rdb_url
 
-load_plugins(["autotune.fake"])
+load_plugins(["autotune.tuning.fake"])
 REPO = Path(__file__).resolve().parents[1]
 BUCKETS = "256,512,1K,2K"
 N_TASKS = 16  # 4 buckets x 2 distributions x 2 head dims
@@ -45,7 +45,7 @@ def _argv(url: str, root: Path, workers: int, buckets: str = BUCKETS, dims: str 
         "--kernel",
         "fake_faults",
         "--plugin",
-        "autotune.fake",
+        "autotune.tuning.fake",
         "--trials",
         "3",
         "--sampler",
@@ -68,7 +68,7 @@ def _start(url: str, root: Path, workers: int, host: str, small: bool = False, *
     full = {**os.environ, **FARM_ENV, "AUTOTUNE_FARM_HOST": host, "PYTHONPATH": str(REPO), **env}
     log = open(root.parent / f"{host}.out", "w")  # noqa: SIM115 - closed with the process
     argv = _argv(url, root, workers, "256,512", "32") if small else _argv(url, root, workers)
-    cmd = [sys.executable, "-m", "autotune.cli", *argv]
+    cmd = [sys.executable, "-m", "autotune.tuning.cli", *argv]
     return subprocess.Popen(cmd, env=full, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -120,7 +120,7 @@ def _check_farm(url: str, roots: list[Path], n_tasks: int = N_TASKS) -> dict:
 
 
 def test_four_workers_share_one_farm(pg_url, tmp_path, monkeypatch, capsys):
-    from autotune.cli import main
+    from autotune.tuning.cli import main
 
     for k, v in FARM_ENV.items():
         monkeypatch.setenv(k, v)
@@ -208,14 +208,15 @@ def test_two_hosts_side_by_side(pg_url, tmp_path):
 
 
 def test_worker_with_another_gpu_key_refuses_to_join(pg_url, tmp_path, monkeypatch, capsys):
-    from autotune import farm, gpus
-    from autotune.cli import main
-    from autotune.tasks import Task
-    from autotune.tuner import TuneOptions
+    from autotune.runtime import gpus
+    from autotune.tuning import farm
+    from autotune.tuning.cli import main
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
 
     task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
     # The knobs of the command below (same tasks and knobs: the same farm).
-    opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.fake"])
+    opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"])
     storage = farm.farm_storage(pg_url)
     name = farm.join_farm(storage, [task], opts)
     real = gpus.environment()
@@ -238,14 +239,14 @@ def test_worker_with_another_gpu_key_refuses_to_join(pg_url, tmp_path, monkeypat
 def test_claim_left_without_a_heartbeat_is_requeued(pg_url, tmp_path):
     """A worker killed between ``ask`` and its first heartbeat: Optuna never sees that trial as stale,
     the farm fails and re-queues it after two grace periods."""
-    from autotune import farm
-    from autotune.tasks import Task
-    from autotune.tuner import TuneOptions
+    from autotune.tuning import farm
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
 
     fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
     task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
     storage = farm.farm_storage(pg_url, fopts)
-    name = farm.join_farm(storage, [task], TuneOptions(interpret=True, plugins=["autotune.fake"]))
+    name = farm.join_farm(storage, [task], TuneOptions(interpret=True, plugins=["autotune.tuning.fake"]))
     study = optuna.load_study(study_name=name, storage=storage)
     orphan = study.ask()  # ... and the worker died here
     assert farm.claim(study, fopts) is None and not farm._drained(study)  # nothing waiting, one held
@@ -258,11 +259,11 @@ def test_claim_left_without_a_heartbeat_is_requeued(pg_url, tmp_path):
 _MERGER = """
 import sys
 from pathlib import Path
-from autotune.registry import load_plugins
-from autotune.tasks import Task
-from autotune.tuner import TaskResult, TuneOptions, update_artifact
-from autotune.gpus import environment
-load_plugins(["autotune.fake"])
+from autotune.tuning.registry import load_plugins
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import TaskResult, TuneOptions, update_artifact
+from autotune.runtime.gpus import environment
+load_plugins(["autotune.tuning.fake"])
 root, first = Path(sys.argv[1]), int(sys.argv[2])
 env = environment()
 for i in range(first, first + 6):

@@ -164,7 +164,7 @@ def test_reference_matches_definition_and_grad():
 
 
 def test_search_space_admits_only_valid_configs():
-    from autotune.gpus import GPUS
+    from autotune.runtime.gpus import GPUS
     from search_spaces.base import SpaceContext
     from search_spaces.gemm_silu_cute import GEMM_SILU_CUTE, gemm_dims
 
@@ -181,8 +181,8 @@ def test_search_space_admits_only_valid_configs():
 
 
 def test_tuner_op_is_registered():
-    from autotune.registry import backends_for, get_op, load_plugins
-    from autotune.tasks import Task
+    from autotune.tuning.registry import backends_for, get_op, load_plugins
+    from autotune.tuning.tasks import Task
 
     load_plugins()
     op = get_op("gemm_silu")

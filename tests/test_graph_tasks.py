@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from autotune import graph_tasks as gt
-from autotune.cli import main
-from autotune.tasks import Task
+from autotune.tuning import graph_tasks as gt
+from autotune.tuning.cli import main
+from autotune.tuning.tasks import Task
 
 
 def _run(capsys, *argv):
@@ -65,7 +65,7 @@ FACTORY = textwrap.dedent(
     '''
     import torch
     from torch import nn
-    from autotune.ops import HSTUAttention, hstu_attention
+    from autotune.runtime.ops import HSTUAttention, hstu_attention
 
     class TwoCalls(nn.Module):
         """A context-masked call with a 'jagged' hint, and a windowed call with targets and no hint."""
@@ -161,10 +161,10 @@ def test_tasks_errors_are_clear(capsys, argv, message):
 
 def test_run_from_model_tunes_exactly_the_graph_tasks(capsys, monkeypatch):
     """``autotune run --from-model tiny --interpret`` hands the tuner the graph's task list, nothing else."""
-    import autotune.tuner
+    import autotune.tuning.tuner
 
     seen = []
-    monkeypatch.setattr(autotune.tuner, "run_tasks", lambda tasks, *a, **k: seen.extend(tasks) or [])
+    monkeypatch.setattr(autotune.tuning.tuner, "run_tasks", lambda tasks, *a, **k: seen.extend(tasks) or [])
     rc, text = _run(capsys, "run", "--gpu", "h100", "--interpret", "--from-model", "tiny")
     assert rc == 0, text
     expected = gt.build_tasks(gt.ops_from_model("tiny", dtype="float32"), "h100", seq_cap=64, default_batch=2)

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from autotune import heatmap
+from autotune.tuning import heatmap
 
 
 def _rows() -> list[dict]:
@@ -74,7 +74,7 @@ def test_reference_table_needs_its_key_columns(tmp_path):
 
 
 def test_cli_rerenders_a_csv_without_a_gpu(tmp_path):
-    from autotune.cli import main
+    from autotune.tuning.cli import main
 
     heatmap.write_csv(_rows(), tmp_path / "in.csv")
     ref = tmp_path / "ref.csv"

@@ -1,7 +1,7 @@
 """The drop-in call is safe by construction: bad inputs are reported, and none reads or writes out of bounds.
 
 CPU: every bad input of issue 12 raises the documented ValueError naming the argument through
-``autotune.ops.hstu_attention`` (sources "default" and "reference", modes "async" and "full") and the
+``autotune.runtime.ops.hstu_attention`` (sources "default" and "reference", modes "async" and "full") and the
 ``HSTUAttention`` module; good inputs with empty and length-1 sequences match the reference; the
 device check kernel (run by the interpreter) computes the host check's error mask; and the Triton
 kernels, run by the interpreter under a memory checker that sees every load, store and atomic,
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import InterpreterError
 
-from autotune import dispatch, ops
+from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention import HSTUBwdConfig, HSTUFwdConfig, hstu_attention_reference
 from kernel_templates.hstu_attention import input_check as ic
 from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
@@ -392,7 +392,7 @@ ASSERT_SCRIPT = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 import test_input_safety as t
-from autotune import ops
+from autotune.runtime import ops
 a = t._case(sys.argv[2])
 a = {n: x.cuda() if isinstance(x, torch.Tensor) else x for n, x in a.items()}
 for n in ("q", "k", "v"):
@@ -413,7 +413,7 @@ print("NO DEVICE ERROR", flush=True)
 # Offsets pointing anywhere, unchecked, through Triton (and CuTe on sm90) forward and backward.
 SANITIZER_SCRIPT = """
 import json, sys, torch
-from autotune import ops
+from autotune.runtime import ops
 backends = sys.argv[1].split(",")
 cases = json.loads(sys.argv[2])
 L, H, D = 29, 2, 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune import measure
+from autotune.tuning import measure
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from autotune import dispatch
+from autotune.runtime import dispatch
 from models.config import PRESETS, get_config
 from models.data import SyntheticJaggedDataset
 from models.hstu import HSTURankingModel

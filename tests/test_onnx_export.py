@@ -15,9 +15,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from autotune import artifacts as art
-from autotune import graph_tasks as gt
-from autotune import onnx_hstu
+from autotune.runtime import artifacts as art
+from autotune.runtime import onnx_hstu
+from autotune.tuning import graph_tasks as gt
 from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
 from kernel_templates.hstu_attention.reference import hstu_attention_reference
 from models import export

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from autotune import dispatch, ops
+from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention import default_bwd_config, default_fwd_config, hstu_attention_reference
 
 FWD_CFG = json.dumps(default_fwd_config(32, 32, interpret=True).to_dict(), sort_keys=True)
@@ -118,7 +118,7 @@ def test_backend_table_is_extensible_and_cute_stays_unimported(device):
     # Nothing chose "cute", so the CuTe DSL is never imported: checked in a fresh interpreter, since other
     # tests in this session (the CuTe compile tests) import it on purpose.
     code = (
-        "import sys, torch, autotune.ops as o; from autotune import dispatch; "
+        "import sys, torch, autotune.runtime.ops as o; from autotune.runtime import dispatch; "
         "dispatch.select('hstu_attention_fwd', torch.bfloat16, 64, 64, 2, 512); "
         "print('cutlass' in sys.modules)"
     )

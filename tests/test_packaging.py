@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune import artifacts as art
-from autotune import bundle, dispatch
-from autotune.cli import main
+from autotune.runtime import artifacts as art
+from autotune.runtime import bundle, dispatch
+from autotune.tuning.cli import main
 from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def _source_tree(dst: Path) -> Path:
 
 _PROBE = """
 import json, sys, autotune
-from autotune.bundle import packaged_artifacts_root
+from autotune.runtime.bundle import packaged_artifacts_root
 root = packaged_artifacts_root()
 out = {"autotune": autotune.__file__, "root": str(root), "summary": autotune.load(root, gpu="h100")}
 print(json.dumps(out))
@@ -86,7 +86,7 @@ def test_wheel_carries_the_artifacts_and_an_install_finds_them(tmp_path):
         names = z.namelist()
         packaged = {n: z.read(n) for n in names if n.startswith("artifacts/")}
     assert packaged == repo_files  # every committed JSON, byte for byte, and nothing else (no studies)
-    assert not any("studies" in n for n in names) and "autotune/bundle.py" in names
+    assert not any("studies" in n for n in names) and "autotune/runtime/bundle.py" in names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)

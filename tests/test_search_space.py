@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from autotune.buckets import BUCKETS, bucket_for, neighbours, parse_bucket, sequence_lengths
-from autotune.gpus import GPUS, get_gpu, gpu_from_name
+from autotune.runtime.buckets import BUCKETS, bucket_for, neighbours, parse_bucket, sequence_lengths
+from autotune.runtime.gpus import GPUS, get_gpu, gpu_from_name
 from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
 from search_spaces.base import SearchSpace, SpaceContext
 from search_spaces.hstu_triton import HSTU_BWD_TRITON, HSTU_FWD_TRITON, fwd_smem_bytes
@@ -115,7 +115,7 @@ def test_length_distributions_are_deterministic_and_shaped():
 def test_triton_bwd_space_admits_the_measured_best_d256_split_config():
     """32x128 w8 s2 separate with dkv_split compiled and ran at D=256 on an H100 (178 TFLOP/s at 4K,
     docs/runs/triton_dkv_split_sweep_h100_s4.log): the shared-memory model must not reject it."""
-    from autotune.gpus import get_gpu
+    from autotune.runtime.gpus import get_gpu
     from kernel_templates.hstu_attention import HSTUBwdConfig, default_bwd_config
     from search_spaces.base import SpaceContext
     from search_spaces.hstu_triton import HSTU_BWD_TRITON
@@ -140,7 +140,7 @@ def test_triton_bwd_space_admits_the_measured_best_d256_split_config():
 def test_heuristic_defaults_fit_the_gpu_in_every_dtype(d, dtype):
     """What dispatch runs without artifacts must pass the space's own resource model: fp32 needs twice
     the shared memory of half types, so its defaults are smaller at head dims 128 and 256."""
-    from autotune import dispatch
+    from autotune.runtime import dispatch
     from kernel_templates.hstu_attention.config import default_bwd_config, default_fwd_config
 
     ctx = SpaceContext(get_gpu("h100"), dtype, d, d, 4096)

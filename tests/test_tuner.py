@@ -6,13 +6,13 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import artifacts as art
-from autotune.fake import FakeConfig
-from autotune.registry import load_plugins
-from autotune.tasks import Task
-from autotune.tuner import Reporter, TuneOptions, make_storage, run_tasks
+from autotune.runtime import artifacts as art
+from autotune.tuning.fake import FakeConfig
+from autotune.tuning.registry import load_plugins
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import Reporter, TuneOptions, make_storage, run_tasks
 
-load_plugins(["autotune.fake"])
+load_plugins(["autotune.tuning.fake"])
 
 
 def _fake_task(**kw) -> Task:
@@ -25,7 +25,7 @@ def _opts(tmp_path, **kw) -> TuneOptions:
         sampler="bruteforce",
         artifacts_root=tmp_path,
         eval_timeout_s=3.0,
-        plugins=["autotune.fake"],
+        plugins=["autotune.tuning.fake"],
         interpret=True,
     )
     base.update(kw)
@@ -104,8 +104,8 @@ def test_interrupted_study_resumes_where_it_stopped(tmp_path):
 
 
 def test_edited_template_starts_a_fresh_study(monkeypatch):
-    from autotune import artifacts as art
-    from autotune.tuner import study_name
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.tuner import study_name
 
     task = _fake_task()
     before = study_name(task, ["triton"])
@@ -118,7 +118,7 @@ def test_edited_template_starts_a_fresh_study(monkeypatch):
 def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp_path, monkeypatch):
     """An edited template makes the artifact stale (dispatch refuses it), but its winner is still the
     best first guess: the fresh study measures it right after the default."""
-    from autotune.tuner import artifact_winners, study_name, warm_starts_for
+    from autotune.tuning.tuner import artifact_winners, study_name, warm_starts_for
 
     task = _fake_task()
     (first,) = run_tasks([task], _opts(tmp_path))
@@ -140,7 +140,7 @@ def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp
 
 def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     """What ``autotune bench`` and the perf regression checks time: the default, and the bucket's entry."""
-    from autotune.tuner import bench_launches
+    from autotune.tuning.tuner import bench_launches
 
     task = _fake_task()
     flops, default, tuned = bench_launches(task, None, device="cpu")

@@ -1,4 +1,4 @@
-"""Planted faults against the tuner's trust rules (CPU, the ``fake_faults`` op of ``autotune.fake``).
+"""Planted faults against the tuner's trust rules (CPU, the ``fake_faults`` op of ``autotune.tuning.fake``).
 
 Each planted config is the fastest of its study, so only a working rule keeps it out of the
 artifact: the best correct config must win and no wrong config may be written.
@@ -17,12 +17,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import artifacts as art
-from autotune.registry import load_plugins
-from autotune.tasks import Task
-from autotune.tuner import TuneOptions, compare_verdict, make_storage, run_tasks
+from autotune.runtime import artifacts as art
+from autotune.tuning.registry import load_plugins
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import TuneOptions, compare_verdict, make_storage, run_tasks
 
-load_plugins(["autotune.fake"])
+load_plugins(["autotune.tuning.fake"])
 REPO = Path(__file__).resolve().parents[1]
 OK = {"mode": "ok", "size": 1}
 
@@ -37,7 +37,7 @@ def _opts(tmp_path, **kw) -> TuneOptions:
         sampler="bruteforce",
         artifacts_root=tmp_path,
         eval_timeout_s=4.0,
-        plugins=["autotune.fake"],
+        plugins=["autotune.tuning.fake"],
         interpret=True,
         setup_backoff_s=0.05,
     )
@@ -152,13 +152,13 @@ def test_setup_that_never_works_fails_the_task_but_charges_no_config(tmp_path, m
 _KILLED_RUN = """
 import sys
 from pathlib import Path
-from autotune.registry import load_plugins
-from autotune.tasks import Task
-from autotune.tuner import TuneOptions, run_tasks
-load_plugins(["autotune.fake"])
+from autotune.tuning.registry import load_plugins
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import TuneOptions, run_tasks
+load_plugins(["autotune.tuning.fake"])
 task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=8, seq_cap=16)
 opts = TuneOptions(n_trials=10, sampler="bruteforce", artifacts_root=Path(sys.argv[1]), eval_timeout_s=120,
-                   plugins=["autotune.fake"], interpret=True)
+                   plugins=["autotune.tuning.fake"], interpret=True)
 run_tasks([task], opts)
 """
 
@@ -208,11 +208,20 @@ def test_compare_verdict_needs_a_gain_beyond_the_spread():
 
 
 def test_autotune_run_exits_nonzero_naming_the_failed_task(tmp_path, monkeypatch, capsys):
-    from autotune.cli import main
+    from autotune.tuning.cli import main
 
     monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")
     monkeypatch.setenv("AUTOTUNE_FAKE_SETUP_DEATHS", f"{tmp_path / 'deaths'}:100")
-    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.fake", "--artifacts", str(tmp_path)]
+    argv = [
+        "run",
+        "--interpret",
+        "--kernel",
+        "fake_faults",
+        "--plugin",
+        "autotune.tuning.fake",
+        "--artifacts",
+        str(tmp_path),
+    ]
     code = main([*argv, "--trials", "2", "--distributions", "uniform"])
     out = capsys.readouterr()
     assert code != 0
@@ -221,12 +230,12 @@ def test_autotune_run_exits_nonzero_naming_the_failed_task(tmp_path, monkeypatch
 
 _ORPHAN_PARENT = """
 import time
-from autotune.registry import load_plugins
-from autotune.tasks import Task
-from autotune.worker import Worker
-load_plugins(["autotune.fake"])
+from autotune.tuning.registry import load_plugins
+from autotune.tuning.tasks import Task
+from autotune.tuning.worker import Worker
+load_plugins(["autotune.tuning.fake"])
 task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=8, seq_cap=16)
-w = Worker(["autotune.fake"])
+w = Worker(["autotune.tuning.fake"])
 assert w.call({"cmd": "setup", "task": task.to_dict()}, 120)["status"] == "ok"
 w._conn.send({"cmd": "evaluate", "backend": "fake", "config": {"mode": "hang"}, "quick": True})
 time.sleep(1)  # the worker is now inside the hanging launch, not reading its pipe

@@ -7,7 +7,7 @@ can give wrong rows but never an out-of-bounds access; this module tells the cal
 
 - ``"full"``: read the offsets on the host (one host-device sync) and raise ``ValueError`` naming the
   argument and the offending value, at the call.
-- ``"async"`` (the default of ``autotune.ops.hstu_attention``): on a CUDA device, one extra launch of
+- ``"async"`` (the default of ``autotune.runtime.ops.hstu_attention``): on a CUDA device, one extra launch of
   a one-program Triton kernel that loops over the batch and fails a device-side assertion naming the
   argument (printed on stderr by the CUDA runtime). No sync and no allocation: the error surfaces at
   the next synchronisation as ``RuntimeError: CUDA error: device-side assert triggered`` and, as with

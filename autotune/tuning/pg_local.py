@@ -1,8 +1,8 @@
 """A local PostgreSQL server in a folder, for the tuning farm's Optuna storage (and its tests).
 
-    python -m autotune.pg_local start pgdata              # initdb on first use, start, print the URL
-    python -m autotune.pg_local start pgdata --listen '*' --password S3cret   # reachable from other hosts
-    python -m autotune.pg_local url pgdata | stop pgdata | status pgdata
+    python -m autotune.tuning.pg_local start pgdata              # initdb on first use, start, print the URL
+    python -m autotune.tuning.pg_local start pgdata --listen '*' --password S3cret   # reachable from other hosts
+    python -m autotune.tuning.pg_local url pgdata | stop pgdata | status pgdata
 
 Needs the server binaries (``initdb``, ``pg_ctl``, ``postgres``: Debian/Ubuntu ``apt-get install
 postgresql``, macOS ``brew install postgresql``, conda ``conda install -c conda-forge postgresql``, or

@@ -1,6 +1,6 @@
 """The attention heatmap report: TFLOP/s and MFU over batch x length, per direction, head dim and heads.
 
-``measure_grid`` times the public call (``autotune.ops.hstu_attention``, tuned and default configs)
+``measure_grid`` times the public call (``autotune.runtime.ops.hstu_attention``, tuned and default configs)
 on uniform-length causal batches, as the published CUTLASS HSTU heatmap does; ``write_report`` turns
 rows (measured here, or read back from a CSV) into one CSV and PNG heatmaps per (direction, head dim,
 heads, source), plus a ratio map against a reference table the user passes (for example the
@@ -145,11 +145,12 @@ def measure_grid(
 
     ``fwd`` times the forward, ``bwd`` the backward alone (gradients of a kept graph), ``both`` the
     two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, or out of memory, are
-    left out. Timing: ``autotune.measure.bench`` (do_bench, L2 flush, median).
+    left out. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2 flush, median).
     """
     import torch
 
-    from autotune import measure, ops
+    from autotune.runtime import ops
+    from autotune.tuning import measure
     from kernel_templates.hstu_attention import hstu_attention_flops
 
     rows: list[dict[str, Any]] = []

@@ -8,7 +8,7 @@ lookup is one dict access. Entries are keyed by (dtype, dims, heads, bucket, dis
 when the exact one is missing, dispatch uses the closest entry (same bucket first, then the nearest
 tuned bucket), then the heuristic default, and warns once per reason saying what differs.
 
-Which files are usable is decided by ``autotune.artifacts.assess_artifact`` (the verdict that
+Which files are usable is decided by ``autotune.runtime.artifacts.assess_artifact`` (the verdict that
 ``autotune show`` prints too): stale, invalid or foreign files (another GPU, another architecture)
 are rejected; a same-architecture GPU only with ``allow_same_arch=True``; version drift is a warning.
 
@@ -31,8 +31,8 @@ import torch
 from autotune import spec
 
 SOURCES = ("tuned", "default", "reference")
-MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tasks.MASKS
-LARGEST_BUCKET = 16384  # == autotune.buckets.BUCKETS[-1]: longer calls run this bucket's config
+MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS
+LARGEST_BUCKET = 16384  # == autotune.runtime.buckets.BUCKETS[-1]: longer calls run this bucket's config
 
 
 # --------------------------------------------------------------------------------------------------
@@ -68,13 +68,11 @@ def backend_available(name: str, kind: str) -> bool:
     """Whether ``name`` provides ``kind`` here (imports its launcher: call only when it is chosen)."""
     if name == "reference":
         return True
-    from autotune.registry import unavailable_reason
-
     try:
         b = spec.kernel(kind).backend(name)
     except ValueError:
         return False
-    if b.launcher is None or unavailable_reason(b) is not None:
+    if b.launcher is None or spec.unavailable_reason(b) is not None:
         return False
     try:
         spec.resolve(b.launcher)
@@ -158,14 +156,14 @@ def reset() -> None:
 
 
 def _detect_gpu() -> str:
-    from autotune.gpus import detect_gpu
+    from autotune.runtime.gpus import detect_gpu
 
     return detect_gpu()
 
 
 def _same_arch_file(root: Path, gpu: str, kind: str) -> Path | None:
     """The artifact of ``kind`` of another GPU with ``gpu``'s compute capability (first by name), if any."""
-    from autotune.gpus import same_arch_gpus
+    from autotune.runtime.gpus import same_arch_gpus
 
     for other in same_arch_gpus(gpu):
         file = root / other / f"{kind}.json"
@@ -180,7 +178,7 @@ def load(
     """Load the tuned artifacts of ``gpu`` (detected when None) from ``path``/<gpu>/<kernel>.json
     (``path`` None: the artifacts shipped with the installed package, the repository's in a checkout).
 
-    Each file must pass ``autotune.artifacts.assess_artifact`` against the running environment: a
+    Each file must pass ``autotune.runtime.artifacts.assess_artifact`` against the running environment: a
     file tuned on another GPU (by its ``gpu``, its device name or the folder it was copied to) is
     rejected. ``allow_same_arch=True`` accepts a GPU of the same compute capability (H100 configs on
     an H200; also looked up in that GPU's folder when ``gpu`` has none) and says so once. Other
@@ -189,11 +187,11 @@ def load(
     Never raises for a missing or rejected file, whatever it holds: the reason is kept and warned once
     when a call would have used it, and that kernel runs the heuristic default. Returns ``summary()``.
     """
-    from autotune import gpus
-    from autotune.artifacts import assess_artifact
+    from autotune.runtime import gpus
+    from autotune.runtime.artifacts import assess_artifact
 
     if path is None:
-        from autotune.bundle import packaged_artifacts_root
+        from autotune.runtime.bundle import packaged_artifacts_root
 
         path = packaged_artifacts_root()
     state = _State(loaded=True, path=str(path))
@@ -251,7 +249,7 @@ def _interpreting() -> bool:
 
 
 def _bucket_for(max_seq_len: int) -> int:
-    from autotune.buckets import bucket_for
+    from autotune.runtime.buckets import bucket_for
 
     return bucket_for(max_seq_len)
 
@@ -299,7 +297,7 @@ def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
 
 
 def mask_of(contextual_seq_len: int, has_targets: bool, max_attn_len: int) -> str:
-    """The artifact mask name (``autotune.tasks.MASKS``) of a call's mask arguments.
+    """The artifact mask name (``autotune.tuning.tasks.MASKS``) of a call's mask arguments.
 
     Each mask feature is its own kernel specialisation, so its best config can differ. A window
     (``max_attn_len > 0``) names the call whatever else it has: it decides which key blocks a query

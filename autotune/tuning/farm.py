@@ -7,7 +7,7 @@ command against the same storage. The engine is Optuna's, nothing home-made:
 - The task set is a *farm* study (``farm|<gpu>|<digest of tasks and tuning knobs>``) whose enqueued
   trials are the tasks. ``Study.ask`` claims one: ``RDBStorage`` moves a WAITING trial to RUNNING
   under a row lock, so a task is held by one worker at a time and no config is timed twice (each
-  task's own study, ``autotune.tuner._Study``, re-queues config trials a dead holder left RUNNING).
+  task's own study, ``autotune.tuning.tuner._Study``, re-queues config trials a dead holder left RUNNING).
 - A worker records heartbeats for its farm trial (its own thread, as ``optimize`` would). A worker
   that dies stops beating; the next ``fail_stale_trials`` of any worker fails its trial and Optuna's
   retry callback enqueues a copy, which another worker claims (``--retries`` times at most). A worker
@@ -50,11 +50,11 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import artifacts as art
-from autotune import gpus
-from autotune.registry import backends_for, load_plugins, plugin_modules
-from autotune.tasks import Task
-from autotune.tuner import (
+from autotune.runtime import artifacts as art
+from autotune.runtime import gpus
+from autotune.tuning.registry import backends_for, load_plugins, plugin_modules
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import (
     TIMING_ENV_KEYS,
     InfraError,
     Reporter,
@@ -68,7 +68,7 @@ from autotune.tuner import (
     update_artifact,
     warm_starts_for,
 )
-from autotune.worker import Worker, WorkerError
+from autotune.tuning.worker import Worker, WorkerError
 
 FARM_PREFIX = "farm|"
 EXIT_KEY = 3  # a worker's exit status when its timing key differs from the farm's
@@ -88,7 +88,7 @@ FARM_KNOBS = (
     "interpret",
     "plugins",
 )
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class FarmError(RuntimeError):
@@ -517,7 +517,7 @@ def _spawn(slot: int, spec: dict[str, Any], gpu_ids: list[str], log_dir: Path) -
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids[slot % len(gpu_ids)]
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"{host_label()}-w{slot}.log", "a") as log:
-        cmd = [sys.executable, "-m", "autotune.farm", "worker", json.dumps({**spec, "slot": slot}, default=str)]
+        cmd = [sys.executable, "-m", "autotune.tuning.farm", "worker", json.dumps({**spec, "slot": slot}, default=str)]
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
 
 
@@ -645,7 +645,7 @@ def run_farm_cli(
 ) -> list[TaskResult]:
     """``autotune run`` in farm mode: ``run_farm`` with the farm's status table redrawn while it runs
     (a line per change of the counts when the output is not a terminal)."""
-    from autotune import farm_status
+    from autotune.tuning import farm_status
 
     fopts = FarmOptions.from_env()
     gpu_ids = [] if opts.interpret else visible_gpus()
@@ -681,10 +681,12 @@ def run_farm_cli(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.farm worker SPEC``: the worker process that ``run_farm`` starts."""
+    """``python -m autotune.tuning.farm worker SPEC``: the worker process that ``run_farm`` starts."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "worker":
-        print("usage: python -m autotune.farm worker SPEC_JSON (started by autotune run --storage postgresql://...)")
+        print(
+            "usage: python -m autotune.tuning.farm worker SPEC_JSON (started by autotune run --storage postgresql://...)"
+        )
         return 2
     try:
         return work(json.loads(argv[1]))

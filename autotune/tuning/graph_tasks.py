@@ -14,7 +14,7 @@ merged with a count. Two routes give the same list:
   its backward unless ``training=False``.
 
 The projection ``silu(x W^T + b)`` maps to the ``gemm_silu`` template, whose tasks are keyed by the
-attention layer that owns it (``autotune.gemm_ops``: N = 4 H Dqk, K = H Dv); a ``silu(linear)`` of
+attention layer that owns it (``autotune.tuning.gemm_ops``: N = 4 H Dqk, K = H Dv); a ``silu(linear)`` of
 other shapes (the task heads' MLPs) has no such key and is reported as a note.
 
 Buckets: ``max_seq_len`` is an ``int`` argument of the op, so an exported graph holds it as a constant
@@ -34,31 +34,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.buckets import DISTRIBUTIONS, bucket_for
-from autotune.tasks import Task
+from autotune.runtime.buckets import DISTRIBUTIONS, bucket_for
+from autotune.runtime.graph import (  # noqa: F401 - re-exported: the tuner's graph API  # noqa: E402
+    BWD,
+    FWD,
+    GraphOp,
+    GraphTaskError,
+    attention_op,
+    dtype_name,
+    innermost_module_with,
+    mask_name,
+    module_hint,
+    schema_args,
+    value_of,
+    walk_nodes,
+)
+from autotune.tuning.tasks import Task
 
-FWD, BWD, GEMM = "hstu_attention_fwd", "hstu_attention_bwd", "gemm_silu"
+GEMM = "gemm_silu"
 DEFAULT_BATCH = 32  # the CLI's representative batch when neither the graph nor a lengths file gives one
-
-
-class GraphTaskError(ValueError):
-    """The model, file or lengths cannot give tasks; the message says why and what to pass."""
-
-
-@dataclass(frozen=True)
-class GraphOp:
-    """One templated op call found in a graph, with everything its tuning key needs."""
-
-    kernel: str
-    node: str
-    dtype: str
-    dqk: int
-    dv: int
-    num_heads: int
-    max_seq_len: int
-    mask: str = "causal"
-    distribution: str | None = None
-    batch: int | None = None
 
 
 @dataclass
@@ -80,99 +74,6 @@ class GraphOps:
     rows: tuple[int, int] | None = None  # range of the dynamic row dimension, when known
 
 
-def mask_name(contextual_seq_len: int, has_targets: bool, max_attn_len: int) -> str:
-    """The artifact mask key of a call (the same rule as ``autotune.dispatch.mask_of``)."""
-    if max_attn_len > 0:
-        return "window"
-    if contextual_seq_len > 0:
-        return "context+targets" if has_targets else "context"
-    return "targets" if has_targets else "causal"
-
-
-def dtype_name(dtype: Any) -> str:
-    """'torch.bfloat16' / torch.bfloat16 -> 'bfloat16'."""
-    return str(dtype).removeprefix("torch.")
-
-
-# --------------------------------------------------------------------------------------------------
-# torch.export route
-# --------------------------------------------------------------------------------------------------
-def schema_args(node: Any) -> dict[str, Any]:
-    """The call's arguments by schema name (positional and keyword, defaults filled)."""
-    schema = node.target._schema
-    out = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    out.update({a.name: v for a, v in zip(schema.arguments, node.args, strict=False)})
-    out.update(node.kwargs)
-    return out
-
-
-def _val(x: Any) -> Any:
-    """The example value (FakeTensor / int) of an fx argument."""
-    return x.meta.get("val") if hasattr(x, "meta") else x
-
-
-def _static(dim: Any) -> int | None:
-    return dim if isinstance(dim, int) else None
-
-
-def attention_op(kernel: str, name: str, args: dict[str, Any], distribution: str | None) -> GraphOp:
-    """A GraphOp of an ``hstu::attention_fwd/bwd`` call from its named arguments."""
-    q, v, offsets = _val(args["q"]), _val(args["v"]), _val(args["seq_offsets"])
-    max_seq_len = _val(args["max_seq_len"])
-    if not isinstance(max_seq_len, int):
-        raise GraphTaskError(f"{name}: max_seq_len is not a constant ({max_seq_len!r}); cannot pick a bucket")
-    n_off = _static(offsets.shape[0])
-    return GraphOp(
-        kernel,
-        name,
-        dtype_name(q.dtype),
-        int(q.shape[2]),
-        int(v.shape[2]),
-        int(q.shape[1]),
-        max_seq_len,
-        mask_name(int(args["contextual_seq_len"]), args["num_targets"] is not None, int(args["max_attn_len"])),
-        distribution,
-        None if n_off is None else n_off - 1,
-    )
-
-
-def module_hint(node: Any, root: Any) -> str | None:
-    """The length-distribution hint of the module that made the call (``HSTUAttention.distribution``).
-
-    The hint is the artifact key dispatch will look up, so the task must carry it; it lives on the
-    module, not in the op's arguments, hence the nn_module_stack walk.
-    """
-    module = innermost_module_with(node, root, "distribution")
-    return None if module is None else module.distribution
-
-
-def innermost_module_with(node: Any, root: Any, attr: str) -> Any:
-    """The innermost module on an exported node's ``nn_module_stack`` that has ``attr``, or None."""
-    for path, _type in reversed(list(node.meta.get("nn_module_stack", {}).values())):
-        try:
-            module = root.get_submodule(path)
-        except (AttributeError, TypeError):
-            continue
-        if hasattr(module, attr):
-            return module
-    return None
-
-
-def walk_nodes(gm: Any) -> list[Any]:
-    """The nodes of a graph module in execution order, with higher-order-op subgraphs (an autocast
-    region is one ``wrap_with_autocast`` call of a submodule) expanded where they are used."""
-    import torch
-
-    out = []
-    for node in gm.graph.nodes:
-        sub = getattr(gm, node.target, None) if node.op == "get_attr" and isinstance(node.target, str) else None
-        if isinstance(sub, torch.fx.GraphModule):
-            out.extend(walk_nodes(sub))
-        else:
-            out.append(node)
-    return out
-
-
 def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int]]:
     """(node, N, K, index) of every ``silu(linear(x, W, b))`` with a 2-D x and weight."""
     import torch
@@ -184,7 +85,7 @@ def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int]]:
         src = node.args[0]
         if getattr(src, "target", None) is not torch.ops.aten.linear.default or len(src.args) < 3:
             continue
-        x, w = _val(src.args[0]), _val(src.args[1])
+        x, w = value_of(src.args[0]), value_of(src.args[1])
         if x is None or w is None or x.dim() != 2 or w.dim() != 2 or src.args[2] is None:
             continue
         out.append((node.name, int(w.shape[0]), int(w.shape[1]), i))
@@ -308,7 +209,7 @@ def ops_from_program(module: Any, args: tuple, dynamic_shapes: Any, training: bo
     """Templated calls of ``torch.export`` of ``module`` on ``args`` (and of its joint graph when training)."""
     import torch
 
-    import autotune.ops  # noqa: F401 - the hstu ops must be registered before tracing
+    import autotune.runtime.ops  # noqa: F401 - the hstu ops must be registered before tracing
 
     root = loss_module(module)
     root.train(training)
@@ -452,7 +353,7 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
     """Templated calls of an ONNX file (``hstu.JaggedAttention`` nodes, silu(linear) projections)."""
     import onnx
 
-    from autotune.onnx_hstu import DOMAIN, NAME, node_attributes
+    from autotune.runtime.onnx_hstu import DOMAIN, NAME, node_attributes
 
     path = Path(path)
     if not path.is_file():

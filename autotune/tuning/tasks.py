@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sequence_lengths
-from autotune.gpus import get_gpu
+from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sequence_lengths
+from autotune.runtime.gpus import get_gpu
 
 DTYPES = ("bfloat16", "float16", "float32")
 # Mask features: name -> (contextual_seq_len, targets per sequence as a fraction of its length, window as a

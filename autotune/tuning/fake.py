@@ -1,7 +1,7 @@
 """Injectable fake kernels for tests: configs that crash, hang, are wrong, poison the process, or are slow.
 
 Registered (``autotune.spec.register``, the same op spec every real op has) only when this module is
-imported (``plugins=["autotune.fake"]``); its worker imports it too. Two ops:
+imported (``plugins=["autotune.tuning.fake"]``); its worker imports it too. Two ops:
 
 - ``fake_op``: modes slow (the default), ok, ok2, wrong, nan, crash, hang. The 'wrong' and 'nan'
   configs are the fastest, so a tuner that skipped the correctness check would pick them.
@@ -43,7 +43,7 @@ FAULTS_OP = "fake_faults"
 _DEFAULT_S = 0.0 if os.environ.get("AUTOTUNE_FAKE_FAST_DEFAULT") == "1" else 0.02
 SLEEP_S = {"slow": _DEFAULT_S, "ok": 0.004, "ok2": 0.006, "wrong": 0.0, "nan": 0.0, "crash": 0.0, "hang": 0.0}
 FAULT_SLEEP_S = {**SLEEP_S, "sticky": 0.0, "bigwrong": 0.001, "narrow": 0.002}
-CHECK_BATCH = 5  # sequences in the worker's check batch (autotune.worker.check_lengths)
+CHECK_BATCH = 5  # sequences in the worker's check batch (autotune.tuning.worker.check_lengths)
 _BROKEN: list[str] = []  # set by a 'sticky' launch: this process is unusable from then on
 
 
@@ -126,22 +126,22 @@ def fake_launcher(x: torch.Tensor, *, config: FakeConfig, out: torch.Tensor | No
 def _spec(name: str, space: str) -> OpSpec:
     backend = BackendSpec(
         name="fake",
-        launcher="autotune.fake:fake_launcher",
-        config="autotune.fake:FakeConfig",
-        space=f"autotune.fake:{space}",
-        tune_launch="autotune.fake:_launch",
-        sources=("autotune/fake.py",),
+        launcher="autotune.tuning.fake:fake_launcher",
+        config="autotune.tuning.fake:FakeConfig",
+        space=f"autotune.tuning.fake:{space}",
+        tune_launch="autotune.tuning.fake:_launch",
+        sources=("autotune/tuning/fake.py",),
         interpretable=True,
     )
     kernel = KernelSpec(
         name=name,
         direction="fwd",
-        make_inputs="autotune.fake:_make_inputs",
-        reference="autotune.fake:_reference",
-        flops="autotune.fake:_flops",
-        alloc_out="autotune.fake:_alloc_out",
+        make_inputs="autotune.tuning.fake:_make_inputs",
+        reference="autotune.tuning.fake:_reference",
+        flops="autotune.tuning.fake:_flops",
+        alloc_out="autotune.tuning.fake:_alloc_out",
         backends=(backend,),
-        default="autotune.fake:_defaults",
+        default="autotune.tuning.fake:_defaults",
     )
     return OpSpec(name=name, kernels=(kernel,))
 

@@ -186,7 +186,7 @@ def translation_table() -> dict[Any, Any]:
     """``custom_translation_table`` for ``torch.onnx.export`` of models that use the hstu custom ops."""
     import torch
 
-    import autotune.ops  # noqa: F401 - registers hstu::attention_fwd
+    import autotune.runtime.ops  # noqa: F401 - registers hstu::attention_fwd
     import kernel_templates.fused_ln_mul_dropout  # noqa: F401 - registers hstu::ln_mul_dropout_fwd
 
     register_schema()

@@ -1,14 +1,14 @@
 """Artifacts that travel with the module: the packaged copy and self-contained export bundles.
 
 A wheel of the project installs the committed ``artifacts/<gpu>/<kernel>.json`` beside the packages
-(``site-packages/artifacts``, the place ``autotune.artifacts.DEFAULT_ROOT`` already names in a source
+(``site-packages/artifacts``, the place ``autotune.runtime.artifacts.DEFAULT_ROOT`` already names in a source
 checkout), so ``packaged_artifacts_root()`` finds them in both layouts without a path argument.
 
 ``export_bundle`` writes one folder a training job can ship: ``<out>/<gpu>/<kernel>.json`` (the layout
 ``autotune.load(out)`` reads) plus ``manifest.json`` with the GPU, the package and library versions,
 and the sha256 of every file; ``verify_bundle`` re-checks those hashes. Only usable artifacts are
 exported (valid, not stale, of the named GPU): a bundle never carries a file dispatch would reject.
-Stdlib only, like ``autotune.artifacts``.
+Stdlib only, like ``autotune.runtime.artifacts``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from autotune import artifacts as art
+from autotune.runtime import artifacts as art
 
 MANIFEST = "manifest.json"
 FORMAT = "hstu-autotune-artifact-bundle"

@@ -1,7 +1,7 @@
 """``autotune status --storage URL [--farm NAME] [--watch [S]]``: a farm's progress from its storage.
 
 Tasks done / running / left, trials per worker and the best time so far, read from the farm study's
-trials (``autotune.farm``); ``--watch`` redraws every S seconds until the farm drains. The same storage
+trials (``autotune.tuning.farm``); ``--watch`` redraws every S seconds until the farm drains. The same storage
 opens in optuna-dashboard for per-trial detail (README, "Tuning farm").
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.farm import FARM_PREFIX, _safe, plain_storage
+from autotune.tuning.farm import FARM_PREFIX, _safe, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -84,8 +84,8 @@ def snapshot(storage: Any, name: str) -> dict[str, Any]:
 def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
     """The farm's evidence: tasks finished, configs measured twice in one task study (must be 0) and
     finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0)."""
-    from autotune import artifacts as art
-    from autotune.farm import latest_per_task
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.farm import latest_per_task
 
     farm = optuna.load_study(study_name=name, storage=storage)
     latest = latest_per_task(farm.get_trials(deepcopy=False))
@@ -180,7 +180,7 @@ def cmd_status(args: Any) -> int:
     from rich.console import Group
     from rich.live import Live
 
-    from autotune.cli import CLIError, _console
+    from autotune.tuning.cli import CLIError, _console
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()

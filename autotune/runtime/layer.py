@@ -1,7 +1,7 @@
 """The whole HSTU layer over dispatched kernels: one autograd function, zero-copy, fused epilogues.
 
 ``x -> LN -> uvqk = silu(LN(x) W^T + b) -> u, v, q, k (views) -> attention -> dropout(LN(attn) * u)
--> out = x + y W_o^T + b_o``. Every step runs the kernel ``autotune.dispatch`` selects for the call's
+-> out = x + y W_o^T + b_o``. Every step runs the kernel ``autotune.runtime.dispatch`` selects for the call's
 shape (tuned artifact entry, else the heuristic default): ``layer_norm_fwd/bwd``, ``gemm_silu`` /
 ``gemm_silu_bwd``, ``hstu_attention_fwd/bwd``, ``ln_mul_dropout_fwd/bwd``, ``linear_residual_fwd``.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from autotune import dispatch
+from autotune.runtime import dispatch
 
 LAYER_KERNELS = (
     "layer_norm_fwd",

@@ -29,13 +29,13 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune import artifacts as art
-from autotune.buckets import bucket_for, neighbours
-from autotune.gpus import environment
-from autotune.measure import quantile
-from autotune.registry import Backend, backends_for, get_op
-from autotune.tasks import Task, space_context
-from autotune.worker import Worker, WorkerError
+from autotune.runtime import artifacts as art
+from autotune.runtime.buckets import bucket_for, neighbours
+from autotune.runtime.gpus import environment
+from autotune.tuning.measure import quantile
+from autotune.tuning.registry import Backend, backends_for, get_op
+from autotune.tuning.tasks import Task, space_context
+from autotune.tuning.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
 
 SAMPLERS = ("tpe", "random", "bruteforce", "gp")
@@ -738,7 +738,7 @@ def run_tasks(
     tasks: list[Task], opts: TuneOptions, time_budget_s: float | None = None, reporter: Reporter | None = None
 ) -> list[TaskResult]:
     """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget."""
-    from autotune.registry import plugin_modules
+    from autotune.tuning.registry import plugin_modules
 
     reporter = reporter or Reporter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

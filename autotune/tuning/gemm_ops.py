@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from autotune.artifacts import TEMPLATE_SOURCES
-from autotune.registry import Backend, Op, cute_available, register_backend, register_op
+from autotune.runtime.artifacts import TEMPLATE_SOURCES
+from autotune.tuning.registry import Backend, Op, cute_available, register_backend, register_op
 from kernel_templates.gemm_silu.reference import gemm_silu_flops, gemm_silu_reference
 from search_spaces.base import SearchSpace, SpaceContext
 from search_spaces.gemm_silu_cute import GEMM_SILU_CUTE

@@ -2,7 +2,7 @@
 
 The tuner talks to one long-lived ``spawn``ed worker (its compile cache and CUDA context survive
 across trials and tasks). A request that times out kills the worker (a hang); a worker that dies
-(segfault, abort, fatal CUDA error) is a crash. The tuner decides what follows (``autotune.tuner``):
+(segfault, abort, fatal CUDA error) is a crash. The tuner decides what follows (``autotune.tuning.tuner``):
 a retry on a fresh worker, a health probe with a known-good config after any failed request, and
 set-up failures treated as infrastructure, never as a config's fault. Every output that is timed is
 first checked against the reference on the same inputs (outputs pre-filled with NaN), and the
@@ -131,7 +131,7 @@ class _Reference:
     def __init__(self, op: Any, task: Any, lengths: list[int], seed: int, device: str) -> None:
         import torch
 
-        from autotune import measure
+        from autotune.tuning import measure
 
         self.dtype = getattr(torch, task.dtype)
         self.inputs = op.make_inputs(task, lengths, seed, device, self.dtype)
@@ -143,7 +143,7 @@ class _Reference:
 
     def check(self, backend: Any, config: Any) -> tuple[bool, Any]:
         """Launch ``config`` once on NaN-filled outputs, synchronise, compare with the reference."""
-        from autotune import measure
+        from autotune.tuning import measure
 
         outs = backend.launch(self.inputs, config, self.op.alloc_out(self.inputs))
         measure.synchronize()
@@ -154,9 +154,9 @@ class _Session:
     """Per-task state in the worker: timing inputs, correctness inputs and their references."""
 
     def __init__(self, msg: dict[str, Any]) -> None:
-        from autotune import measure
-        from autotune.registry import get_op
-        from autotune.tasks import Task
+        from autotune.tuning import measure
+        from autotune.tuning.registry import get_op
+        from autotune.tuning.tasks import Task
 
         t0 = time.perf_counter()
         self.task = Task.from_dict(msg["task"])
@@ -173,14 +173,14 @@ class _Session:
         self.setup_s = time.perf_counter() - t0
 
     def _config(self, msg: dict[str, Any]):
-        from autotune.registry import get_backend
+        from autotune.tuning.registry import get_backend
 
         backend = get_backend(self.task.kernel, msg["backend"])
         return backend, backend.space.make(msg["config"])
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile (first launch, on poisoned outputs), read the report, check, then time (checked)."""
-        from autotune import measure
+        from autotune.tuning import measure
 
         backend, config = self._config(msg)
         ref = self.check_ref
@@ -212,7 +212,7 @@ class _Session:
     def timed_run(self, backend: Any, config: Any, quick: bool) -> dict[str, Any]:
         """Check the first launch on the timing batch itself, then time it: a config wrong only on
         the timed inputs (a grid too small for many sequences) never gets a time."""
-        from autotune import measure
+        from autotune.tuning import measure
 
         try:
             ok, detail = self.timed.check(backend, config)
@@ -244,7 +244,7 @@ class _Session:
     def compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Interleaved timings A, B, A, B, ... (each checked on its first launch), so drift in clocks
         or temperature hits both configs alike."""
-        from autotune import measure
+        from autotune.tuning import measure
 
         pairs = [self._config(msg["a"]), self._config(msg["b"])]
         times: list[list[float]] = [[], []]
@@ -269,7 +269,7 @@ class _Session:
         """
         import dataclasses
 
-        from autotune.tasks import space_context
+        from autotune.tuning.tasks import space_context
 
         backend, config = self._config(msg)
         full = msg.get("level", "full") == "full"
@@ -326,7 +326,7 @@ def _die_with_parent() -> None:
 
 def _main(conn, plugins: list[str]) -> None:
     """Worker loop: one request, one reply."""
-    from autotune.registry import load_plugins
+    from autotune.tuning.registry import load_plugins
 
     _die_with_parent()
     load_plugins(plugins)

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 from autotune import spec as specs
+from autotune.spec import unavailable_reason
 from kernel_templates.spec_base import BackendSpec, KernelSpec
 
 PLUGIN_MODULES: list[str] = []  # built-in ops come from autotune.spec.SPEC_MODULES
@@ -53,29 +54,6 @@ class Backend:
     jit_functions: Callable[[], Sequence[Any]] = lambda: ()
     compile_report: Callable[[dict, Any], dict] | None = None
     available: Callable[[], str | None] = lambda: None
-
-
-def unavailable_reason(b: BackendSpec) -> str | None:
-    """Why backend ``b`` cannot run in this process (package missing, no/wrong GPU), or None.
-
-    Checks what the spec declares without importing the backend's modules.
-    """
-    for mod in b.requires:
-        if importlib.util.find_spec(mod) is None:
-            return f"{mod} not installed" if mod != "cutlass" else "nvidia-cutlass-dsl not installed"
-    import torch
-
-    cuda = torch.cuda.is_available()
-    if b.needs_cuda and not cuda:
-        return "needs a CUDA GPU"
-    if not cuda and not (b.interpretable and os.environ.get("TRITON_INTERPRET", "0") == "1"):
-        if not b.interpretable:
-            return "needs a CUDA GPU"
-        return "needs a CUDA GPU (or TRITON_INTERPRET=1)"
-    if b.compute_capability is not None and cuda and torch.cuda.get_device_capability() != b.compute_capability:
-        major, minor = b.compute_capability
-        return f"needs an sm{major}{minor} GPU"
-    return None
 
 
 def cute_available() -> str | None:

@@ -3,7 +3,7 @@
 The ops are registered with ``torch.library.custom_op`` (fake impls for tracing, autograd through
 ``register_autograd``), so ``torch.compile`` traces them without graph breaks and ``torch.export``
 sees them as single nodes. Configs cross the op boundary as (backend name, JSON string) because
-custom ops cannot take dataclasses; ``autotune.dispatch`` picks them, so model code never names a
+custom ops cannot take dataclasses; ``autotune.runtime.dispatch`` picks them, so model code never names a
 backend or tile size.
 """
 
@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from autotune import dispatch
+from autotune.runtime import dispatch
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
 from kernel_templates.hstu_attention.op import validate_hstu_inputs
 

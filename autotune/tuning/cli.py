@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.buckets import DISTRIBUTIONS, format_bucket, parse_bucket
-from autotune.gpus import GPUS
+from autotune.runtime.buckets import DISTRIBUTIONS, format_bucket, parse_bucket
+from autotune.runtime.gpus import GPUS
 
 KERNEL_ALIASES = {"fwd": "hstu_attention_fwd", "bwd": "hstu_attention_bwd"}
 GPU_DEFAULTS: dict[str, Any] = {
@@ -83,7 +83,7 @@ def _kernels(text: str) -> list[str]:
 
 def resolve_gpu(arg: str, interpret: bool, dry_run: bool) -> str:
     """The registry key to tune for; refuses when the GPU present does not match ``--gpu``."""
-    from autotune.gpus import detect_gpu
+    from autotune.runtime.gpus import detect_gpu
 
     name = arg.lower()
     if name != "auto" and name not in GPUS:
@@ -112,15 +112,15 @@ def _fill_defaults(args: argparse.Namespace) -> None:
         if getattr(args, k, None) is None:
             setattr(args, k, v)
     if args.artifacts is None:
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         args.artifacts = str(root / ("runs/interpret/artifacts" if args.interpret else "artifacts"))
 
 
 def build_task_list(args: argparse.Namespace, gpu: str) -> list:
-    from autotune.tasks import MASKS, build_tasks, parse_dims
+    from autotune.tuning.tasks import MASKS, build_tasks, parse_dims
 
     if getattr(args, "from_model", None) or getattr(args, "from_onnx", None):
-        from autotune.cli_graph import graph_task_list
+        from autotune.tuning.cli_graph import graph_task_list
 
         return graph_task_list(args, gpu)
     try:
@@ -170,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     budget = parse_duration(args.time_budget)
     gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
-    from autotune.registry import backends_for, get_op, load_plugins
+    from autotune.tuning.registry import backends_for, get_op, load_plugins
 
     load_plugins(args.plugin)
     tasks = build_task_list(args, gpu)
@@ -181,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(str(e)) from None
         if not backends_for(k, args.backends, available_only=False):
             raise CLIError(f"no backend {args.backends} registered for {k}")
-    from autotune.tasks import space_context
+    from autotune.tuning.tasks import space_context
 
     for t in tasks:
         ctx = space_context(t, args.interpret)
@@ -189,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"no feasible config for {t.label()} (unsupported head dims?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
-    from autotune.tuner import TuneOptions, run_tasks
+    from autotune.tuning.tuner import TuneOptions, run_tasks
 
     opts = TuneOptions(
         n_trials=args.trials,
@@ -211,7 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
         f"budget {args.time_budget or 'none'}{mode}"
     )
-    from autotune.farm import FarmError, is_farm_url, run_farm_cli
+    from autotune.tuning.farm import FarmError, is_farm_url, run_farm_cli
 
     if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
         raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
@@ -260,8 +260,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from autotune.registry import backends_for
-    from autotune.tasks import space_context
+    from autotune.tuning.registry import backends_for
+    from autotune.tuning.tasks import space_context
 
     table = Table(title=f"dry run: {len(tasks)} tasks on {tasks[0].gpu if tasks else '?'}")
     for col in ("task", "batch", "lengths (mean/max)", "configs: full -> feasible"):
@@ -319,16 +319,16 @@ class _RichReporter:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Print each artifact with the verdict ``autotune.load(root, gpu=<its folder>)`` would act on in this
-    process (one function decides both: ``autotune.artifacts.assess_artifact``). Exit 1 if a file is
+    process (one function decides both: ``autotune.runtime.artifacts.assess_artifact``). Exit 1 if a file is
     unreadable or invalid; stale or foreign files are shown with the reason they are not used."""
     from rich.markup import escape
     from rich.table import Table
 
-    from autotune.artifacts import assess_artifact
-    from autotune.gpus import running_environment
+    from autotune.runtime.artifacts import assess_artifact
+    from autotune.runtime.gpus import running_environment
 
     console = _console()
-    root = Path(args.artifacts or Path(__file__).resolve().parents[1] / "artifacts")
+    root = Path(args.artifacts or Path(__file__).resolve().parents[2] / "artifacts")
     gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
     if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
@@ -389,7 +389,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_heatmap(args: argparse.Namespace) -> int:
     """``bench --heatmap``: measure the batch x length grid on the GPU (or re-render ``--from-csv``),
     then write CSV and PNG heatmaps, with ratio maps against ``--reference`` when given."""
-    from autotune import heatmap
+    from autotune.tuning import heatmap
 
     try:
         reference = heatmap.read_table(args.reference) if args.reference else None
@@ -400,8 +400,8 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
 
             if not torch.cuda.is_available():
                 raise CLIError("bench --heatmap measures on a CUDA GPU (or pass --from-csv FILE to re-render)")
-            from autotune.gpus import get_gpu
-            from autotune.tasks import parse_dims
+            from autotune.runtime.gpus import get_gpu
+            from autotune.tuning.tasks import parse_dims
 
             gpu = resolve_gpu(args.gpu, False, False)
             import autotune
@@ -435,7 +435,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpu = resolve_gpu(args.gpu, False, False)
     import torch
 
-    from autotune.registry import load_plugins
+    from autotune.tuning.registry import load_plugins
 
     if not torch.cuda.is_available():
         raise CLIError("bench needs a CUDA GPU")
@@ -454,9 +454,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench_row(t, gpu: str, args: argparse.Namespace) -> list[str]:
 
-    from autotune import measure
-    from autotune.artifacts import artifact_path, load_artifact_or_none
-    from autotune.tuner import bench_launches
+    from autotune.runtime.artifacts import artifact_path, load_artifact_or_none
+    from autotune.tuning import measure
+    from autotune.tuning.tuner import bench_launches
 
     artifact = load_artifact_or_none(artifact_path(gpu, t.kernel, args.artifacts))
     flops, default, tuned = bench_launches(t, artifact)
@@ -553,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--watch", type=float, nargs="?", const=2.0, default=None, metavar="S", help="redraw every S s (2) until done"
     )
-    from autotune import cli_graph
+    from autotune.tuning import cli_graph
 
     cli_graph.add_run_args(run)
     cli_graph.add_parsers(sub)
@@ -571,11 +571,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             return cmd_show(args)
         if args.command == "status":
-            from autotune.farm_status import cmd_status
+            from autotune.tuning.farm_status import cmd_status
 
             return cmd_status(args)
         if args.command in ("tasks", "export"):
-            from autotune.cli_graph import COMMANDS
+            from autotune.tuning.cli_graph import COMMANDS
 
             return COMMANDS[args.command](args)
         args.interpret = False

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO_ROOT / "artifacts"
-BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # == autotune.buckets.BUCKETS (kept import-free)
+BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # == autotune.runtime.buckets.BUCKETS (kept import-free)
 DISTRIBUTIONS = ("uniform", "jagged")
 DTYPES = ("bfloat16", "float16", "float32")
-MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tasks.MASKS (import-free)
+MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS (import-free)
 # Versions whose drift is worth a warning (configs may no longer be the fastest), not a rejection.
 VERSION_KEYS = ("torch", "triton", "cutlass_dsl", "cuda", "driver", "sm_count")
 
@@ -350,14 +350,14 @@ class Verdict:
 
 
 def _registry_cc(key: str | None) -> str | None:
-    from autotune.gpus import GPUS  # stdlib-only module; imported late to keep this one import-free
+    from autotune.runtime.gpus import GPUS  # stdlib-only module; imported late to keep this one import-free
 
     spec = GPUS.get(key.lower()) if isinstance(key, str) else None
     return spec.cc if spec else None
 
 
 def _gpu_key(name: Any) -> str | None:
-    from autotune.gpus import gpu_from_name
+    from autotune.runtime.gpus import gpu_from_name
 
     return gpu_from_name(name) if isinstance(name, str) else None
 
@@ -389,7 +389,7 @@ def check_origin(
 
     The file names its GPU twice (``gpu`` and ``environment.gpu_name``); both must agree with the
     folder it lives in (when that is a registry GPU key), the GPU asked for and the GPU running here (``running`` is
-    ``autotune.gpus.environment()``; without a CUDA device it has no compute capability and only the
+    ``autotune.runtime.gpus.environment()``; without a CUDA device it has no compute capability and only the
     folder and the request are checked). Another architecture is always rejected; another GPU of the
     same compute capability only when not allowed; other library versions are a note.
     """
@@ -440,7 +440,7 @@ def assess_artifact(
     """The usability verdict of one artifact file here; never raises, whatever the file holds.
 
     ``gpu``: the GPU key asked for (default: the folder the file lives in); ``running``: the
-    running process's ``autotune.gpus.environment()`` (None: not known, origin checked against the
+    running process's ``autotune.runtime.gpus.environment()`` (None: not known, origin checked against the
     folder and ``gpu`` only, versions not compared). Invalid and stale files are rejected; origin
     rules are ``check_origin``'s.
     """

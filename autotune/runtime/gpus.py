@@ -70,7 +70,7 @@ def detect_gpu() -> str:
     key = gpu_from_name(name)
     if key is None:
         known = ", ".join(sorted(GPUS))
-        raise RuntimeError(f"GPU {name!r} is not in the registry ({known}); add it to autotune/gpus.py")
+        raise RuntimeError(f"GPU {name!r} is not in the registry ({known}); add it to autotune/runtime/gpus.py")
     return key
 
 

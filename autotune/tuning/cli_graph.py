@@ -5,8 +5,8 @@ autotune tasks --from-onnx model.onnx --json t.json
 autotune run --gpu h100 --from-model seed         # tune exactly the tasks the model runs
 autotune export --gpu h100 --out bundle/          # artifact JSONs + manifest, for autotune.load("bundle")
 
-``autotune.cli`` registers these (``add_parsers``, ``add_run_args``) and hands the commands to
-``COMMANDS``; the graph reading is ``autotune.graph_tasks``, the bundle ``autotune.bundle``.
+``autotune.tuning.cli`` registers these (``add_parsers``, ``add_run_args``) and hands the commands to
+``COMMANDS``; the graph reading is ``autotune.tuning.graph_tasks``, the bundle ``autotune.runtime.bundle``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from autotune.buckets import format_bucket
-from autotune.cli import GPU_DEFAULTS, INTERPRET_DEFAULTS, CLIError, _console
-from autotune.gpus import GPUS
+from autotune.runtime.buckets import format_bucket
+from autotune.runtime.gpus import GPUS
+from autotune.tuning.cli import GPU_DEFAULTS, INTERPRET_DEFAULTS, CLIError, _console
 
 # Grid options of ``autotune run`` that a graph's task list replaces (refused when changed).
 GRID_OPTIONS = ("kernel", "buckets", "dims", "heads", "distributions", "masks")
@@ -87,7 +87,7 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
         if name not in GPUS:
             raise CLIError(f"unknown GPU {arg!r}; known: {', '.join(sorted(GPUS))} or 'auto'")
         return name, None
-    from autotune.gpus import detect_gpu
+    from autotune.runtime.gpus import detect_gpu
 
     try:
         return detect_gpu(), None
@@ -97,7 +97,7 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
 
 def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
     """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
-    from autotune.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx, read_lengths
+    from autotune.tuning.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx, read_lengths
 
     try:
         with warnings.catch_warnings():
@@ -148,7 +148,7 @@ def print_tasks(graph: Any, tasks: list, gpu: str) -> None:
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     """``autotune tasks``: print (and optionally write) the merged tasks of a model graph."""
-    from autotune.graph_tasks import tasks_to_json
+    from autotune.tuning.graph_tasks import tasks_to_json
 
     gpu, note = _tasks_gpu(args.gpu)
     if args.batch < 1:
@@ -178,7 +178,7 @@ def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``autotune export``: a bundle of the GPU's usable artifacts with a manifest."""
-    from autotune.bundle import BundleError, export_bundle
+    from autotune.runtime.bundle import BundleError, export_bundle
 
     gpu = args.gpu.lower()
     if gpu not in GPUS:

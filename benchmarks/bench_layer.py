@@ -1,0 +1,195 @@
+"""One HSTU layer, forward + backward, column by column: what each step of the fused layer buys.
+
+    python benchmarks/bench_layer.py --artifacts artifacts                 # H100/H200: table + JSON rows
+    python benchmarks/bench_layer.py --from-json rows.jsonl --png layer.png  # re-render without a GPU
+
+Shape of the seed layer benchmark: batch 32, 4 heads, head dim 256, hidden 1024, bf16, every sequence
+of the bucket's length (1K-8K). FLOPs as that benchmark counts them: attention 3.5x its forward, the
+two projections 3x theirs. Columns (each adds one thing to the previous):
+
+1. ``default unfused``: heuristic kernels, nn modules chained by autograd (split, cat, casts);
+2. ``+ tuned attention``: the tuned attention artifacts;
+3. ``+ tuned fused ops``: the whole layer through ``autotune.runtime.layer`` with every op dispatched, but
+   q/k/v/u copied out of uvqk and their gradients concatenated (``zero_copy=False``);
+4. ``+ zero copy``: views and one d(uvqk) buffer;
+5. ``+ recompute``: SiLU(uvqk) and LN(x) recomputed in the backward (less memory, more time).
+
+Each column's output and input gradient are compared with column 1 on the same inputs (max error
+relative to the largest value), so a fast column that is wrong shows up in the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.rows import append_rows, time_ms  # noqa: E402
+
+COLUMNS: list[tuple[str, dict[str, Any]]] = [
+    ("default unfused", {"kernels": "default", "layer": "unfused"}),
+    ("+ tuned attention", {"kernels": "tuned", "layer": "unfused"}),
+    ("+ tuned fused ops", {"kernels": "tuned", "layer": "fused", "zero_copy": False}),
+    ("+ zero copy", {"kernels": "tuned", "layer": "fused", "zero_copy": True}),
+    ("+ recompute", {"kernels": "tuned", "layer": "fused", "zero_copy": True, "recompute": "uvqk+ln"}),
+]
+
+
+def layer_flops(lengths: list[int], heads: int, d: int, hidden: int) -> float:
+    """Forward + backward FLOPs: attention 3.5x its forward (HSTU.md convention), GEMMs 3x."""
+    from kernel_templates.hstu_attention.reference import hstu_attention_flops
+
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    attn_fwd = hstu_attention_flops(offsets, heads, d, d, 0, None, 0)[0]
+    tokens = sum(lengths)
+    gemm_fwd = 2 * tokens * hidden * 4 * heads * d + 2 * tokens * heads * d * hidden
+    return 3.5 * attn_fwd + 3 * gemm_fwd
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+def run_column(cfg: Any, x: torch.Tensor, offsets: torch.Tensor, dout: torch.Tensor, state: dict) -> dict[str, Any]:
+    """Time one column's layer (fwd + bwd) and measure its peak memory and its error against column 1."""
+    from models.hstu import HSTULayer
+
+    torch.manual_seed(0)
+    layer = HSTULayer(cfg).to(x.device)
+    layer.train()
+    xg = x.detach().clone().requires_grad_(True)
+
+    def step() -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+            out = layer(xg, offsets)
+        out.backward(dout)
+        return out
+
+    out = step()  # compiles; the result is compared below
+    ref = state.setdefault("ref", (out.detach(), xg.grad.detach().clone()))
+    err = {"out_rel_err": _rel_err(out.detach(), ref[0]), "dx_rel_err": _rel_err(xg.grad, ref[1])}
+    if x.is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        err["peak_mem_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return {**time_ms(step), **err}
+
+
+def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import autotune
+    from models.config import get_config
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.artifacts:
+        autotune.load(args.artifacts, gpu=args.gpu, allow_same_arch=True)
+    rows = []
+    for n in args.lengths:
+        lengths = [n] * args.batch
+        base = get_config(
+            "seed", max_seq_len=n, min_seq_len=min(256, n), batch_size=args.batch, dropout=args.dropout,
+            num_heads=args.heads, head_dim=args.head_dim, hidden_dim=args.heads * args.head_dim,
+        )  # fmt: skip
+        if device.type != "cuda":
+            base = base.replace(num_heads=2, head_dim=32, hidden_dim=64)
+        gen = torch.Generator(device="cpu").manual_seed(n)
+        L, hidden = sum(lengths), base.hidden_dim
+        x = torch.randn(L, hidden, generator=gen).to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        dout = torch.randn(L, hidden, generator=gen).to(device, x.dtype)
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        flops = layer_flops(lengths, base.num_heads, base.head_dim, hidden)
+        state: dict = {}
+        for name, overrides in COLUMNS:
+            if args.columns and name not in args.columns:
+                continue
+            cfg = base.replace(**overrides)
+            try:
+                r = run_column(cfg, x, offsets, dout, state)
+                r["tflops"] = flops / (r["p50_ms"] * 1e-3) / 1e12
+            except Exception as e:  # noqa: BLE001 - a failing column is a row with its reason, not a crash
+                r = {"error": f"{type(e).__name__}: {e}"[:500]}
+            row = {"bench": "layer", "column": name, "seq_len": n, "batch": args.batch, "heads": base.num_heads,
+                   "head_dim": base.head_dim, "hidden": hidden, "dtype": str(x.dtype).removeprefix("torch."),
+                   "flops": flops, **overrides, **r}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+    return rows
+
+
+def render(rows: list[dict[str, Any]], png: str | None) -> str:
+    """Markdown table (TFLOP/s and peak GiB per column and length) and an optional bar chart."""
+    lengths = sorted({r["seq_len"] for r in rows})
+    names = [c for c, _ in COLUMNS if any(r["column"] == c for r in rows)]
+    cell = {(r["column"], r["seq_len"]): r for r in rows}
+
+    def fmt(r: dict | None) -> str:
+        if r is None:
+            return "-"
+        if "error" in r:
+            return "error"
+        mem = f" / {r['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in r else ""
+        return f"{r['tflops']:.0f}{mem}"
+
+    head = "| column | " + " | ".join(f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths) + " |"
+    lines = [head, "|---" * (len(lengths) + 1) + "|"]
+    lines += ["| " + c + " | " + " | ".join(fmt(cell.get((c, n))) for n in lengths) + " |" for c in names]
+    if png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        width = 0.8 / max(1, len(names))
+        for i, c in enumerate(names):
+            vals = [cell.get((c, n), {}).get("tflops", 0.0) for n in lengths]
+            ax.bar([j + i * width for j in range(len(lengths))], vals, width, label=c)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))])
+        ax.set_xticklabels([f"{n // 1024}K" for n in lengths])
+        ax.set_ylabel("TFLOP/s (fwd + bwd)")
+        ax.set_title(f"One HSTU layer, {rows[0].get('gpu', '')}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=256)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--columns", nargs="*", default=None, help="only these columns")
+    p.add_argument("--artifacts", default=None, help="tuned artifacts folder (default: the packaged ones)")
+    p.add_argument("--gpu", default=None)
+    p.add_argument("--from-json", default=None, help="render rows from this .jsonl instead of running")
+    p.add_argument("--png", default=None)
+    p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
+    args = p.parse_args(argv)
+    if args.from_json:
+        rows = [json.loads(line) for line in Path(args.from_json).read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if r.get("bench") == "layer"]
+    else:
+        import autotune
+
+        if args.artifacts is None:
+            autotune.load(allow_same_arch=True)
+        rows = bench(args)
+        if not args.no_save:
+            append_rows("layer", rows)
+    print(render(rows, args.png))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Result rows of the benchmarks: one timing helper and one writer, so every table is the same data.
+
+Each row carries the GPU, library versions and git sha with the shape and p20/p50/p80 ms; rows are
+appended as JSON lines to ``benchmarks/results/<name>.jsonl`` (and to ``$OUT/<name>.jsonl`` when set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@cache
+def environment() -> dict[str, Any]:
+    """GPU, versions and the checkout's git sha (what every row is keyed by)."""
+    env: dict[str, Any] = {"torch": torch.__version__}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+    else:
+        env["gpu"] = "cpu"
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        env["git_sha"] = sha.stdout.strip() or os.environ.get("GIT_SHA")
+    except (OSError, subprocess.SubprocessError):
+        env["git_sha"] = os.environ.get("GIT_SHA")
+    return env
+
+
+def time_ms(fn: Callable[[], Any], rep_ms: float = 300.0) -> dict[str, float]:
+    """p20 / p50 / p80 ms of ``fn`` on the GPU (``do_bench``: warm-up, L2 flush before every sample)."""
+    if not torch.cuda.is_available():
+        import time
+
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    else:
+        import triton.testing
+
+        times = [float(t) for t in triton.testing.do_bench(fn, warmup=50, rep=rep_ms, return_mode="all")]
+    from autotune.tuning.measure import quantile
+
+    return {"p20_ms": quantile(times, 0.2), "p50_ms": quantile(times, 0.5), "p80_ms": quantile(times, 0.8),
+            "samples": len(times)}  # fmt: skip
+
+
+def append_rows(name: str, rows: list[dict[str, Any]]) -> list[Path]:
+    """Append ``rows`` (each merged with ``environment()``) to ``<name>.jsonl`` here and under $OUT."""
+    env = environment()
+    paths = [RESULTS / f"{name}.jsonl"]
+    if os.environ.get("OUT"):
+        paths.append(Path(os.environ["OUT"]) / f"{name}.jsonl")
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({**env, **row}, sort_keys=True) + "\n")
+    return paths

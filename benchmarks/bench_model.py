@@ -2,6 +2,7 @@
 
     python benchmarks/bench_model.py --preset seed --artifacts artifacts
     python benchmarks/bench_model.py --preset tiny --device cpu --steps 3       # smoke test
+    python benchmarks/bench_model.py --kernels tuned tuned:layer=fused,precision=bf16 --base tuned
 
 Each kernel source trains the same model (same init, same batches) for ``--steps`` timed steps
 after ``--warmup`` untimed ones; the PyTorch reference (O(n^2) memory per sequence, fp32 attention)
@@ -35,8 +36,9 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     overrides = parse_overrides(args.set)
     results = []
-    for source in args.kernels:
-        cfg = get_config(args.preset, kernels=source, **overrides)
+    for variant in args.kernels:
+        source, own = parse_variant(variant)
+        cfg = get_config(args.preset, kernels=source, **{**overrides, **own})
         steps = args.reference_steps if source == "reference" else args.steps
         warmup = min(args.warmup, 1) if source == "reference" else args.warmup
         dispatch.reset()
@@ -46,7 +48,7 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                       args.workers, progress=not args.no_progress, console=console)  # fmt: skip
         except torch.cuda.OutOfMemoryError as exc:
             res = {"kernels": source, "error": f"out of memory: {str(exc).splitlines()[0]}"}
-        res["preset"] = args.preset
+        res["preset"], res["variant"] = args.preset, variant
         results.append(res)
         gc.collect()
         if device.type == "cuda":
@@ -54,20 +56,28 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     return results
 
 
-def table(results: list[dict[str, Any]], preset: str) -> Table:
-    """Rich table; speed-up is tokens/s over the default kernels' tokens/s."""
-    base = next((r.get("tokens_per_s") for r in results if r["kernels"] == "default"), None)
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``source[:key=value,key=value]`` -> (kernel source, config overrides)."""
+    source, _, rest = text.partition(":")
+    if source not in KERNEL_SOURCES:
+        raise SystemExit(f"--kernels {text!r}: the source must be one of {KERNEL_SOURCES}")
+    return source, parse_overrides([kv for kv in rest.split(",") if kv]) if rest else {}
+
+
+def table(results: list[dict[str, Any]], preset: str, base_name: str = "default") -> Table:
+    """Rich table; speed-up is tokens/s over the ``base_name`` variant's tokens/s."""
+    base = next((r.get("tokens_per_s") for r in results if r.get("variant", r["kernels"]) == base_name), None)
     t = Table(title=f"HSTU model, preset {preset}")
-    for col in ("kernels", "steps", "tokens/s", "ms/step", "TFLOP/s", "MFU", "peak mem GiB", "loss", "vs default"):
+    for col in ("variant", "steps", "tokens/s", "ms/step", "TFLOP/s", "MFU", "peak mem GiB", "loss", f"vs {base_name}"):
         t.add_column(col, justify="right")
     t.add_column("dispatch")
     for r in results:
         if "error" in r:
-            t.add_row(r["kernels"], "-", "-", "-", "-", "-", "-", "-", "-", r["error"])
+            t.add_row(r.get("variant", r["kernels"]), "-", "-", "-", "-", "-", "-", "-", "-", r["error"])
             continue
         fb = r["dispatch"]["warnings"]
         t.add_row(
-            r["kernels"],
+            r.get("variant", r["kernels"]),
             str(r["steps"]),
             f"{r['tokens_per_s']:,.0f}",
             f"{r['step_ms']:.1f}",
@@ -84,7 +94,13 @@ def table(results: list[dict[str, Any]], preset: str) -> Table:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="seed", help=f"one of: {', '.join(PRESETS)}")
-    p.add_argument("--kernels", nargs="+", default=["default", "tuned", "reference"], choices=KERNEL_SOURCES)
+    p.add_argument(
+        "--kernels",
+        nargs="+",
+        default=["default", "tuned", "reference"],
+        help="variants: a kernel source, optionally with config overrides (tuned:layer=fused,precision=bf16)",
+    )
+    p.add_argument("--base", default="default", help="the variant the speed-up column divides by")
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--reference-steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
@@ -100,7 +116,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = p.parse_args(argv)
     console = Console(stderr=True)
     results = bench(args, console)
-    Console(width=max(140, Console().width)).print(table(results, args.preset))
+    Console(width=max(140, Console().width)).print(table(results, args.preset, args.base))
     for r in results:
         for w in r.get("dispatch", {}).get("warnings", []):
             console.print(f"[yellow]{r['kernels']}: dispatch fallback:[/yellow] {w}")

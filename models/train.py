@@ -46,12 +46,22 @@ def train_step(
     batch: JaggedBatch,
     amp: contextlib.AbstractContextManager,
     loss_fn: Any = None,
+    timer: list | None = None,
 ) -> torch.Tensor:
     """One forward/backward/Adam step; returns the loss (a device tensor, no host sync).
 
-    ``loss_fn`` (default ``model.loss``) is the DDP-wrapped loss in data-parallel runs."""
+    ``loss_fn`` (default ``model.loss``) is the DDP-wrapped loss in data-parallel runs. ``timer``
+    (CUDA only) gets the (start, end) events of the forward: a rank's own compute, with no
+    collective inside, which the backward's overlapped all-reduce would hide."""
+    events = None
+    if timer is not None:
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
     with amp:
         loss = (loss_fn or model.loss)(batch)
+    if events is not None:
+        events[1].record()
+        timer.append(events)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -85,6 +95,7 @@ def run(
     progress: bool = True,
     console: Console | None = None,
     balance: str = "workload",
+    allow_same_arch: bool = False,
 ) -> dict[str, Any]:
     """Train ``warmup + steps`` steps and return the metrics dict (losses, tokens/s, TFLOP/s, MFU).
 
@@ -108,7 +119,7 @@ def run(
     if cfg.kernels == "tuned":
         import autotune
 
-        dispatch_summary = autotune.load(artifacts, gpu=gpu_name)
+        dispatch_summary = autotune.load(artifacts, gpu=gpu_name, allow_same_arch=allow_same_arch)
     model, opt = build(cfg, device)
     dense = model.dense_params()
     amp = autocast_context(device, dtype)
@@ -124,6 +135,7 @@ def run(
     loader = iter(make_loader(global_cfg, warmup + steps, workers=workers, pin=device.type == "cuda"))
     weight = distributed.token_weight(cfg)
     imbalances: list[float] = []
+    fwd_events: list = []
     losses: list[tuple[int, float]] = []
     pending: list[tuple[int, torch.Tensor]] = []
     tokens = 0
@@ -146,7 +158,8 @@ def run(
                 tokens += batch.num_tokens
                 for key, val in step_flops(cfg, batch.lengths, dense).items():
                     flops[key] += val
-            pending.append((step, train_step(model, opt, batch.to(device), amp, loss_fn)))
+            timer = fwd_events if (step >= warmup and dist_info.enabled and device.type == "cuda") else None
+            pending.append((step, train_step(model, opt, batch.to(device), amp, loss_fn, timer)))
             if (step + 1) % log_every == 0 or step + 1 == warmup + steps:
                 losses.extend((s, float(v)) for s, v in pending)
                 pending.clear()
@@ -157,6 +170,7 @@ def run(
     _sync(device)
     elapsed = time.perf_counter() - t0
     world_tokens = tokens
+    rank_fwd_ms: list[float] | None = None
     if dist_info.enabled:
         import torch.distributed as dist
 
@@ -165,6 +179,11 @@ def run(
         dist.all_reduce(agg)  # summed tokens and FLOPs of every rank
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the step time
         world_tokens, elapsed, flops["total"] = int(agg[0]), float(times[0]), float(agg[2])
+        if fwd_events:
+            mine = torch.tensor([sum(a.elapsed_time(b) for a, b in fwd_events) / len(fwd_events)], device=device)
+            every = [torch.zeros_like(mine) for _ in range(dist_info.world)]
+            dist.all_gather(every, mine)
+            rank_fwd_ms = [float(t) for t in every]
     tflops = flops["total"] / elapsed / 1e12
     peak = peak_tflops(gpu_name)
     result: dict[str, Any] = {
@@ -182,6 +201,9 @@ def run(
         "balance": balance if dist_info.enabled else None,
         "imbalance_mean": sum(imbalances) / len(imbalances) if imbalances else None,
         "imbalance_max": max(imbalances) if imbalances else None,
+        # per-rank forward compute (ms per step) and its spread (slowest / fastest rank)
+        "rank_fwd_ms": rank_fwd_ms,
+        "rank_fwd_spread": max(rank_fwd_ms) / min(rank_fwd_ms) if rank_fwd_ms and min(rank_fwd_ms) > 0 else None,
         "imbalance_per_step": imbalances,
         "tflops": tflops,
         "attention_tflop_per_step": flops["attention"] / steps / 1e12,
@@ -265,6 +287,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="bf16 (autocast; default on GPU) or fp32 (default on CPU)")
     p.add_argument("--artifacts", default="artifacts", help="tuned artifact directory (kernels=tuned)")
     p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
+    p.add_argument(
+        "--allow-same-arch",
+        action="store_true",
+        help="accept artifacts of a same-architecture GPU (H100 on H200)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--log-every", type=int, default=10)
@@ -295,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
                  args.workers, progress=not args.no_progress and rank0, console=console,
-                 balance=args.balance)  # fmt: skip
+                 balance=args.balance, allow_same_arch=args.allow_same_arch)  # fmt: skip
     result["preset"] = args.preset
     if not rank0:
         return result

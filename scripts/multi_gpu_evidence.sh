@@ -4,7 +4,7 @@
 # PYTHONPATH, torchrun, and for the farm the PostgreSQL server (pgserver wheel or initdb/pg_ctl on PATH).
 #
 #   bash scripts/multi_gpu_evidence.sh ddp  [N]     # seed-jagged, tuned kernels: 1 GPU, N GPUs x {workload, none}
-#   bash scripts/multi_gpu_evidence.sh farm [N]     # 4 forward tasks on a fresh farm with 1, then N workers
+#   bash scripts/multi_gpu_evidence.sh farm [N]     # 8 tasks (fwd, bwd x 4 buckets) on a fresh farm with 1, then N workers
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -27,15 +27,15 @@ ddp)
   ;;
 farm)
   for w in 1 "$n"; do  # a fresh storage per run: the same task set on one storage would be done already
-    url=$(python -m autotune.tuning.pg_local start "$OUT/pgdata_w$w" | tail -1)
+    url=$(python -m autotune.tuning.pg_local start "${PGROOT:-/tmp}/pgdata_w$w" | tail -1)
     start=$(date +%s)
-    python -m autotune.tuning.cli run --gpu auto --storage "$url" --workers "$w" --kernel fwd --dims 256 \
-      --heads 4 --buckets 1K,2K,4K,8K --distributions uniform --trials "${TRIALS:-5}" --verify quick \
+    python -m autotune.tuning.cli run --gpu auto --storage "$url" --workers "$w" --kernel fwd,bwd --dims 256 \
+      --heads 4 --buckets 1K,2K,4K,8K --distributions uniform --trials "${TRIALS:-6}" --verify quick \
       --time-budget "${BUDGET:-4m}" --artifacts "$OUT/farm_artifacts_w$w" >"$OUT/farm_w$w.log" 2>&1
     echo "farm with $w worker(s): rc=$? wall $(($(date +%s) - start)) s" | tee -a "$OUT/farm_wall.txt"
     tail -3 "$OUT/farm_w$w.log"
-    python -m autotune.tuning.pg_local stop "$OUT/pgdata_w$w" >/dev/null 2>&1 || true
-    rm -rf "$OUT/pgdata_w$w"
+    python -m autotune.tuning.pg_local stop "${PGROOT:-/tmp}/pgdata_w$w" >/dev/null 2>&1 || true
+    rm -rf "${PGROOT:-/tmp}/pgdata_w$w"
   done
   ;;
 *)

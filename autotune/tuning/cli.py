@@ -78,7 +78,16 @@ def _split(text: str) -> list[str]:
 
 
 def _kernels(text: str) -> list[str]:
-    return [KERNEL_ALIASES.get(k, k) for k in _split(text)]
+    """Kernel names; "fwd"/"bwd" are the attention kernels, "layer" every other kernel of the fused layer."""
+    out: list[str] = []
+    for k in _split(text):
+        if k == "layer":
+            from autotune.runtime.layer import LAYER_KERNELS
+
+            out += [n for n in LAYER_KERNELS if not n.startswith("hstu_attention")]
+        else:
+            out.append(KERNEL_ALIASES.get(k, k))
+    return list(dict.fromkeys(out))
 
 
 def resolve_gpu(arg: str, interpret: bool, dry_run: bool) -> str:
@@ -480,7 +489,11 @@ def _bench_row(t, gpu: str, args: argparse.Namespace) -> list[str]:
 
 def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="auto", help=f"target GPU: {', '.join(sorted(GPUS))} or auto (default)")
-    p.add_argument("--kernel", help="kernels, comma-separated: fwd, bwd or registered names (default fwd,bwd)")
+    p.add_argument(
+        "--kernel",
+        help="kernels, comma-separated: fwd, bwd (attention), layer (the fused layer's other ops) or spec names "
+        "(default fwd,bwd)",
+    )
     p.add_argument("--buckets", help="length buckets, e.g. 1K,2K,4K,8K (256..16K)")
     p.add_argument("--dims", help="head dims, e.g. 256,128 or 128x64 (Dqk x Dv)")
     p.add_argument("--heads", type=int, help="number of heads (default 4)")

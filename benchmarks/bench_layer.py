@@ -90,7 +90,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.artifacts:
-        autotune.load(args.artifacts, gpu=args.gpu, allow_same_arch=True)
+        autotune.load(args.artifacts, gpu=args.gpu, allow_same_arch=args.allow_same_arch)
     rows = []
     for n in args.lengths:
         lengths = [n] * args.batch
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--columns", nargs="*", default=None, help="only these columns")
     p.add_argument("--artifacts", default=None, help="tuned artifacts folder (default: the packaged ones)")
     p.add_argument("--gpu", default=None)
+    p.add_argument("--allow-same-arch", action="store_true", help="H100 artifacts on an H200")
     p.add_argument("--from-json", default=None, help="render rows from this .jsonl instead of running")
     p.add_argument("--png", default=None)
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         import autotune
 
         if args.artifacts is None:
-            autotune.load(allow_same_arch=True)
+            autotune.load(allow_same_arch=args.allow_same_arch)
         rows = bench(args)
         if not args.no_save:
             append_rows("layer", rows)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GPU evidence of the whole-layer work, one step per argument; logs and JSON under $OUT.
+#
+#   bash scripts/layer_evidence.sh tests              # numerics of the layer ops and the fused layer (bf16, GPU)
+#   bash scripts/layer_evidence.sh tune [args...]     # tune the layer's non-attention ops -> $OUT/artifacts.tar
+#   bash scripts/layer_evidence.sh ops                # each op vs its torch path and a copy kernel's bandwidth
+#   bash scripts/layer_evidence.sh layer              # one layer, column by column (benchmarks/bench_layer.py)
+#   bash scripts/layer_evidence.sh model [preset]     # today's tuned path vs the fused layer, same data
+#   bash scripts/layer_evidence.sh profile [preset]   # device time per kernel group and copy kernels
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+step="${1:?usage: layer_evidence.sh tests|tune|ops|layer|model|profile}"
+shift
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$OUT/gpu.txt" 2>&1 || true
+FUSED="tuned:layer=fused"
+BF16="tuned:layer=fused,precision=bf16"
+case "$step" in
+tests)
+  python -m pytest -q -x tests/test_layer_norm.py tests/test_fused_ln_mul_dropout.py tests/test_gemm_silu_bwd.py \
+    tests/test_linear_residual.py tests/test_fused_layer.py tests/test_strided_views.py "$@" 2>&1 |
+    tee "$OUT/tests.log" | tail -15
+  ;;
+tune)
+  start=$(date +%s)
+  python -m autotune.tuning.cli run --gpu auto --kernel layer --dims 256 --heads 4 --buckets 1K,2K,4K,8K \
+    --distributions uniform,jagged --verify quick "$@" 2>&1 | tee "$OUT/tune.log" | tail -40
+  echo "tune wall time: $(($(date +%s) - start)) s" | tee -a "$OUT/tune.log"
+  tar cf "$OUT/artifacts.tar" --exclude studies artifacts
+  ;;
+ops)
+  python benchmarks/bench_layer_ops.py "$@" 2>&1 | tee "$OUT/ops.log" | tail -40
+  python benchmarks/bench_gemm_bwd.py "$@" 2>&1 | tee "$OUT/gemm_bwd.log" | tail -20
+  ;;
+layer)
+  python benchmarks/bench_layer.py --artifacts artifacts --allow-same-arch "$@" 2>&1 | tee "$OUT/layer.log" | tail -12
+  ;;
+model)
+  preset="${1:-seed}"
+  shift || true
+  python benchmarks/bench_model.py --preset "$preset" --artifacts artifacts --kernels tuned "$FUSED" "$BF16" \
+    --base tuned --steps "${STEPS:-15}" --warmup 3 --workers 2 --no-progress \
+    --json "$OUT/model_$preset.json" "$@" 2>&1 | tee "$OUT/model_$preset.log" | tail -14
+  ;;
+profile)
+  preset="${1:-seed}"
+  python benchmarks/profile_model.py --preset "$preset" --kernels tuned --steps 3 --warmup 3 \
+    --json "$OUT/profile_${preset}_unfused.json" 2>&1 | tee "$OUT/profile_${preset}.log" | head -30
+  python benchmarks/profile_model.py --preset "$preset" --kernels tuned --steps 3 --warmup 3 \
+    --set layer=fused precision=bf16 --json "$OUT/profile_${preset}_fused.json" 2>&1 |
+    tee -a "$OUT/profile_${preset}.log" | head -30
+  ;;
+*)
+  echo "unknown step $step" >&2
+  exit 2
+  ;;
+esac

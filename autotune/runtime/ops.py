@@ -5,9 +5,17 @@ The ops are registered with ``torch.library.custom_op`` (fake impls for tracing,
 sees them as single nodes. Configs cross the op boundary as (backend name, JSON string) because
 custom ops cannot take dataclasses; ``autotune.runtime.dispatch`` picks them, so model code never names a
 backend or tile size.
+
+Eager calls on plain tensors (no compile, export or tensor-subclass tracing active) skip the custom
+op's Python dispatch (about 14 us a call) and run the same implementation through an autograd
+function; anything traced still sees the custom op. The offsets check of "async" validation runs
+once per offsets tensor: a call with the same, unmodified tensor object (its version counter
+unchanged) and the same row count and ``max_seq_len`` is not checked again, so the layers of one
+step share one check.
 """
 
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -70,13 +78,32 @@ _BWD_SCHEMA = (
 )
 
 
+# id(seq_offsets) -> (weakref to it, its version, num_targets' id and version, rows, max_seq_len) of the
+# last passed "async" check. The weakref proves the same object (a new tensor at a reused address or
+# id is a different object); the version counter proves it was not written since.
+_CHECKED: dict[int, tuple] = {}
+
+
 def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
     """The offsets check of one op call; the reference reads the offsets on the host anyway, so its
-    "async" is "full" (a ValueError at the call)."""
+    "async" is "full" (a ValueError at the call). An "async" check of an unchanged offsets tensor
+    already checked with these rows and ``max_seq_len`` is skipped."""
     mode = validate_mode(validate)
     if backend == "reference" and mode == "async":
         mode = "full"
+    if mode != "async":
+        check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
+        return
+    key = (seq_offsets._version, None if num_targets is None else num_targets._version, rows, max_seq_len)
+    hit = _CHECKED.get(id(seq_offsets))
+    same_targets = hit is not None and (hit[2]() if hit[2] is not None else None) is num_targets
+    if hit is not None and hit[0]() is seq_offsets and hit[1] == key and same_targets:
+        return
     check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
+    if len(_CHECKED) > 64:
+        _CHECKED.clear()
+    ref_nt = weakref.ref(num_targets) if num_targets is not None else None
+    _CHECKED[id(seq_offsets)] = (weakref.ref(seq_offsets), key, ref_nt)
 
 
 # Explicit schemas: no reliance on annotation inference across torch versions.
@@ -102,16 +129,19 @@ def attention_fwd(
 
     ``validate`` checks the offsets as ``hstu_attention`` documents (the kernels clamp them anyway).
     """
+    return _fwd_impl(
+        q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
+        backend, config, validate,
+    )  # fmt: skip
+
+
+def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate):
     _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
-        return _reference_fwd(
-            q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen
-        )
+        return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher = dispatch.launcher(backend, FWD)
     cfg = dispatch.decode_config(backend, FWD, config)
-    return launcher(
-        q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, cfg
-    )
+    return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
 
 @attention_fwd.register_fake
@@ -140,16 +170,21 @@ def attention_bwd(
 
     The autograd backward passes ``validate="none"``: its forward checked the same offsets.
     """
+    return _bwd_impl(
+        do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
+        backend, config, validate,
+    )  # fmt: skip
+
+
+def _bwd_impl(
+    do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate
+):
     _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
-        return _reference_bwd(
-            do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen
-        )
+        return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher = dispatch.launcher(backend, BWD)
     cfg = dispatch.decode_config(backend, BWD, config)
-    dq, dk, dv = launcher(
-        do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, cfg
-    )
+    dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
 
 
@@ -260,23 +295,59 @@ def hstu_attention(
     )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)
-    return attention_fwd(
-        q,
-        k,
-        v,
-        seq_offsets,
-        num_targets,
-        int(max_seq_len),
-        float(alpha),
-        int(contextual_seq_len),
-        int(max_attn_len),
-        scaling_seqlen,
-        fwd_backend,
-        fwd_config,
-        bwd_backend,
-        bwd_config,
-        mode,
+    args = (
+        q, k, v, seq_offsets, num_targets, int(max_seq_len), float(alpha), int(contextual_seq_len),
+        int(max_attn_len), scaling_seqlen, fwd_backend, fwd_config, bwd_backend, bwd_config, mode,
+    )  # fmt: skip
+    if _eager(q, k, v):
+        return _AttentionFunction.apply(*args)
+    return attention_fwd(*args)
+
+
+def _eager(*tensors: torch.Tensor) -> bool:
+    """Plain tensors and nothing tracing: the custom op's dispatch can be skipped."""
+    return (
+        all(type(t) is torch.Tensor for t in tensors)
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._are_functorch_transforms_active()
     )
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """The eager path of ``hstu::attention_fwd``: the same implementation and backward, without the
+    custom op's Python dispatch."""
+
+    @staticmethod
+    def forward(
+        ctx, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, fb, fc, bb, bc, mode
+    ):
+        out = _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, fb, fc, mode)
+        ctx.save_for_backward(q, k, v, seq_offsets, num_targets)
+        ctx.args = (max_seq_len, alpha, ctx_len, win, scaling, bb, bc)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, seq_offsets, num_targets = ctx.saved_tensors
+        max_seq_len, alpha, ctx_len, win, scaling, bb, bc = ctx.args
+        dq, dk, dv = _bwd_impl(
+            do.contiguous(),
+            q,
+            k,
+            v,
+            seq_offsets,
+            num_targets,
+            max_seq_len,
+            alpha,
+            ctx_len,
+            win,
+            scaling,
+            bb,
+            bc,
+            "none",
+        )
+        return dq, dk, dv, *([None] * 12)
 
 
 class HSTUAttention(nn.Module):

@@ -1,0 +1,86 @@
+"""Host cost of the public call, from ``hstu_attention(...)`` to the kernel launcher (pytest-benchmark, CPU).
+
+The launcher is replaced by a stub that returns a preallocated output, so what is timed is the
+Python path a training step pays per call: validation (shapes, dtypes, strides; the "async" offsets
+check of a new offsets tensor is skipped for a tensor already checked), dispatch of the cached
+choice, and the eager autograd wrapper. Timings are kept as ratios to a plain Python function call
+timed in the same run, so a noisy or slow machine does not fail the test; a ratio more than
+``SLOWER`` times the one in ``host_overhead_baseline.json`` fails. Re-record the baseline with
+``HOST_OVERHEAD_RECORD=1 pytest tests/test_host_overhead.py`` after a deliberate change.
+
+On a GPU host the same file runs unchanged (the stub keeps kernels out of the timing); the kernels'
+own launch cost is measured by ``benchmarks/bench_validation.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import timeit
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.runtime import dispatch, ops
+
+pytest.importorskip("pytest_benchmark")
+BASELINE = Path(__file__).with_name("host_overhead_baseline.json")
+SLOWER = 1.5
+
+
+def _plain_call_us() -> float:
+    """Median per-call time of a plain Python function of the same arity (the unit of the ratios)."""
+
+    def plain(q, k, v, seq_offsets, max_seq_len, validate=None):
+        return q
+
+    args = (None, None, None, None, 32)
+    runs = [timeit.timeit(lambda: plain(*args, validate="none"), number=20000) / 20000 for _ in range(7)]
+    return sorted(runs)[3] * 1e6
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """Inputs on the test device and every launcher replaced by one returning a preallocated output."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(64, 2, 32, device=device) for _ in range(3))
+    offsets = torch.tensor([0, 32, 64], dtype=torch.int32, device=device)
+    out = torch.empty(64, 2, 32, device=device)
+    monkeypatch.setattr(dispatch, "launcher", lambda backend, kind: lambda *a, **kw: out)
+    dispatch.reset()
+    yield q, k, v, offsets
+    dispatch.reset()
+
+
+def _config(backend: str, kind: str) -> dict:
+    """The backend's search-space default for a d32 task (what an artifact entry would hold)."""
+    from autotune import spec
+    from autotune.runtime.gpus import get_gpu
+    from search_spaces.base import SpaceContext
+
+    space = spec.resolve(spec.kernel(kind).backend(backend).space)
+    return space.default(SpaceContext(get_gpu("h100"), "bfloat16", 32, 32, 256)).to_dict()
+
+
+@pytest.mark.parametrize("validate", ["none", "async"])
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+def test_public_call_host_overhead(benchmark, stubbed, validate, backend, monkeypatch):
+    q, k, v, offsets = stubbed
+    # Force the backend the artifacts would pick (a valid config of it); the stub stands in for its launcher.
+    fwd_cfg, bwd_cfg = (json.dumps(_config(backend, kind)) for kind in (ops.FWD, ops.BWD))
+    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: (backend, fwd_cfg, backend, bwd_cfg))
+    call = lambda: ops.hstu_attention(q, k, v, offsets, 32, validate=validate)  # noqa: E731
+    call()
+    benchmark.pedantic(call, rounds=2000, iterations=1, warmup_rounds=200)
+    us = benchmark.stats.stats.median * 1e6
+    ratio = us / _plain_call_us()
+    key = f"{backend}/{validate}"
+    benchmark.extra_info.update({"us_per_call": us, "ratio_to_plain_call": ratio})
+    if os.environ.get("HOST_OVERHEAD_RECORD") == "1":
+        data = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
+        data[key] = round(ratio, 1)
+        BASELINE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        return
+    base = json.loads(BASELINE.read_text())[key]
+    assert ratio <= SLOWER * base, f"{key}: {us:.1f} us per call = {ratio:.0f}x a plain call (baseline {base}x)"

@@ -31,6 +31,12 @@ class SpaceContext:
     dv: int
     max_len: int
     interpret: bool = False
+    num_heads: int = 1  # layer ops read their width as num_heads x dv
+
+    @property
+    def width(self) -> int:
+        """Hidden width of the layer owning the op (heads x dv)."""
+        return self.num_heads * self.dv
 
     @property
     def elem_bytes(self) -> int:

@@ -98,7 +98,7 @@ def space_context(task: Task, interpret: bool) -> Any:
     """The feasibility context (GPU facts, dtype, head dims, longest sequence) of a task."""
     from search_spaces.base import SpaceContext
 
-    return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret)
+    return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret, task.num_heads)
 
 
 def parse_dims(text: str) -> list[tuple[int, int]]:

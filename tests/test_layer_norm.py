@@ -1,0 +1,126 @@
+"""Input LayerNorm kernels (Triton) against the PyTorch reference; fp32/fp16 on CPU, bf16 on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_templates.layer_norm import LayerNormBwdConfig, LayerNormFwdConfig, layer_norm_bwd, layer_norm_fwd
+from kernel_templates.layer_norm.config import check_config, default_bwd_config, default_fwd_config
+from kernel_templates.layer_norm.reference import layer_norm_bwd_torch, layer_norm_reference
+
+EPS = 1e-5
+
+
+def _dtypes(device: str) -> list[torch.dtype]:
+    return [torch.float32, torch.bfloat16] if device == "cuda" else [torch.float32, torch.float16]
+
+
+def _cfgs(device: str) -> tuple[LayerNormFwdConfig, LayerNormBwdConfig]:
+    if device == "cuda":
+        return LayerNormFwdConfig(4, 4), LayerNormBwdConfig(4, 4, 2)
+    return LayerNormFwdConfig(4, 1), LayerNormBwdConfig(4, 1, 4)
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def _inputs(device, rows, d, dtype, wide=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(rows, 3 * d if wide else d, generator=gen) * 2 + 0.5
+    x = (base[:, d : 2 * d] if wide else base).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(d, generator=gen)).to(device)
+    b = (0.1 * torch.randn(d, generator=gen)).to(device)
+    return x, w, b
+
+
+@pytest.mark.parametrize("rows", [0, 1, 37, 130])
+@pytest.mark.parametrize("d", [64, 96])
+def test_forward_matches_reference(device, rows, d):
+    fcfg, _ = _cfgs(device)
+    for dtype in _dtypes(device):
+        for wide in (False, True):
+            x, w, b = _inputs(device, rows, d, dtype, wide)
+            y, mean, rstd = layer_norm_fwd(x, w, b, EPS, config=fcfg)
+            y32, m32, r32 = layer_norm_reference(x.float(), w, b, EPS)
+            ylo, _, _ = layer_norm_reference(x, w, b, EPS, compute_dtype=dtype)
+            assert y.dtype == dtype and y.shape == (rows, d)
+            assert _err(y, y32) <= 2 * _err(ylo, y32) + 1e-5
+            assert _err(mean, m32) <= 1e-4 and _err(rstd, r32) <= 1e-3 * float(r32.abs().max() if rows else 1)
+
+
+def test_forward_writes_the_gemm_dtype_from_an_fp32_stream(device):
+    fcfg, _ = _cfgs(device)
+    x, w, b = _inputs(device, 33, 64, torch.float32)
+    lo = torch.bfloat16 if device == "cuda" else torch.float16
+    y, _, _ = layer_norm_fwd(x, w, b, EPS, config=fcfg, out_dtype=lo)
+    ref, _, _ = layer_norm_reference(x, w, b, EPS)
+    assert y.dtype == lo and _err(y, ref) <= 2e-2
+
+
+@pytest.mark.parametrize("rows", [0, 1, 37, 130])
+@pytest.mark.parametrize("residual", [False, True])
+def test_backward_matches_reference(device, rows, residual):
+    d = 96
+    _, bcfg = _cfgs(device)
+    for dtype in _dtypes(device):
+        x, w, b = _inputs(device, rows, d, dtype, wide=True, seed=1)
+        _, mean, rstd = layer_norm_reference(x, w, b, EPS)
+        gen = torch.Generator().manual_seed(2)
+        dy = torch.randn(rows, d, generator=gen).to(device, dtype)
+        rg = torch.randn(rows, d, generator=gen).to(device, dtype) if residual else None
+        dx, dw, db = layer_norm_bwd(dy, x, w, b, mean, rstd, config=bcfg, residual_grad=rg)
+        # fp32 oracle through autograd, and PyTorch's own error in the kernel's dtype
+        xr = x.float().clone().requires_grad_(True)
+        wr, br = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        torch.nn.functional.layer_norm(xr, (d,), wr, br, EPS).backward(dy.float())
+        dx32 = xr.grad + (rg.float() if residual else 0) if rows else torch.zeros(0, d, device=device)
+        dxlo, _, _ = layer_norm_bwd_torch(dy, x, w, b, mean, rstd, residual_grad=rg)
+        assert dx.dtype == dtype
+        assert _err(dx, dx32) <= 2 * _err(dxlo, dx32) + 1e-4
+        gw = wr.grad if rows else torch.zeros_like(w)
+        gb = br.grad if rows else torch.zeros_like(b)
+        assert _err(dw, gw) <= 1e-3 * max(1.0, float(gw.abs().max())) + (0.05 if dtype != torch.float32 else 0)
+        assert _err(db, gb) <= 1e-3 * max(1.0, float(gb.abs().max())) + (0.05 if dtype != torch.float32 else 0)
+
+
+def test_backward_writes_into_given_buffers(device):
+    _, bcfg = _cfgs(device)
+    x, w, b = _inputs(device, 40, 64, torch.float32)
+    _, mean, rstd = layer_norm_reference(x, w, b, EPS)
+    dy = torch.randn_like(x)
+    wide = torch.full((40, 192), 7.0, device=device)
+    out = (wide[:, 64:128], torch.empty_like(w), torch.empty_like(b))
+    dx, dw, db = layer_norm_bwd(dy, x, w, b, mean, rstd, config=bcfg, out=out)
+    ref = layer_norm_bwd_torch(dy, x, w, b, mean, rstd)
+    assert dx.data_ptr() == out[0].data_ptr()
+    torch.testing.assert_close(dx, ref[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dw, ref[1], atol=1e-4, rtol=1e-4)
+    assert (wide[:, :64] == 7).all() and (wide[:, 128:] == 7).all()
+
+
+def test_bad_arguments_name_the_argument(device):
+    fcfg, bcfg = _cfgs(device)
+    x, w, b = _inputs(device, 8, 64, torch.float32)
+    with pytest.raises(ValueError, match="weight and bias"):
+        layer_norm_fwd(x, w[:10], b, EPS, config=fcfg)
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        layer_norm_fwd(x[None], w, b, EPS, config=fcfg)
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm_fwd(x, w, b, 0.0, config=fcfg)
+    _, mean, rstd = layer_norm_reference(x, w, b, EPS)
+    with pytest.raises(ValueError, match="mean must be float32"):
+        layer_norm_bwd(x, x, w, b, mean.half(), rstd, config=bcfg)
+    with pytest.raises(ValueError, match="dy must have shape"):
+        layer_norm_bwd(x[:4], x, w, b, mean, rstd, config=bcfg)
+    with pytest.raises(ValueError, match="block_rows"):
+        LayerNormFwdConfig(3, 4)
+
+
+def test_resource_model_accepts_defaults_and_rejects_oversized_tiles():
+    for d in (64, 256, 1024, 4096):
+        assert check_config(default_fwd_config(d), d) is None
+        assert check_config(default_bwd_config(d), d) is None
+    assert check_config(LayerNormFwdConfig(16, 1), 1024) is not None
+    assert check_config(LayerNormFwdConfig(1, 16), 64) is not None

@@ -73,3 +73,57 @@ def test_custom_ops_pass_opcheck(device):
     mean, rstd = x.mean(1).detach(), x.var(1).add(1e-5).rsqrt().detach()
     args = (torch.randn_like(x), x.detach(), u, w.detach(), b, mean, rstd, 0.25, seed)
     torch.library.opcheck(torch.ops.hstu.ln_mul_dropout_bwd.default, args)
+
+
+# --- explicit configs, output buffers, the torch backend (the op's spec) -------------------------
+def _cfgs(device):
+    from kernel_templates.fused_ln_mul_dropout.config import LnMulDropoutBwdConfig, LnMulDropoutFwdConfig
+
+    warps = 4 if device == "cuda" else 1
+    return LnMulDropoutFwdConfig(4, warps), LnMulDropoutBwdConfig(2, warps, 2)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 37, 130])
+def test_triton_and_torch_backends_agree_with_dropout(device, rows):
+    """Both backends drop the same elements (one mask from the seed), forward and backward."""
+    from kernel_templates.fused_ln_mul_dropout.torch_impl import ln_mul_dropout_bwd_torch, ln_mul_dropout_fwd_torch
+    from kernel_templates.fused_ln_mul_dropout.triton_ln_mul_dropout import ln_mul_dropout_bwd, ln_mul_dropout_fwd
+
+    fcfg, bcfg = _cfgs(device)
+    x, u, w, b = _inputs(device, rows=rows, d=96)
+    seed = torch.tensor([77], device=device)
+    out, mean, rstd = ln_mul_dropout_fwd(x, u, w, b, 1e-5, 0.3, seed, config=fcfg)
+    ref, rmean, rrstd = ln_mul_dropout_fwd_torch(x, u, w, b, 1e-5, 0.3, seed)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    go = torch.randn_like(x)
+    wide = torch.full((rows, 4 * 96), 5.0, device=device)
+    bufs = (torch.empty_like(x), wide[:, 96:192], torch.empty_like(w), torch.empty_like(b))
+    got = ln_mul_dropout_bwd(go, x, u, w, b, mean, rstd, 0.3, seed, config=bcfg, out=bufs)
+    want = ln_mul_dropout_bwd_torch(go, x, u, w, b, rmean, rrstd, 0.3, seed)
+    assert got[1].data_ptr() == wide[:, 96:192].data_ptr()
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+    assert (wide[:, :96] == 5).all() and (wide[:, 192:] == 5).all()
+
+
+def test_keep_mask_fraction_and_seed(device):
+    from kernel_templates.fused_ln_mul_dropout.triton_ln_mul_dropout import dropout_keep_mask
+
+    s1, s2 = torch.tensor([1], device=device), torch.tensor([2], device=device)
+    k1 = dropout_keep_mask(256, 64, 0.25, s1)
+    assert abs(k1.float().mean().item() - 0.75) < 0.02
+    assert torch.equal(k1, dropout_keep_mask(256, 64, 0.25, s1))
+    assert not torch.equal(k1, dropout_keep_mask(256, 64, 0.25, s2))
+
+
+def test_bad_arguments_name_the_argument(device):
+    from kernel_templates.fused_ln_mul_dropout.triton_ln_mul_dropout import ln_mul_dropout_fwd
+
+    x, u, w, b = _inputs(device, rows=8, d=64)
+    seed = torch.tensor([1], device=device)
+    with pytest.raises(ValueError, match="dropout p"):
+        ln_mul_dropout_fwd(x, u, w, b, 1e-5, 1.0, seed)
+    with pytest.raises(ValueError, match="x and u"):
+        ln_mul_dropout_fwd(x, u[:4], w, b, 1e-5, 0.1, seed)
+    with pytest.raises(ValueError, match="weight and bias"):
+        ln_mul_dropout_fwd(x, u, w[:3], b, 1e-5, 0.1, seed)

@@ -12,6 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_templates.layer_norm.config import block_d
+
+from .config import LnMulDropoutBwdConfig, LnMulDropoutFwdConfig, default_bwd_config, default_fwd_config
+
 
 # The row count changes with every jagged batch: specialising on it (L % 16 == 0, L == 1) would compile
 # new variants mid-training, so it stays a plain runtime int (the seed is read from a device tensor).
@@ -128,43 +132,56 @@ def _ln_mul_dropout_bwd_kernel(
     tl.store(DB_part + pid * D + cols, db, mask=col_ok)
 
 
-def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
-
-
-def _block_r(block_d: int) -> int:
-    """Rows per tile: keep a tile near 4K elements (registers), at least one row."""
-    return max(1, min(16, 4096 // block_d))
+def _check(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, p: float) -> tuple[int, int]:
+    if x.dim() != 2 or u.shape != x.shape:
+        raise ValueError(f"x and u must be 2-D of one shape, got {tuple(x.shape)} and {tuple(u.shape)}")
+    L, D = x.shape
+    if D > 1 and (x.stride(1) != 1 or u.stride(1) != 1):
+        raise ValueError("x and u must have contiguous columns (rows may be strided)")
+    if weight.shape != (D,) or bias.shape != (D,):
+        raise ValueError(f"weight and bias must have shape ({D},)")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout p must be in [0, 1), got {p}")
+    return L, D
 
 
 def ln_mul_dropout_fwd(
-    x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: float, seed: torch.Tensor
+    x: torch.Tensor,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    p: float,
+    seed: torch.Tensor,
+    *,
+    config: LnMulDropoutFwdConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous).
 
     ``seed`` is a one-element integer tensor on x's device, read by the kernel: no host sync, and
-    torch.compile sees no Python int that changes every step.
+    torch.compile sees no Python int that changes every step. ``config`` None: the heuristic default.
     """
-    L, D = x.shape
-    out = torch.empty((L, D), dtype=x.dtype, device=x.device)
+    L, D = _check(x, u, weight, bias, p)
+    config = config or default_fwd_config(D)
+    if out is None:
+        out = torch.empty((L, D), dtype=x.dtype, device=x.device)
     mean = torch.empty((L,), dtype=torch.float32, device=x.device)
     rstd = torch.empty((L,), dtype=torch.float32, device=x.device)
     if L == 0:
         return out, mean, rstd
-    block_d = _block_d(D)
-    block_r = _block_r(block_d)
-    _ln_mul_dropout_fwd_kernel[(triton.cdiv(L, block_r),)](
+    r = config.block_rows
+    _ln_mul_dropout_fwd_kernel[(triton.cdiv(L, r),)](
         x, u, weight, bias, out, mean, rstd, L, D, x.stride(0), u.stride(0), out.stride(0),
         float(eps), float(p), seed,
-        HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d <= 1024 else 8,
+        HAS_DROPOUT=p > 0, BLOCK_R=r, BLOCK_D=block_d(D), num_warps=config.num_warps,
     )  # fmt: skip
     return out, mean, rstd
 
 
-def _num_programs(L: int, device: torch.device) -> int:
-    if device.type == "cuda":
-        return max(1, min(L, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
-    return max(1, min(L, 4))
+def _num_programs(L: int, config: LnMulDropoutBwdConfig, device: torch.device) -> int:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return max(1, min(triton.cdiv(L, config.block_rows), config.programs_per_sm * sms))
 
 
 def ln_mul_dropout_bwd(
@@ -177,24 +194,60 @@ def ln_mul_dropout_bwd(
     rstd: torch.Tensor,
     p: float,
     seed: torch.Tensor,
+    *,
+    config: LnMulDropoutBwdConfig | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``."""
-    L, D = x.shape
+    """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``. ``out`` may hold a
+    strided ``du`` (a column slice of the layer's d(uvqk) buffer): only its columns are written."""
+    L, D = _check(x, u, weight, bias, p)
+    config = config or default_bwd_config(D)
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dx = torch.empty((L, D), dtype=x.dtype, device=x.device)
-    du = torch.empty((L, D), dtype=u.dtype, device=u.device)
+    if out is None:
+        dx = torch.empty((L, D), dtype=x.dtype, device=x.device)
+        du = torch.empty((L, D), dtype=u.dtype, device=u.device)
+        dw_out = db_out = None
+    else:
+        dx, du, dw_out, db_out = out
+        if dx.shape != (L, D) or du.shape != (L, D) or (D > 1 and (dx.stride(1) != 1 or du.stride(1) != 1)):
+            raise ValueError("out: dx and du must be (L, D) with contiguous columns")
     if L == 0:
-        return dx, du, torch.zeros_like(weight), torch.zeros_like(bias)
-    block_d = _block_d(D)
-    block_r = _block_r(block_d)
-    progs = _num_programs(L, x.device)
-    rows_per_prog = triton.cdiv(triton.cdiv(L, progs), block_r) * block_r
-    progs = triton.cdiv(L, rows_per_prog)
-    dw_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
-    db_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
-    _ln_mul_dropout_bwd_kernel[(progs,)](
-        do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, L, D, rows_per_prog,
-        do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), seed,
-        HAS_DROPOUT=p > 0, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if block_r * block_d >= 4096 else 4,
-    )  # fmt: skip
-    return dx, du, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)
+        dw, db = torch.zeros_like(weight), torch.zeros_like(bias)
+    else:
+        r = config.block_rows
+        progs = _num_programs(L, config, x.device)
+        rows_per_prog = triton.cdiv(triton.cdiv(L, progs), r) * r
+        progs = triton.cdiv(L, rows_per_prog)
+        dw_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
+        db_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
+        _ln_mul_dropout_bwd_kernel[(progs,)](
+            do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, L, D, rows_per_prog,
+            do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), seed,
+            HAS_DROPOUT=p > 0, BLOCK_R=r, BLOCK_D=block_d(D), num_warps=config.num_warps,
+        )  # fmt: skip
+        dw, db = dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)
+    if dw_out is not None:
+        dw_out.copy_(dw)
+        db_out.copy_(db)
+        dw, db = dw_out, db_out
+    return dx, du, dw, db
+
+
+@triton.jit(do_not_specialize=["L"])
+def _keep_mask_kernel(Keep, L, D, p, Seed, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    m2 = (rows < L)[:, None] & (cols < D)[None, :]
+    r = tl.rand(tl.load(Seed), rows[:, None] * D + cols[None, :])
+    tl.store(Keep + rows[:, None].to(tl.int64) * D + cols[None, :], (r > p).to(tl.int8), mask=m2)
+
+
+def dropout_keep_mask(rows: int, d: int, p: float, seed: torch.Tensor) -> torch.Tensor:
+    """The kept-element mask the kernels draw for (rows, d), ``p`` and ``seed`` (bool): what the
+    reference and the torch backend apply, so every backend drops the same elements."""
+    keep = torch.ones((rows, d), dtype=torch.int8, device=seed.device)
+    if rows and p > 0:
+        bd = block_d(d)
+        br = max(1, min(16, 4096 // bd))
+        _keep_mask_kernel[(triton.cdiv(rows, br),)](keep, rows, d, float(p), seed, BLOCK_R=br, BLOCK_D=bd)
+    return keep.bool()

@@ -1,6 +1,6 @@
 """Search space of the CuTe DSL (sm90, TMA + wgmma) GEMM + bias + SiLU (the HSTU uvqk projection).
 
-A GEMM task reuses the attention task's fields (``autotune/tuning/gemm_ops.py``): K = hidden = heads x dv,
+A GEMM task reuses the attention task's fields (``kernel_templates/gemm_silu/tuning.py``): K = hidden = heads x dv,
 N = 4 x heads x dqk, M = the batch's jagged token count. ``SpaceContext`` carries dqk and dv but not
 the head count, so the divisibility rules test the per-head widths (4 dqk, dv): they divide N and K
 for every head count. Rules reject, before any compile: non-Hopper targets, dtypes other than

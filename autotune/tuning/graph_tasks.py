@@ -14,7 +14,7 @@ merged with a count. Two routes give the same list:
   its backward unless ``training=False``.
 
 The projection ``silu(x W^T + b)`` maps to the ``gemm_silu`` template, whose tasks are keyed by the
-attention layer that owns it (``autotune.tuning.gemm_ops``: N = 4 H Dqk, K = H Dv); a ``silu(linear)`` of
+attention layer that owns it (``kernel_templates.gemm_silu.tuning``: N = 4 H Dqk, K = H Dv); a ``silu(linear)`` of
 other shapes (the task heads' MLPs) has no such key and is reported as a note.
 
 Buckets: ``max_seq_len`` is an ``int`` argument of the op, so an exported graph holds it as a constant

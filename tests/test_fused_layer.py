@@ -1,0 +1,140 @@
+"""The fused HSTU layer (autotune.runtime.layer) against the unfused one, and its switches.
+
+On CPU (Triton interpreter, fp32) the fused layer runs every dispatched kernel's default; on a GPU
+the same tests run bf16 with the GPU backends. Compared: output and every gradient (x and all eight
+parameters) on jagged batches with empty, length-1 and non-tile-multiple sequences.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.runtime import dispatch
+from models.config import get_config
+from models.hstu import HSTULayer, HSTURankingModel
+
+LENGTHS = [0, 1, 5, 17, 32, 0, 9]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch():
+    dispatch.reset()
+    yield
+    dispatch.reset()
+
+
+def _dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _batch(device: str, hidden: int, lengths: list[int] = LENGTHS, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    x = torch.randn(sum(lengths), hidden, generator=gen).to(device)
+    dout = torch.randn(sum(lengths), hidden, generator=gen).to(device)
+    return x, offsets, dout
+
+
+def _run(cfg, x, offsets, dout, device, state_dict=None, seed=0):
+    """Output and gradients (x first, then parameters by name) of one layer call under autocast;
+    ``seed`` seeds torch's generator after the layer is built (the dropout mask's seed is drawn from it)."""
+    torch.manual_seed(0)
+    layer = HSTULayer(cfg).to(device)
+    if state_dict is not None:
+        layer.load_state_dict(state_dict)
+    torch.manual_seed(seed)
+    xg = x.clone().requires_grad_(True)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+        out = layer(xg, offsets)
+    out.float().backward(dout.float())
+    grads = {"x": xg.grad, **{n: p.grad for n, p in layer.named_parameters()}}
+    return out.detach().float(), grads, layer.state_dict()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, name: str, device: str) -> None:
+    """fp32: tight; bf16 (GPU): relative to the largest value, as bf16 GEMM chains allow."""
+    a, b = a.float(), b.float()
+    scale = b.abs().max().clamp_min(1e-6)
+    tol = 1e-4 if device == "cpu" else 3e-2
+    err = ((a - b).abs().max() / scale).item()
+    assert err <= tol, f"{name}: max error {err:.2e} of the largest value (tolerance {tol:.0e})"
+
+
+def test_fused_layer_matches_unfused(device):
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32)
+    x, off, dout = _batch(device, cfg.hidden_dim)
+    ref_out, ref_grads, sd = _run(cfg, x, off, dout, device)
+    out, grads, _ = _run(cfg.replace(layer="fused"), x, off, dout, device, sd)
+    _close(out, ref_out, "out", device)
+    for name, g in ref_grads.items():
+        _close(grads[name], g, f"d{name}", device)
+    # Rows of empty and length-1 sequences are finite and the residual passes through.
+    assert torch.isfinite(out).all() and torch.isfinite(grads["x"]).all()
+
+
+@pytest.mark.parametrize("recompute", ["uvqk", "ln", "uvqk+ln"])
+def test_recompute_gives_identical_gradients(device, recompute):
+    cfg = get_config("tiny", dropout=0.2, max_seq_len=32, layer="fused")
+    x, off, dout = _batch(device, cfg.hidden_dim, seed=1)
+    base_out, base_grads, sd = _run(cfg, x, off, dout, device, seed=5)
+    out, grads, _ = _run(cfg.replace(recompute=recompute), x, off, dout, device, sd, seed=5)
+    assert torch.equal(out, base_out)
+    for name, g in base_grads.items():
+        assert torch.equal(grads[name], g), f"d{name} differs with recompute={recompute}"
+
+
+def test_zero_copy_views_match_copies(device):
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
+    x, off, dout = _batch(device, cfg.hidden_dim, seed=2)
+    out, grads, sd = _run(cfg, x, off, dout, device)
+    out2, grads2, _ = _run(cfg.replace(zero_copy=False), x, off, dout, device, sd)
+    _close(out2, out, "out", device)
+    for name, g in grads.items():
+        _close(grads2[name], g, f"d{name}", device)
+
+
+def test_dropout_mask_comes_from_the_generator(device):
+    """Another torch seed draws another mask; the same seed gives the same output and gradients."""
+    cfg = get_config("tiny", dropout=0.5, max_seq_len=32, layer="fused")
+    x, off, dout = _batch(device, cfg.hidden_dim, lengths=[32, 32], seed=3)
+    a, ga, sd = _run(cfg, x, off, dout, device, seed=1)
+    b, gb, _ = _run(cfg, x, off, dout, device, sd, seed=2)
+    assert not torch.equal(a, b)
+    a2, ga2, _ = _run(cfg, x, off, dout, device, sd, seed=1)
+    assert torch.equal(a, a2) and torch.equal(ga["uvqk.weight"], ga2["uvqk.weight"])
+    _close(ga["out_proj.bias"], dout.float().sum(0), "db_o", device)
+
+
+def test_fused_model_trains_like_unfused(device):
+    """Three steps of the tiny model: the fused layer's losses follow the unfused layer's."""
+    from models.data import SyntheticJaggedDataset
+    from models.train import build
+
+    base = get_config("tiny", dropout=0.0)
+    data = SyntheticJaggedDataset(base)
+    losses = {}
+    for layer in ("unfused", "fused"):
+        model, opt = build(base.replace(layer=layer), torch.device(device))
+        assert isinstance(model, HSTURankingModel)
+        seq = []
+        for step in range(3):
+            loss = model.loss(data.batch(step).to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            seq.append(loss.item())
+        losses[layer] = seq
+    for a, b in zip(losses["fused"], losses["unfused"], strict=True):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), losses
+
+
+def test_config_rejects_unsupported_combinations():
+    with pytest.raises(ValueError, match="layer"):
+        get_config("tiny", layer="fast")
+    with pytest.raises(ValueError, match="recompute"):
+        get_config("tiny", recompute="everything", layer="fused")
+    with pytest.raises(ValueError, match="need layer='fused'"):
+        get_config("tiny", precision="bf16")
+    with pytest.raises(ValueError, match="kernels must be"):
+        get_config("tiny", layer="fused", kernels="reference")

@@ -1,0 +1,82 @@
+"""Backward of the uvqk projection (Triton SiLU' pass + GEMMs) against autograd; fp32/fp16 on CPU, bf16 on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_templates.gemm_silu.bwd_config import GemmSiluBwdConfig, check_bwd_config, default_bwd_config
+from kernel_templates.gemm_silu.torch_impl import gemm_silu_bwd_reference, gemm_silu_bwd_torch
+from kernel_templates.gemm_silu.triton_bwd import gemm_silu_bwd
+
+
+def _cfg(device: str) -> GemmSiluBwdConfig:
+    return GemmSiluBwdConfig(16, 64, 4, 2) if device == "cuda" else GemmSiluBwdConfig(4, 32, 1, 1)
+
+
+def _dtypes(device: str) -> list[torch.dtype]:
+    return [torch.float32, torch.bfloat16] if device == "cuda" else [torch.float32, torch.float16]
+
+
+def _inputs(device, m, n=80, k=48, dtype=torch.float32, seed=0, wide_dy=False):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)
+    b = (0.5 * torch.randn(n, generator=gen)).to(device, dtype)
+    dy_full = torch.randn(m, 2 * n if wide_dy else n, generator=gen).to(device, dtype)
+    return dy_full[:, :n], x, w, b
+
+
+def _err(a, b) -> float:
+    return float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+
+
+def _amax(t) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+@pytest.mark.parametrize("m", [0, 1, 37, 130])
+@pytest.mark.parametrize("wide_dy", [False, True])
+def test_matches_autograd(device, m, wide_dy):
+    for dtype in _dtypes(device):
+        dy, x, w, b = _inputs(device, m, dtype=dtype, wide_dy=wide_dy)
+        got = gemm_silu_bwd(dy, x, w, b, config=_cfg(device))
+        ref32 = gemm_silu_bwd_reference(dy, x, w, b, torch.float32)
+        reflo = gemm_silu_bwd_reference(dy, x, w, b, dtype) if dtype != torch.float16 or device == "cuda" else None
+        for name, g, r32, i in zip(("dx", "dw", "db"), got, ref32, range(3), strict=True):
+            assert g.shape == r32.shape and g.dtype == dtype, name
+            if reflo is None:  # fp16 matmul on CPU: compare to fp32 with a dtype-sized bound
+                assert _err(g, r32) <= 2e-2 * max(1.0, _amax(r32)), name
+            else:
+                assert _err(g, r32) <= 2 * _err(reflo[i], r32) + 1e-4 * max(1.0, _amax(r32)), name
+
+
+def test_given_pre_and_output_buffers(device):
+    dy, x, w, b = _inputs(device, 37)
+    pre = torch.addmm(b, x, w.t())
+    out = (torch.empty(37, 48, device=device), torch.empty_like(w), torch.empty_like(b))
+    got = gemm_silu_bwd(dy, x, w, b, config=_cfg(device), pre=pre, out=out)
+    assert all(g.data_ptr() == o.data_ptr() for g, o in zip(got, out, strict=True))
+    ref = gemm_silu_bwd_torch(dy, x, w, b)
+    for g, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_arguments_name_the_argument(device):
+    dy, x, w, b = _inputs(device, 8)
+    with pytest.raises(ValueError, match="dy must be"):
+        gemm_silu_bwd(dy[:4], x, w, b, config=_cfg(device))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        gemm_silu_bwd(dy, x, w, b[:3], config=_cfg(device))
+    with pytest.raises(ValueError, match="weight must be"):
+        gemm_silu_bwd(dy, x, w[:, :5], b, config=_cfg(device))
+    with pytest.raises(ValueError, match="pre must be"):
+        gemm_silu_bwd(dy, x, w, b, config=_cfg(device), pre=dy[:2])
+    with pytest.raises(ValueError, match="block_m"):
+        GemmSiluBwdConfig(3, 64)
+
+
+def test_resource_model():
+    assert check_bwd_config(default_bwd_config(4096), 4096) is None
+    assert check_bwd_config(GemmSiluBwdConfig(32, 512, 1, 1), 4096) is not None
+    assert check_bwd_config(GemmSiluBwdConfig(1, 32, 8, 1), 4096) is not None

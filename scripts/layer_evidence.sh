@@ -18,20 +18,20 @@ FUSED="tuned:layer=fused"
 BF16="tuned:layer=fused,precision=bf16"
 case "$step" in
 tests)
-  python -m pytest -q -x tests/test_layer_norm.py tests/test_fused_ln_mul_dropout.py tests/test_gemm_silu_bwd.py \
-    tests/test_linear_residual.py tests/test_fused_layer.py tests/test_strided_views.py "$@" 2>&1 |
+  python -m pytest -q tests/test_layer_norm.py tests/test_fused_ln_mul_dropout.py tests/test_gemm_silu_bwd.py \
+    tests/test_linear_residual.py tests/test_fused_layer.py tests/test_strided_views.py tests/test_gemm_silu.py "$@" 2>&1 |
     tee "$OUT/tests.log" | tail -15
   ;;
 tune)
   start=$(date +%s)
-  python -m autotune.tuning.cli run --gpu auto --kernel layer --dims 256 --heads 4 --buckets 1K,2K,4K,8K \
-    --distributions uniform,jagged --verify quick "$@" 2>&1 | tee "$OUT/tune.log" | tail -40
+  python -m autotune.tuning.cli run --gpu auto --kernel "${KERNELS:-layer}" --dims 256 --heads 4 \
+    --buckets "${BUCKETS:-1K,2K,4K,8K}" --distributions "${DISTS:-uniform}" --verify quick "$@" 2>&1 |
+    tee "$OUT/tune.log" | tail -40
   echo "tune wall time: $(($(date +%s) - start)) s" | tee -a "$OUT/tune.log"
   tar cf "$OUT/artifacts.tar" --exclude studies artifacts
   ;;
 ops)
-  python benchmarks/bench_layer_ops.py "$@" 2>&1 | tee "$OUT/ops.log" | tail -40
-  python benchmarks/bench_gemm_bwd.py "$@" 2>&1 | tee "$OUT/gemm_bwd.log" | tail -20
+  python benchmarks/bench_layer_ops.py --artifacts artifacts "$@" 2>&1 | tee "$OUT/ops.log" | tail -40
   ;;
 layer)
   python benchmarks/bench_layer.py --artifacts artifacts --allow-same-arch "$@" 2>&1 | tee "$OUT/layer.log" | tail -12

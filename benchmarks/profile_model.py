@@ -36,8 +36,9 @@ GROUPS = (
 )
 
 
-# Kernels that only move or cast data (torch's copy/cast kernels and cat).
-COPY_KEYS = ("copy", "Copy", "CatArray", "cat_", "bfloat16_copy")
+# Kernels that only move or cast data: torch's copy/cast kernels and cat (CuTe kernel names contain
+# "CopyAtom" from their template arguments: not copies).
+COPY_KEYS = ("copy_kernel", "CatArrayBatchedCopy")
 
 
 def is_copy(name: str) -> bool:

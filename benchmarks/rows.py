@@ -42,8 +42,9 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def time_ms(fn: Callable[[], Any], rep_ms: float = 300.0) -> dict[str, float]:
-    """p20 / p50 / p80 ms of ``fn`` on the GPU (``do_bench``: warm-up, L2 flush before every sample)."""
+def time_ms(fn: Callable[[], Any], rep_ms: float = 300.0, min_samples: int = 20) -> dict[str, float]:
+    """p20 / p50 / p80 ms of ``fn`` on the GPU (``do_bench``: warm-up, L2 flush before every sample),
+    over at least ``min_samples`` samples."""
     if not torch.cuda.is_available():
         import time
 
@@ -55,7 +56,15 @@ def time_ms(fn: Callable[[], Any], rep_ms: float = 300.0) -> dict[str, float]:
     else:
         import triton.testing
 
-        times = [float(t) for t in triton.testing.do_bench(fn, warmup=50, rep=rep_ms, return_mode="all")]
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        rep = max(rep_ms, 1.3 * min_samples * start.elapsed_time(end))
+        times = [float(t) for t in triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="all")]
     from autotune.tuning.measure import quantile
 
     return {"p20_ms": quantile(times, 0.2), "p50_ms": quantile(times, 0.5), "p80_ms": quantile(times, 0.8),

@@ -13,7 +13,7 @@ from typing import Any
 KERNEL_SOURCES = ("reference", "default", "tuned")
 LAYER_IMPLS = ("unfused", "fused")
 PRECISIONS = ("autocast", "bf16")
-RECOMPUTE = ("none", "uvqk", "ln", "uvqk+ln")
+RECOMPUTE = ("none", "uvqk", "pre", "ln", "uvqk+ln", "pre+ln")
 LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed")
 TRITON_HEAD_DIMS = (32, 64, 128, 256)
 
@@ -55,7 +55,9 @@ class ModelConfig:
     # the residual stream included, in bf16 with fp32 statistics inside the fused kernels and fp32
     # master weights (fused layer only).
     precision: str = "autocast"
-    # Fused layer only: recompute SiLU(LN(x) W) ("uvqk") and/or LN(x) ("ln") in the backward.
+    # Fused layer only, what the backward recomputes instead of keeping: "uvqk" = SiLU(LN(x) W + b)
+    # from the kept pre-activation (an elementwise pass); "pre" = the pre-activation, by a GEMM (the
+    # forward then runs the fused GEMM + SiLU kernel); "ln" = LN(x). "none" keeps all (most memory).
     recompute: str = "none"
     zero_copy: bool = True  # fused layer only; False copies q/k/v/u and concatenates their gradients
     seed: int = 0

@@ -26,6 +26,9 @@ from kernel_templates.fused_ln_mul_dropout import fused_ln_mul_dropout
 from .config import ModelConfig
 from .data import JaggedBatch
 
+# config.recompute's projection part -> what the fused layer keeps for the backward
+RECOMPUTE_KEEP = {"none": "pre+uvqk", "ln": "pre+uvqk", "uvqk": "pre", "pre": "uvqk"}
+
 
 class HSTULayer(nn.Module):
     """One HSTU layer over a jagged (L, hidden) activation."""
@@ -51,7 +54,7 @@ class HSTULayer(nn.Module):
         p = cfg.dropout if self.training else 0.0
         plan = plan_layer(
             dt, cfg.num_heads, cfg.head_dim, cfg.max_seq_len, self.alpha, cfg.eps, p, cfg.kernels, cfg.distribution,
-            recompute_uvqk="uvqk" in cfg.recompute, recompute_ln="ln" in cfg.recompute.split("+"),
+            keep=RECOMPUTE_KEEP[cfg.recompute.split("+")[0]], recompute_ln="ln" in cfg.recompute.split("+"),
             zero_copy=cfg.zero_copy,
         )  # fmt: skip
         seed = torch.randint(0, 2**31 - 1, (1,), device=x.device) if p > 0 else self._zero_seed(x.device)

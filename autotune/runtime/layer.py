@@ -10,8 +10,12 @@ Why one function instead of chaining autograd ops:
 - zero copy: q, k, v and u are strided column views of the uvqk output, and the backward writes
   du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward);
 - the residual's gradient is added inside the input LayerNorm's backward kernel (no separate add);
-- selective recompute is explicit: ``recompute_uvqk`` keeps only LN(x) and recomputes SiLU(LN(x) W)
-  in the backward; ``recompute_ln`` keeps only x and the LN statistics and recomputes LN(x).
+- what the backward needs of the projection is explicit (``keep``): "pre+uvqk" keeps the
+  pre-activation and SiLU's output (forward: cuBLAS GEMM + one SiLU pass; backward: no
+  recompute); "pre" keeps only the pre-activation and recomputes SiLU in the backward (one
+  elementwise pass, same memory as keeping uvqk); "uvqk" keeps SiLU's output of the fused
+  GEMM + SiLU kernel and recomputes the pre-activation with a GEMM in the backward.
+  ``recompute_ln`` keeps only x and the LN statistics and recomputes LN(x).
 
 Precision: activations and GEMMs run in the compute dtype (bf16 under autocast or a bf16 model),
 LayerNorm statistics and weight/bias gradient sums in fp32 inside the kernels; parameters stay in
@@ -40,6 +44,9 @@ LAYER_KERNELS = (
 )
 
 
+KEEP = ("pre+uvqk", "pre", "uvqk")
+
+
 @dataclass(frozen=True)
 class Step:
     """One dispatched kernel: its runtime launcher and decoded config."""
@@ -65,7 +72,7 @@ class LayerPlan:
     alpha: float
     eps: float
     dropout: float
-    recompute_uvqk: bool
+    keep: str  # "pre+uvqk" | "pre" | "uvqk" (see the module docstring)
     recompute_ln: bool
     zero_copy: bool
     steps: tuple[Step, ...]
@@ -90,12 +97,14 @@ def plan_layer(
     dropout: float,
     source: str = "tuned",
     distribution: str | None = None,
-    recompute_uvqk: bool = False,
+    keep: str = "pre+uvqk",
     recompute_ln: bool = False,
     zero_copy: bool = True,
 ) -> LayerPlan:
     """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
-    flags = (recompute_uvqk, recompute_ln, zero_copy)
+    if keep not in KEEP:
+        raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
+    flags = (keep, recompute_ln, zero_copy)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
     if plan is None:
@@ -134,7 +143,12 @@ class HSTULayerFunction(torch.autograd.Function):
         cfg = plan.step
         s = cfg("layer_norm_fwd")
         xn, mean1, rstd1 = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=dt)
-        uvqk = cfg("gemm_silu").launch(xn, w_uvqk_c, b_uvqk_c, config=cfg("gemm_silu").config)
+        if plan.keep == "uvqk":  # the fused GEMM + SiLU kernel; the backward recomputes pre by a GEMM
+            pre = None
+            uvqk = cfg("gemm_silu").launch(xn, w_uvqk_c, b_uvqk_c, config=cfg("gemm_silu").config)
+        else:  # cuBLAS GEMM (bias in its epilogue) and one SiLU pass: pre is kept for the backward
+            pre = torch.addmm(b_uvqk_c, xn, w_uvqk_c.t())
+            uvqk = torch.nn.functional.silu(pre)
         u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
         if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
             u, q, k, v = (t.contiguous() for t in (u, q, k, v))
@@ -145,9 +159,9 @@ class HSTULayerFunction(torch.autograd.Function):
         y, mean2, rstd2 = s.launch(attn2, u, ln2_w, ln2_b, plan.eps, plan.dropout, seed, config=s.config)
         out = cfg("linear_residual_fwd").launch(y, w_o_c, b_o_c, x, config=cfg("linear_residual_fwd").config)
         saved_xn = None if plan.recompute_ln else xn
-        saved_uvqk = None if plan.recompute_uvqk else uvqk
+        saved_uvqk = None if plan.keep == "pre" else uvqk
         ctx.save_for_backward(
-            x, saved_xn, mean1, rstd1, saved_uvqk, attn2, y, mean2, rstd2,
+            x, saved_xn, mean1, rstd1, saved_uvqk, pre, attn2, y, mean2, rstd2,
             ln1_w, ln1_b, w_uvqk_c, b_uvqk_c, ln2_w, ln2_b, w_o_c, seq_offsets, seed,
         )  # fmt: skip
         ctx.plan = plan
@@ -157,7 +171,7 @@ class HSTULayerFunction(torch.autograd.Function):
     def backward(ctx, dout):
         plan: LayerPlan = ctx.plan
         cfg = plan.step
-        (x, xn, mean1, rstd1, uvqk, attn2, y, mean2, rstd2,
+        (x, xn, mean1, rstd1, uvqk, pre, attn2, y, mean2, rstd2,
          ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, seq_offsets, seed) = ctx.saved_tensors  # fmt: skip
         dout = dout.contiguous()
         dout_c = dout.to(plan.dtype)
@@ -168,9 +182,8 @@ class HSTULayerFunction(torch.autograd.Function):
         if xn is None:
             s = cfg("layer_norm_fwd")
             xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
-        if uvqk is None:
-            s = cfg("gemm_silu")
-            uvqk = s.launch(xn, w_uvqk, b_uvqk, config=s.config)
+        if uvqk is None:  # keep == "pre": SiLU recomputed from the kept pre-activation
+            uvqk = torch.nn.functional.silu(pre)
         L, hd = x.shape[0], plan.heads * plan.head_dim
         d_uvqk = torch.empty((L, 4 * hd), dtype=uvqk.dtype, device=uvqk.device)
         du, dq, dk, dv = _views(d_uvqk, plan.heads, plan.head_dim)
@@ -191,7 +204,7 @@ class HSTULayerFunction(torch.autograd.Function):
         if not plan.zero_copy:
             d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
         s = cfg("gemm_silu_bwd")
-        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config)
+        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre)
         s = cfg("layer_norm_bwd")
         dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None

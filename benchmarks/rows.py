@@ -34,11 +34,15 @@ def environment() -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
     else:
         env["gpu"] = "cpu"
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        env["git_sha"] = sha.stdout.strip() or os.environ.get("GIT_SHA")
-    except (OSError, subprocess.SubprocessError):
-        env["git_sha"] = os.environ.get("GIT_SHA")
+    env["git_sha"] = os.environ.get("GIT_SHA")  # set by whoever copies a snapshot without .git to a GPU host
+    if not env["git_sha"]:
+        try:
+            root = Path(__file__).resolve().parents[1]
+            sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, timeout=10)  # fmt: skip
+            env["git_sha"] = sha.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            env["git_sha"] = None
     return env
 
 

@@ -45,7 +45,7 @@ LAYER_NORM_FWD_TRITON = SearchSpace(
 LAYER_NORM_BWD_TRITON = SearchSpace(
     "layer_norm_bwd/triton",
     LayerNormBwdConfig,
-    {"block_rows": _ROWS, "num_warps": _WARPS, "programs_per_sm": (1, 2, 4, 8)},
+    {"block_rows": _ROWS, "num_warps": _WARPS, "programs_per_sm": (2, 4, 8, 16)},
     (tile_fits, interpreter_small),
     _bwd_default,
 )

@@ -40,7 +40,7 @@ LN_MUL_DROPOUT_FWD_TRITON = SearchSpace(
 LN_MUL_DROPOUT_BWD_TRITON = SearchSpace(
     "ln_mul_dropout_bwd/triton",
     LnMulDropoutBwdConfig,
-    {"block_rows": _ROWS, "num_warps": _WARPS, "programs_per_sm": (1, 2, 4, 8)},
+    {"block_rows": _ROWS, "num_warps": _WARPS, "programs_per_sm": (2, 4, 8, 16)},
     (tile_fits, interpreter_small),
     _bwd_default,
 )

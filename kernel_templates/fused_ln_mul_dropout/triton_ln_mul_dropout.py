@@ -1,7 +1,7 @@
 """Triton kernels: ``out = dropout(LN(x) * u)`` forward and backward.
 
-The dropout mask is never stored: both kernels draw it with ``tl.rand(seed, row * D + col)``, so the
-backward regenerates exactly the forward's mask from the seed. The forward keeps only the per-row
+The dropout mask is never stored: both kernels draw it from the seed (``_keep_tile``: Philox, four
+columns per call), so the backward regenerates exactly the forward's mask. The forward keeps only the per-row
 mean and 1/std (8 bytes a row). The backward walks a contiguous range of rows per program and
 accumulates dLN-weight / dLN-bias partials in registers (one row of partials per program).
 """
@@ -15,6 +15,18 @@ import triton.language as tl
 from kernel_templates.layer_norm.config import block_d
 
 from .config import LnMulDropoutBwdConfig, LnMulDropoutFwdConfig, default_bwd_config, default_fwd_config
+
+
+@triton.jit
+def _keep_tile(seed, rows, D, p, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Kept elements of a (BLOCK_R rows) x (BLOCK_D columns from 0) tile. One Philox call draws four
+    neighbouring columns (``randint4x``), a quarter of ``tl.rand``'s work per element: the draw, not
+    memory, bounded these kernels. Element (r, c) takes word c % 4 of counter r * ceil(D / 4) + c // 4."""
+    quads = tl.arange(0, BLOCK_D // 4)
+    counter = rows[:, None].to(tl.int64) * ((D + 3) // 4) + quads[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)
+    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK_R, BLOCK_D))
+    return tl.uint_to_uniform_float(words) > p
 
 
 # The row count changes with every jagged batch: specialising on it (L % 16 == 0, L == 1) would compile
@@ -56,8 +68,8 @@ def _ln_mul_dropout_fwd_kernel(
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
     out = y * u
     if HAS_DROPOUT:
-        r = tl.rand(tl.load(Seed), rows[:, None] * D + cols[None, :])
-        out = tl.where(r > p, out / (1.0 - p), 0.0)
+        keep = _keep_tile(tl.load(Seed), rows, D, p, BLOCK_R, BLOCK_D)
+        out = tl.where(keep, out / (1.0 - p), 0.0)
     tl.store(O + rows[:, None].to(tl.int64) * stride_o + cols[None, :], out.to(O.dtype.element_ty), mask=m2)
     tl.store(Mean + rows, mean, mask=row_ok)
     tl.store(Rstd + rows, rstd, mask=row_ok)
@@ -114,8 +126,8 @@ def _ln_mul_dropout_bwd_kernel(
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         if HAS_DROPOUT:
-            r = tl.rand(seed, rows[:, None] * D + cols[None, :])
-            g = tl.where(r > p, g / (1.0 - p), 0.0)
+            keep = _keep_tile(seed, rows, D, p, BLOCK_R, BLOCK_D)
+            g = tl.where(keep, g / (1.0 - p), 0.0)
         xhat = tl.where(m2, (x - mean[:, None]) * rstd[:, None], 0.0)
         y = xhat * w[None, :] + b[None, :]
         du = g * y
@@ -238,8 +250,8 @@ def _keep_mask_kernel(Keep, L, D, p, Seed, BLOCK_R: tl.constexpr, BLOCK_D: tl.co
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     m2 = (rows < L)[:, None] & (cols < D)[None, :]
-    r = tl.rand(tl.load(Seed), rows[:, None] * D + cols[None, :])
-    tl.store(Keep + rows[:, None].to(tl.int64) * D + cols[None, :], (r > p).to(tl.int8), mask=m2)
+    keep = _keep_tile(tl.load(Seed), rows, D, p, BLOCK_R, BLOCK_D)
+    tl.store(Keep + rows[:, None].to(tl.int64) * D + cols[None, :], keep.to(tl.int8), mask=m2)
 
 
 def dropout_keep_mask(rows: int, d: int, p: float, seed: torch.Tensor) -> torch.Tensor:

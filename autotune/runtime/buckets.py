@@ -61,3 +61,22 @@ def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> 
     lengths = [max(1, min(max_len, math.ceil(max_len * rng.random() ** JAGGED_EXPONENT))) for _ in range(batch)]
     lengths[rng.randrange(batch)] = max_len
     return lengths
+
+
+def sample_lengths(sample: tuple[int, ...] | list[int], max_len: int, batch: int, seed: int) -> list[int]:
+    """A representative batch drawn from a sample of real lengths for the bucket whose longest
+    sequence is ``max_len``: ``batch`` seeded draws from the sample's lengths in [1, max_len], the
+    longest then raised to the sample's longest length in (max_len / 2, max_len] (``max_len`` when the
+    sample has none), so the batch belongs to the bucket it tunes."""
+    if batch < 1 or max_len < 1:
+        raise ValueError(f"batch and max_len must be >= 1, got batch={batch}, max_len={max_len}")
+    pool = sorted(n for n in sample if 0 < n <= max_len)
+    top = [n for n in pool if n > max_len // 2]
+    longest = top[-1] if top else max_len
+    if not pool:
+        return [longest] * batch
+    rng = random.Random(f"sample:{seed}:{max_len}:{batch}:{len(pool)}:{pool[len(pool) // 2]}")
+    lengths = [pool[rng.randrange(len(pool))] for _ in range(batch)]
+    i = max(range(batch), key=lambda j: lengths[j])
+    lengths[i] = max(lengths[i], longest)
+    return lengths

@@ -147,10 +147,21 @@ def build_task_list(args: argparse.Namespace, gpu: str) -> list:
             raise CLIError(f"unknown mask {m!r}; choose from {', '.join(MASKS)}")
     if args.heads < 1 or args.batch < 1 or args.trials < 1:
         raise CLIError("--heads, --batch and --trials must be >= 1")
+    sample = None
+    if getattr(args, "lengths", None):
+        from autotune.tuning.lengths import compact, read_length_sample
+
+        try:
+            sample = compact(read_length_sample(args.lengths))
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        if "jagged" not in dists:
+            raise CLIError("--lengths tunes the jagged entries: keep 'jagged' in --distributions")
     try:
         return build_tasks(
-            _kernels(args.kernel), gpu, args.dtype, dims, args.heads, buckets, dists, masks, args.batch, args.seq_cap
-        )
+            _kernels(args.kernel), gpu, args.dtype, dims, args.heads, buckets, dists, masks, args.batch, args.seq_cap,
+            sample=sample,
+        )  # fmt: skip
     except ValueError as e:
         raise CLIError(str(e)) from None
 

@@ -35,7 +35,12 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         help="tune the ops of torch.export of a model preset or module:factory (see `autotune tasks`)",
     )
     src.add_argument("--from-onnx", metavar="FILE", help="tune the ops of an ONNX file written by models.export")
-    run.add_argument("--lengths", metavar="FILE", help="with --from-*: batches of sequence lengths (JSON or text)")
+    run.add_argument(
+        "--lengths",
+        metavar="FILE",
+        help="real sequence lengths (.npy, JSON list / batches / histogram, or text): the jagged tasks draw their "
+        "batches from them (with --from-*: batches that give the graph's length distribution and batch size)",
+    )
 
 
 def _add_graph_source(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sequence_lengths
+from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sample_lengths, sequence_lengths
 from autotune.runtime.gpus import get_gpu
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -41,6 +41,7 @@ class Task:
     batch: int = 32
     seq_cap: int | None = None
     seed: int = 0
+    sample: tuple[int, ...] | None = None  # real lengths (``--lengths FILE``): batches drawn from them
 
     def __post_init__(self) -> None:
         if self.bucket not in BUCKETS:
@@ -53,6 +54,8 @@ class Task:
             raise ValueError(f"mask {self.mask!r} is not one of {tuple(MASKS)}")
         if self.batch < 1 or self.num_heads < 1:
             raise ValueError("batch and num_heads must be >= 1")
+        if self.sample is not None and self.distribution != "jagged":
+            raise ValueError("a task tuned on a lengths sample is a 'jagged' task")
 
     @property
     def max_len(self) -> int:
@@ -65,7 +68,19 @@ class Task:
         return MASKS[self.mask]
 
     def lengths(self) -> list[int]:
+        if self.sample is not None:
+            return sample_lengths(self.sample, self.max_len, self.batch, self.seed)
         return sequence_lengths(self.max_len, self.batch, self.distribution, self.seed)
+
+    @property
+    def sample_digest(self) -> str | None:
+        """Short digest of the lengths sample (in the study name: another sample, another study)."""
+        if self.sample is None:
+            return None
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(sorted(self.sample)).encode()).hexdigest()[:12]
 
     @property
     def family(self) -> tuple:
@@ -75,6 +90,7 @@ class Task:
     @property
     def study_name(self) -> str:
         cap = f"-cap{self.seq_cap}" if self.seq_cap else ""
+        cap += f"|lengths{self.sample_digest}" if self.sample is not None else ""
         return (
             f"{self.kernel}|{self.dtype}|dqk{self.dqk}|dv{self.dv}|h{self.num_heads}|b{self.batch}"
             f"|{format_bucket(self.bucket)}{cap}|{self.distribution}|{self.mask}|seed{self.seed}"
@@ -91,6 +107,9 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Task:
+        d = dict(d)
+        if d.get("sample") is not None:
+            d["sample"] = tuple(d["sample"])
         return cls(**d)
 
 
@@ -130,10 +149,26 @@ def build_tasks(
     batch: int,
     seq_cap: int | None = None,
     seed: int = 0,
+    sample: tuple[int, ...] | None = None,
 ) -> list[Task]:
-    """All tasks, ordered so that buckets of one family run in ascending order (neighbour warm starts)."""
+    """All tasks, ordered so that buckets of one family run in ascending order (neighbour warm starts).
+    With a lengths ``sample`` the jagged tasks draw their batches from it."""
     return [
-        Task(kernel, gpu, dtype, dqk, dv, heads, bucket, dist, mask, batch, seq_cap, seed)
+        Task(
+            kernel,
+            gpu,
+            dtype,
+            dqk,
+            dv,
+            heads,
+            bucket,
+            dist,
+            mask,
+            batch,
+            seq_cap,
+            seed,
+            sample if dist == "jagged" else None,
+        )  # fmt: skip
         for kernel in kernels
         for dqk, dv in dims
         for mask in masks

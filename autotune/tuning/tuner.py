@@ -124,7 +124,16 @@ class TaskResult:
             "verified": list(self.verified),
             **({"samples": self.samples} if self.samples else {}),
             **({"compare": _rounded(self.comparison)} if self.comparison else {}),
+            **({"lengths": _sample_descriptor(t)} if t.sample is not None else {}),
         }
+
+
+def _sample_descriptor(task: Task) -> dict[str, Any]:
+    """What an entry tuned on a lengths sample records of it (and of its representative batch)."""
+    from autotune.tuning.lengths import describe
+
+    lengths = task.lengths()
+    return {**describe(task.sample), "batch_fill": round(sum(lengths) / (len(lengths) * task.max_len), 4)}
 
 
 class Reporter:

@@ -1,0 +1,119 @@
+"""Sequence lengths of the user's data: read a sample, describe it, tune on batches drawn from it.
+
+``autotune run --lengths FILE`` tunes the jagged entries on representative batches drawn from a
+sample of real lengths instead of the synthetic jagged law (``autotune.runtime.buckets``), and
+records a descriptor of the sample in each entry. Accepted files:
+
+- ``.npy``: a 1-D integer array of lengths;
+- JSON: a list of lengths, a list of batches (lists of lengths), a histogram ``{"512": 30, ...}``,
+  or ``{"lengths": [...], "counts": [...]}``;
+- text: lengths separated by spaces, commas or newlines (``#`` starts a comment).
+
+Every length must be a non-negative integer no longer than the largest bucket (16384); the sample
+must hold at least one non-zero length. Errors name the file and the bad value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.runtime.buckets import BUCKETS
+
+MAX_LENGTH = BUCKETS[-1]
+MAX_SAMPLE = 1_000_000  # lengths kept from a larger file (an evenly strided subsample)
+
+
+class LengthsError(ValueError):
+    """A lengths file that cannot be used; the message names the file and what is wrong."""
+
+
+def _from_json(data: Any, where: str) -> list[Any]:
+    if isinstance(data, dict) and "lengths" in data:
+        lengths, counts = data["lengths"], data.get("counts")
+        if counts is None:
+            return list(lengths)
+        if not isinstance(counts, list) or len(counts) != len(lengths):
+            raise LengthsError(f"{where}: 'counts' must be a list as long as 'lengths'")
+        return [n for n, c in zip(lengths, counts, strict=True) for _ in range(_count(c, where))]
+    if isinstance(data, dict):  # histogram {"length": count}
+        out = []
+        for k, c in data.items():
+            try:
+                n = int(k)
+            except ValueError:
+                raise LengthsError(f"{where}: histogram key {k!r} is not an integer length") from None
+            out += [n] * _count(c, where)
+        return out
+    if isinstance(data, list) and data and all(isinstance(b, list) for b in data):
+        return [n for b in data for n in b]
+    if isinstance(data, list):
+        return data
+    raise LengthsError(f"{where}: expected a list, a list of lists or a histogram object")
+
+
+def _count(c: Any, where: str) -> int:
+    if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+        raise LengthsError(f"{where}: histogram count {c!r} is not a non-negative integer")
+    return c
+
+
+def read_length_sample(path: str | Path) -> list[int]:
+    """The lengths of ``path`` (see the module docstring), validated."""
+    path = Path(path)
+    where = f"--lengths {path}"
+    if not path.is_file():
+        raise LengthsError(f"{where}: no such file")
+    if path.suffix == ".npy":
+        import numpy as np
+
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise LengthsError(f"{where}: not a readable .npy array ({e})") from None
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise LengthsError(f"{where}: expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+        raw: list[Any] = arr.tolist()
+    else:
+        text = path.read_text()
+        try:
+            raw = _from_json(json.loads(text), where)
+        except json.JSONDecodeError:
+            words = [w for line in text.splitlines() for w in line.split("#")[0].replace(",", " ").split()]
+            try:
+                raw = [int(w) for w in words]
+            except ValueError:
+                raise LengthsError(f"{where}: not JSON and not whitespace-separated integers") from None
+    for n in raw:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise LengthsError(f"{where}: length {n!r} is not an integer")
+        if n < 0:
+            raise LengthsError(f"{where}: negative length {n}")
+        if n > MAX_LENGTH:
+            raise LengthsError(f"{where}: length {n} is longer than the largest bucket ({MAX_LENGTH})")
+    if not any(raw):
+        raise LengthsError(f"{where}: no non-zero length in the sample")
+    if len(raw) > MAX_SAMPLE:
+        step = len(raw) / MAX_SAMPLE
+        raw = [raw[int(i * step)] for i in range(MAX_SAMPLE)]
+    return raw
+
+
+def compact(sample: list[int], n: int = 4096) -> tuple[int, ...]:
+    """At most ``n`` evenly spaced quantiles of the sample: the same distribution, small enough to
+    travel with every task to the tuner's workers."""
+    s = sorted(sample)
+    if len(s) <= n:
+        return tuple(s)
+    return tuple(s[round(i * (len(s) - 1) / (n - 1))] for i in range(n))
+
+
+def describe(sample: list[int] | tuple[int, ...]) -> dict[str, Any]:
+    """What an artifact entry records of the sample it was tuned on (a digest and quantiles)."""
+    s = sorted(sample)
+    q = lambda f: s[min(len(s) - 1, int(f * (len(s) - 1)))]  # noqa: E731
+    digest = hashlib.sha256(json.dumps(s).encode()).hexdigest()[:16]
+    return {"sha256_16": digest, "count": len(s), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1],
+            "mean": round(sum(s) / len(s), 1)}  # fmt: skip

@@ -1,0 +1,105 @@
+"""Tuning on real sequence lengths: the lengths file, the batches drawn from it, the tasks and entries."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from autotune.runtime.buckets import sample_lengths
+from autotune.tuning.lengths import LengthsError, compact, describe, read_length_sample
+from autotune.tuning.tasks import Task
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("a.json", [3, 0, 7], [3, 0, 7]),
+        ("b.json", [[3, 4], [5]], [3, 4, 5]),
+        ("c.json", {"100": 2, "7": 1}, [100, 100, 7]),
+        ("d.json", {"lengths": [10, 20], "counts": [1, 3]}, [10, 20, 20, 20]),
+        ("e.txt", "5, 6\n# comment\n7 8", [5, 6, 7, 8]),
+    ],
+)
+def test_reads_every_format(tmp_path, name, content, expected):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    assert read_length_sample(path) == expected
+
+
+def test_reads_npy(tmp_path):
+    path = tmp_path / "l.npy"
+    np.save(path, np.array([1, 2, 300], dtype=np.int64))
+    assert read_length_sample(path) == [1, 2, 300]
+    np.save(path, np.array([1.5, 2.0]))
+    with pytest.raises(LengthsError, match="integer array"):
+        read_length_sample(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ([], "no non-zero length"),
+        ([0, 0], "no non-zero length"),
+        ([5, -1], "negative length -1"),
+        ([5, 2.5], "not an integer"),
+        ([5, 20000], "longer than the largest bucket"),
+        ({"100": -2}, "histogram count"),
+        ({"x": 2}, "not an integer length"),
+        ({"lengths": [1, 2], "counts": [1]}, "as long as"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(LengthsError, match=match) as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_and_unparsable_files(tmp_path):
+    with pytest.raises(LengthsError, match="no such file"):
+        read_length_sample(tmp_path / "none.json")
+    (tmp_path / "x.txt").write_text("ten twenty")
+    with pytest.raises(LengthsError, match="not JSON"):
+        read_length_sample(tmp_path / "x.txt")
+
+
+def test_batches_drawn_from_the_sample_belong_to_their_bucket():
+    sample = [12] * 50 + [40] * 30 + [700, 1500, 3000]
+    for bucket in (256, 1024, 2048, 4096):
+        a = sample_lengths(sample, bucket, 32, seed=0)
+        assert a == sample_lengths(sample, bucket, 32, seed=0)  # deterministic
+        assert len(a) == 32 and max(a) <= bucket and max(a) > bucket // 2
+        assert all(n in sample or n == bucket for n in a)
+    assert sample_lengths(sample, 1024, 32, seed=0) != sample_lengths(sample, 1024, 32, seed=1)
+
+
+def test_tasks_carry_the_sample():
+    sample = compact(list(range(1, 9000)), n=100)
+    assert len(sample) == 100 and sample[0] == 1 and sample[-1] == 8999
+    t = Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "jagged", sample=sample)
+    plain = Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "jagged")
+    assert t.study_name != plain.study_name and t.lengths() != plain.lengths()
+    assert Task.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+    with pytest.raises(ValueError, match="jagged"):
+        Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "uniform", sample=sample)
+    d = describe(sample)
+    assert d["count"] == 100 and d["max"] == 8999 and d["p50"] <= d["p90"] <= d["p99"]
+
+
+def test_run_with_lengths_records_the_sample(tmp_path):
+    """autotune run --lengths: jagged entries are tuned on batches from the file and say so."""
+    from autotune.tuning.cli import main
+
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([3, 5, 9, 17, 40, 60, 64] * 10))
+    argv = ["run", "--interpret", "--kernel", "fwd", "--distributions", "uniform,jagged", "--trials", "1",
+            "--verify", "quick", "--lengths", str(lengths), "--artifacts", str(tmp_path / "art")]  # fmt: skip
+    assert main(argv) == 0
+    entries = json.loads((tmp_path / "art" / "h100" / "hstu_attention_fwd.json").read_text())["entries"]
+    by_dist = {e["distribution"]: e for e in entries}
+    assert "lengths" in by_dist["jagged"] and "lengths" not in by_dist["uniform"]
+    desc = by_dist["jagged"]["lengths"]
+    assert desc["count"] == 70 and desc["max"] == 64 and 0 < desc["batch_fill"] <= 1

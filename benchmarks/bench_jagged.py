@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for bucket in args.buckets:
         lengths = sample_lengths(sample, bucket, args.batch, args.seed)
-        sources = [(args.artifacts, "uniform", "uniform entries"), (args.artifacts, "jagged", "synthetic-jagged entries")]
+        sources = [
+            (args.artifacts, "uniform", "uniform entries"),
+            (args.artifacts, "jagged", "synthetic-jagged entries"),
+        ]
         if args.other:
             sources.append((args.other, "jagged", "lengths-file entries"))
         for root, dist, label in sources:

@@ -111,7 +111,8 @@ def plan_layer(
         if source == "reference":
             raise ValueError("the fused layer has no 'reference' source; use the unfused layer")
         steps = []
-        for kind in LAYER_KERNELS:
+        # The fused GEMM + SiLU kernel runs only when the backward recomputes the pre-activation.
+        for kind in (k for k in LAYER_KERNELS if k != "gemm_silu" or keep == "uvqk"):
             c = dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
             steps.append(Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source))
         plan = LayerPlan(dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps))

@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(rows[-1]), flush=True)
     if not args.no_save:
         append_rows("jagged_ratio", rows)
-    print(
-        "| bucket | law | hint | fill | fwd TFLOP/s (of uniform) | bwd TFLOP/s (of uniform) | alone / batch ms fwd, bwd |"
-    )
+    print("| bucket | law | hint | fill | fwd TFLOP/s (share) | bwd TFLOP/s (share) | alone / batch ms fwd, bwd |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         fr = f" ({r['fwd_ratio']:.0%})" if "fwd_ratio" in r else ""

@@ -11,7 +11,6 @@ same check used by the launcher, so a config the space admits never fails there.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from kernel_templates.cute.bwd_config import (
     BWD_MMA_REGS,
@@ -122,16 +121,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "do_stages": (1, 2, 3),  # dO buffers (at most num_stages)
     "dq_serial": (False, True),  # warpgroups pass dQ slices through one half-size buffer in turns
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
-    "m_chunk": (0, 2, 4, 8, 16),  # query blocks per CTA of a split key block; 0 = not split
 }
-
-
-def bwd_chunk_splits(c, ctx: SpaceContext) -> str | None:
-    """A chunk as long as the bucket's query blocks splits nothing, yet pays the fp32 dK/dV passes."""
-    blocks = math.ceil(ctx.max_len / c.block_m)
-    if c.m_chunk and c.m_chunk >= blocks:
-        return f"m_chunk {c.m_chunk} >= the {blocks} query blocks of a {ctx.max_len}-long sequence"
-    return None
 
 
 def bwd_wgmma_shapes(c, ctx: SpaceContext) -> str | None:
@@ -186,6 +176,5 @@ BWD_RULES = (
     bwd_fits_smem,
     bwd_fits_registers,
     bwd_pipelined,
-    bwd_chunk_splits,
 )
 HSTU_BWD_CUTE = SearchSpace("hstu_attention_bwd/cute", HSTUCuteBwdConfig, BWD_PARAMS, BWD_RULES, _bwd_default)

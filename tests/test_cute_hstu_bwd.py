@@ -35,14 +35,11 @@ COMPILE_GRID = [
     (HSTUCuteBwdConfig(64, 128, 2), 64, "bfloat16", (True, False, True)),
     (HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True), 256, "bfloat16", (False, False, False)),
     (HSTUCuteBwdConfig(128, 64, 2, do_stages=2, dq_serial=True), 128, "float16", (True, True, False)),
-    (HSTUCuteBwdConfig(64, 64, 1, m_chunk=4), 256, "bfloat16", (False, False, False)),
-    (HSTUCuteBwdConfig(64, 64, 2, m_chunk=2), 128, "float16", (True, True, True)),
 ]
 
 
 def _cfg_id(c: HSTUCuteBwdConfig) -> str:
-    chunk = f"chunk{c.m_chunk}" if c.m_chunk else ""
-    return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}" + ("serial" if c.dq_serial else "") + chunk
+    return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}" + ("serial" if c.dq_serial else "")
 
 
 @pytest.mark.parametrize("case", COMPILE_GRID, ids=lambda c: f"{_cfg_id(c[0])}-d{c[1]}")
@@ -61,10 +58,6 @@ def test_compiles_with_tma_and_wgmma(case):
     threads = 128 * (cfg.mma_warpgroups + 1)
     launch = (65536 // threads) // 8 * 8
     assert (inc - launch) * (threads - 128) <= (launch - dec) * 128, (dec, inc, launch)
-    # Split key blocks add dK and dV with the TMA reduce-add of dQ (three reduce sites); whole ones store.
-    reduces = len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx))
-    assert reduces >= (3 if cfg.m_chunk else 1), reduces
-    assert "red.global" not in ptx and "atom.global" not in ptx
     assert compile_bwd(BwdKey(cfg, dtype, d, d, *flags)) is compiled
 
 
@@ -82,12 +75,6 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(num_stages=1, do_stages=2),
         dict(do_stages=1.0),
         dict(dq_serial=1),
-        dict(m_chunk=-1),
-        dict(m_chunk=True),
-        dict(m_chunk=1.5),
-        dict(m_chunk=100000),
-        dict(m_chunk=2, block_m=64, block_n=128),
-        dict(m_chunk=2, num_stages=2, do_stages=1, dq_serial=True),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -131,21 +118,6 @@ def test_config_round_trip_and_defaults():
         HSTUCuteBwdConfig.from_dict({**cfg.to_dict(), "bogus": 1})
     for d in (64, 128, 256):
         check_bwd_config(default_cute_bwd_config(d, d), "bfloat16", d, d)
-    split = HSTUCuteBwdConfig(64, 64, 1, m_chunk=3)
-    assert HSTUCuteBwdConfig.from_dict(split.to_dict()) == split
-
-
-def test_chunks_cover_the_longest_sequence():
-    """bwd_chunks: enough CTAs per key block for every query block of a max_seq_len sequence."""
-    from kernel_templates.cute.bwd_config import bwd_chunks
-
-    assert bwd_chunks(HSTUCuteBwdConfig(64, 64, 1), 8192) == 1
-    for m_chunk in (1, 2, 3, 8):
-        for n in (1, 63, 64, 65, 1000, 4096):
-            cfg = HSTUCuteBwdConfig(64, 64, 1, m_chunk=m_chunk)
-            chunks = bwd_chunks(cfg, n)
-            blocks = -(-n // 64)
-            assert (chunks - 1) * m_chunk < blocks <= chunks * m_chunk, (m_chunk, n, chunks)
 
 
 def test_search_space_admits_only_valid_configs():
@@ -270,10 +242,6 @@ GPU_CONFIGS = [
     (HSTUCuteBwdConfig(128, 64, 1), 128),
     (HSTUCuteBwdConfig(64, 128, 2), 64),
     (HSTUCuteBwdConfig(128, 64, 2), 64),
-    # Split key blocks: chunks of 1 and 2 query blocks (LENGTHS has sequences of up to 5 query blocks).
-    (HSTUCuteBwdConfig(64, 64, 1, m_chunk=1), 256),
-    (HSTUCuteBwdConfig(64, 64, 2, m_chunk=2), 128),
-    (HSTUCuteBwdConfig(64, 64, 2, m_chunk=1), 64),
 ]
 
 
@@ -301,13 +269,3 @@ def test_gpu_scaling_seqlen_and_long_sequence():
     """scaling_seqlen instead of N, and one sequence long enough for many key and query blocks."""
     check_case([5, 130, 77], 2, 128, torch.bfloat16, None, ctx=0, targets=False, window=0, scaling=300)
     check_case([1000, 17, 600], 1, 256, torch.bfloat16, None, ctx=0, targets=False, window=0, seed=9)
-
-
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_split_key_blocks(mask, dtype):
-    """Every mask and both dtypes with key blocks split in chunks of 3 query blocks, one long sequence."""
-    cfg = HSTUCuteBwdConfig(64, 64, 1, m_chunk=3)
-    check_case([700, 0, 1, 129, 333], 2, 256, dtype, cfg, seed=5, **MASKS[mask])

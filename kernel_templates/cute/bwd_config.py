@@ -7,7 +7,6 @@ registers, wgmma shapes) live in ``check_bwd_config``, which the launcher and th
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,8 +19,6 @@ BWD_DTYPES = ("bfloat16", "float16")
 BWD_MMA_REGS = {2: 240}
 # Registers per MMA thread for addressing, mask state and loop counters besides the fragments.
 BWD_REG_OVERHEAD = 24
-# Largest m_chunk (query blocks per CTA of a split key block): beyond it a 16K sequence is not split.
-MAX_M_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -37,13 +34,6 @@ class HSTUCuteBwdConfig(JsonConfig):
     so their Q/dO is re-read from L2 (see ``schedule.py``). ``dq_serial``: the MMA warpgroups pass their
     slices of the dQ partial through one buffer in turns; it halves that fp32 tile (64 KB at 64 x 256) so
     a second Q stage fits at D=256, for a short wait of the second warpgroup on the reduce.
-
-    ``m_chunk``: 0 = one CTA walks every query block that sees its key block. ``m_chunk = c`` splits
-    that walk into CTAs of at most ``c`` query blocks: the heaviest key blocks (key block 0 of a long
-    sequence sees every query) no longer bound the whole kernel, which is what short, small-batch and
-    heavy-tailed jagged batches are limited by. The CTAs of one key block then add their dK/dV to
-    fp32 buffers with the dQ path's TMA reduce-add (zeroed before, converted after: two more (L, H, D)
-    fp32 buffers); so ``m_chunk`` needs ``block_n == block_m`` and no ``dq_serial``.
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -55,7 +45,6 @@ class HSTUCuteBwdConfig(JsonConfig):
     l2_group: int = 8
     do_stages: int | None = None
     dq_serial: bool = False
-    m_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -83,14 +72,6 @@ class HSTUCuteBwdConfig(JsonConfig):
             )
         if not isinstance(self.dq_serial, bool):
             raise ValueError(f"HSTUCuteBwdConfig.dq_serial must be a bool, got {self.dq_serial!r}")
-        if not isinstance(self.m_chunk, int) or isinstance(self.m_chunk, bool) or not 0 <= self.m_chunk <= MAX_M_CHUNK:
-            raise ValueError(f"HSTUCuteBwdConfig.m_chunk must be an int in [0, {MAX_M_CHUNK}], got {self.m_chunk!r}")
-        if self.m_chunk and (self.block_n != self.block_m or self.dq_serial):
-            raise ValueError(
-                "HSTUCuteBwdConfig.m_chunk > 0 needs block_n == block_m and dq_serial=False (dK / dV pass "
-                f"through the dQ tile buffer), got block_m={self.block_m}, block_n={self.block_n}, "
-                f"dq_serial={self.dq_serial}"
-            )
         if self.dq_mode not in ("tma",):
             raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
 
@@ -161,13 +142,6 @@ def check_bwd_config(
         raise ValueError(
             f"config {config.to_dict()} needs about {regs} registers per MMA thread for D={dqk}, above {max_regs}"
         )
-
-
-def bwd_chunks(config: HSTUCuteBwdConfig, max_seq_len: int) -> int:
-    """CTAs per key block the launch provides: ceil(query blocks of the longest sequence / m_chunk)."""
-    if config.m_chunk == 0:
-        return 1
-    return max(1, math.ceil(math.ceil(max_seq_len / config.block_m) / config.m_chunk))
 
 
 def default_cute_bwd_config(dqk: int, dv: int) -> HSTUCuteBwdConfig:

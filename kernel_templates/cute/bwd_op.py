@@ -22,7 +22,7 @@ from kernel_templates.cute_runtime import (
     jagged_fakes,
 )
 
-from .bwd_config import HSTUCuteBwdConfig, bwd_chunks, check_bwd_config, default_cute_bwd_config
+from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,8 @@ def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     kernel = HSTUBwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
     q, k, v, do = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
     dq_acc = f.jagged(key.dqk, cutlass.Float32, 4)  # the fp32 dQ accumulator of the TMA reduce-add
-    if key.config.m_chunk:  # split key blocks add dK / dV to fp32 buffers
-        dk, dv = f.jagged(key.dqk, cutlass.Float32, 4), f.jagged(key.dv, cutlass.Float32, 4)
-    else:
-        dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
-    *scalars, stream = hstu_scalar_fakes(tvm_ffi)
-    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, *scalars, cutlass.Int32(1), stream)
+    dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
+    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, *hstu_scalar_fakes(tvm_ffi))
 
 
 def bwd_key(
@@ -130,8 +126,7 @@ def hstu_attention_cute_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of jagged HSTU attention in the inputs' dtype (argument order of the Triton launcher).
 
-    dQ accumulates in fp32 (the kernel scales each partial by alpha/S) and is converted once; so do
-    dK and dV with a split config (``m_chunk > 0``).
+    dQ accumulates in fp32 (the kernel scales each partial by alpha/S) and is converted once.
     ``out=(dq, dk, dv)`` receives the results; every row of every sequence is written (the offsets cover
     [0, L), as HSTU.md requires). ``validate`` checks shapes, dtypes and devices without a host sync;
     ``check_offsets`` also reads the offsets and targets on the host (one sync) to check them against L
@@ -153,19 +148,13 @@ def hstu_attention_cute_bwd(
     q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
     dk_buf, dv_buf = (_tma_ready(t) for t in (dk, dv))
     offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
-    if config.m_chunk:
-        # One zeroing launch for the three fp32 accumulators (dQ, and dK / dV of split key blocks).
-        acc = torch.zeros((3, L, H, dqk), dtype=torch.float32, device=q.device)
-        dq_acc, dk_buf, dv_buf = acc[0], acc[1], acc[2]
-    else:
-        dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
     compiled = compile_bwd(key)
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     inv_scale = 1.0 / float(scale)
     num_n_blocks = math.ceil(max_seq_len / config.block_n)
-    chunks = bwd_chunks(config, max_seq_len)
-    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks, chunks)
+    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks)
     tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)
@@ -186,7 +175,7 @@ def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tu
     """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
 
-    alpha, inv_scale, ctx, w, nnb, chunks = scalars
+    alpha, inv_scale, ctx, w, nnb = scalars
     # q, k, v, do, dq_acc, dk, dv are TMA operands (16-byte aligned); offsets and targets are int32.
     wrapped = dlpack_args([(t, 16) for t in tensors[:7]] + [(t, 4) for t in tensors[7:]])
     compiled.fn(
@@ -196,6 +185,5 @@ def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tu
         cutlass.Int32(ctx),
         cutlass.Int32(w),
         cutlass.Int32(nnb),
-        cutlass.Int32(chunks),
         current_stream(),
     )

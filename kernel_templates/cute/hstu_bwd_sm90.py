@@ -29,14 +29,6 @@ block of a key tile that crosses the sequence end); a zero dS row adds exactly 0
 sequence's dQ, and dK/dV rows past the end are never stored. Query-block ranges follow
 ``triton_common.row_range_for_keys``: [lo, full_start) masked, [full_start, hi) mask-free. Offsets
 and targets are clamped to the L rows in the prologue (``hstu_fwd_sm90.seq_bounds``).
-
-Split key blocks (``m_chunk > 0``): the grid's block index holds (key block, chunk); chunk c walks
-query blocks [lo + c m_chunk, lo + (c + 1) m_chunk) of the key block's range, and chunks past the
-range exit at once. dK and dV are then fp32 (L, H, D) buffers: after its last dQ partial, each chunk
-passes its scaled dK, then dV, through the dQ tile buffer to the dQ warp, which adds them with the
-same TMA reduce-add (block_n == block_m, so the tiles have the dQ tile's shape). Key rows past the
-sequence end are exactly zero there (P = dS = 0), so adding them to the next sequence's rows changes
-nothing. The launcher zeroes and converts the buffers.
 """
 
 from __future__ import annotations
@@ -103,7 +95,6 @@ class HSTUBwdSm90:
         self.num_stages = config.num_stages
         self.do_stages = config.do_stages
         self.dq_serial = config.dq_serial
-        self.split = config.m_chunk > 0
         self.num_wg = config.mma_warpgroups
         self.num_mma_threads = 128 * self.num_wg
         self.num_threads = 128 * (self.num_wg + 1)
@@ -146,7 +137,6 @@ class HSTUBwdSm90:
         ctx_len: Int32,
         max_attn_len: Int32,
         num_n_blocks: Int32,
-        num_chunks: Int32,
         stream: cuda.CUstream,
     ):
         # (L, H, D) -> (L, D, H): rows and the contiguous head dim first, heads as the batch mode.
@@ -174,15 +164,6 @@ class HSTUBwdSm90:
         tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, cute.slice_(sdQ_layout, FIRST_STAGE), self.dq_tile
         )
-        # Split key blocks add dK / dV like dQ; otherwise those arguments repeat the dQ ones, unused.
-        tma_atom_dk, tma_dk, tma_atom_dv, tma_dv = tma_atom_dq, tma_dq, tma_atom_dq, tma_dq
-        if const_expr(self.split):
-            tma_atom_dk, tma_dk = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdK, cute.slice_(sdQ_layout, FIRST_STAGE), self.dq_tile
-            )
-            tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdV, cute.slice_(sdQ_layout, FIRST_STAGE), self.dq_tile
-            )
         self.q_bytes = stage_bytes(self.dtype, sQ_layout)
         self.do_bytes = stage_bytes(self.dtype, sdO_layout)
         self.kv_bytes = stage_bytes(self.dtype, sK_layout) + stage_bytes(self.dtype, sV_layout)
@@ -207,11 +188,11 @@ class HSTUBwdSm90:
         num_rows = cutlass.min(cute.size(mQ.shape[0]), cutlass.min(cute.size(mdK.shape[0]), cute.size(mdV.shape[0])))
         self.kernel(
             tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
-            tma_atom_dk, tma_dk, tma_atom_dv, tma_dv, mdK, mdV, mOffsets, mTargets, num_rows, alpha, inv_scale, ctx_len, max_attn_len, num_chunks,
+            mdK, mdV, mOffsets, mTargets, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
         ).launch(
-            grid=[num_heads, batch, num_n_blocks * num_chunks],
+            grid=[num_heads, batch, num_n_blocks],
             block=[self.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -231,10 +212,6 @@ class HSTUBwdSm90:
         mV: cute.Tensor,
         tma_atom_dq: cute.CopyAtom,
         mdQ: cute.Tensor,
-        tma_atom_dk: cute.CopyAtom,
-        mdK_tma: cute.Tensor,
-        tma_atom_dv: cute.CopyAtom,
-        mdV_tma: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mOffsets: cute.Tensor,
@@ -244,7 +221,6 @@ class HSTUBwdSm90:
         inv_scale: Float32,
         ctx_len: Int32,
         max_attn_len: Int32,
-        num_chunks: Int32,
         tiled_mma_sdp: cute.TiledMma,
         tiled_mma_dk: cute.TiledMma,
         tiled_mma_dv: cute.TiledMma,
@@ -259,17 +235,9 @@ class HSTUBwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
-        chunk = Int32(0)
-        if const_expr(self.split):
-            # All chunks of a key block launch together, heaviest key block first.
-            chunk = n_block % num_chunks
-            n_block = n_block // num_chunks
         if warp_idx == 0:
             for atom in (tma_atom_q, tma_atom_do, tma_atom_k, tma_atom_v, tma_atom_dq):
                 cpasync.prefetch_descriptor(atom)
-            if const_expr(self.split):
-                cpasync.prefetch_descriptor(tma_atom_dk)
-                cpasync.prefetch_descriptor(tma_atom_dv)
 
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)  # as the forward does
         groups = pipeline_groups(self.num_mma_threads)
@@ -297,16 +265,10 @@ class HSTUBwdSm90:
         if start_n + self.tile_n > n:
             # The key tile crosses the sequence end: its last keys belong to the next sequence.
             blk_full = blk_hi
-        has_work = start_n < n
-        if const_expr(self.split):
-            blk_lo = blk_lo + chunk * self.cfg.m_chunk
-            blk_hi = cutlass.min(blk_hi, blk_lo + self.cfg.m_chunk)
-            # An empty chunk adds nothing to the zeroed fp32 dK / dV: it has no work at all.
-            has_work = has_work & (blk_lo < blk_hi)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        if has_work:
+        if start_n < n:
             if warp_idx < 4:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGS)
                 if warp_idx == 0:
@@ -316,8 +278,6 @@ class HSTUBwdSm90:
                     )  # fmt: skip
                 if warp_idx == 1:
                     self.store_dq(tma_atom_dq, mdQ, sdQ, seq_start, head, blk_lo, blk_hi)
-                    if const_expr(self.split):
-                        self.store_dkv(tma_atom_dk, mdK_tma, tma_atom_dv, mdV_tma, sdQ, seq_start, head, n_block)
             else:
                 cute.arch.setmaxregister_increase(self.mma_regs)
                 self.mma(
@@ -447,33 +407,6 @@ class HSTUBwdSm90:
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
                 cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk, 0])
                 cute.arch.cp_async_bulk_commit_group()
-        cute.arch.cp_async_bulk_wait_group(0)
-
-    @cute.jit
-    def store_dkv(
-        self,
-        tma_atom_dk: cute.CopyAtom,
-        mdK: cute.Tensor,
-        tma_atom_dv: cute.CopyAtom,
-        mdV: cute.Tensor,
-        sdQ: cute.Tensor,
-        seq_start: Int32,
-        head: Int32,
-        n_block: Int32,
-    ):
-        """dQ warp, split key blocks: TMA reduce-add of the scaled dK, then dV tile, into the fp32 buffers
-        (the same buffer hand-off as each dQ partial; ``store_dq`` has drained the last one)."""
-        sync_threads = self.num_mma_threads + 32
-        for atom, m in ((tma_atom_dk, mdK), (tma_atom_dv, mdV)):
-            g = cute.local_tile(cute.domain_offset((seq_start, 0), m[None, None, head]), self.dq_tile, (None, None))
-            ts, tg = cpasync.tma_partition(
-                atom, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(g, 0, 2)
-            )
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_threads)
-            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
-            cute.copy(atom, ts[None, 0], tg[None, n_block, 0])
-            cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
@@ -645,19 +578,8 @@ class HSTUBwdSm90:
                 pipe_do.consumer_release(st_do)
             st_q.advance()
             st_do.advance()
-        if const_expr(self.split):
-            # Through the dQ tile buffer to the dQ warp's TMA reduce-add (block_n == block_m: same shape).
-            for acc, thr, scale in ((acc_dK, thr_dk, alpha * inv_scale), (acc_dV, thr_dv, inv_scale)):
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * scale
-                sync_dq = self.num_mma_threads + 32
-                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_dq)
-                cute.autovec_copy(acc, thr.partition_C(sdQ[None, None, 0]))
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=sync_dq)
-        else:
-            self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
-            self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
+        self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
+        self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
 
     @cute.jit
     def stage_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, dq_scale: Float32, tidx: Int32):

@@ -171,3 +171,67 @@ def test_same_choice_in_every_process(tmp_path):
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1]
     assert len({row[4] for row in outs[0]}) >= 3  # really different configs were chosen
+
+
+# ----------------------------------------------------------------------------------- fill ratio
+def test_fill_ratio_picks_the_entry_tuned_on_the_nearest_fill(tmp_path):
+    """Without a hint, the batch's fill L / (B x max_seq_len) picks between the uniform entry (fill 1)
+    and the jagged one (the synthetic law's fill, or the recorded one); far from both: uniform."""
+    from autotune.runtime.buckets import law_fill
+
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    jagged_fill = law_fill(4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=1.0)
+        near = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=jagged_fill * 1.2)
+        far = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=jagged_fill / 4)
+        unknown = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=None)
+        hinted = dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform", fill=jagged_fill)
+    assert (_block_m(full), _block_m(near), _block_m(far), _block_m(unknown), _block_m(hinted)) == (
+        128,
+        64,
+        128,
+        128,
+        128,
+    )
+    # A recorded fill wins over the law's: the same jagged entry recorded at fill 0.05 now takes far calls.
+    dispatch.reset()
+    root = tmp_path / "recorded"
+    write_artifacts(root)
+    path = root / "h100" / f"{FWD}.json"
+    data = json.loads(path.read_text())
+    for e in data["entries"]:
+        if e["distribution"] == "jagged":
+            e["fill"] = 0.05
+    path.write_text(json.dumps(data))
+    dispatch.load(root, gpu="h100")
+    assert _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=0.06)) == 64
+    assert _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=jagged_fill)) == 128
+
+
+def test_fill_helpers():
+    assert dispatch.call_fill(300, 4, 100) == 0.75
+    assert dispatch.call_fill(500, 4, 100) == 1.0  # clamped: rows beyond B x N say the call is full
+    assert dispatch.call_fill(0, 4, 100) is None and dispatch.call_fill(10, 0, 100) is None
+    assert dispatch.fill_bin(1.0) == 0 and dispatch.fill_bin(0.5) == -dispatch.FILL_STEPS
+    assert dispatch.fill_bin(None) is None and dispatch.fill_bin(0.0) is None
+    assert dispatch.entry_fill({"distribution": "uniform", "bucket": 1024}) == 1.0
+    assert dispatch.entry_fill({"distribution": "jagged", "bucket": 1024, "lengths": {"batch_fill": 0.4}}) == 0.4
+
+
+def test_public_call_dispatches_by_fill_without_reading_offsets(tmp_path, monkeypatch):
+    """hstu_attention reads only shapes to choose: offsets on the meta device (unreadable) still pick
+    the jagged entry for a quarter-full batch and the uniform one for a full batch."""
+    import torch
+
+    from autotune.runtime import ops
+
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    seen = []
+    monkeypatch.setattr(ops, "_AttentionFunction", type("F", (), {"apply": staticmethod(lambda *a: seen.append(a))}))
+    offsets = torch.empty(5, dtype=torch.int32, device="meta")  # B = 4
+    for rows, want in ((4 * 4096, 128), (4096, 64)):
+        q = torch.empty(rows, 4, 64, dtype=torch.bfloat16)
+        ops.hstu_attention(q, q, q, offsets, 4096, validate="none")
+        assert json.loads(seen[-1][11])["block_m"] == want

@@ -180,9 +180,10 @@ def test_drop_in_call_dispatches_on_its_heads_and_mask(monkeypatch, kwargs, mask
     asked = []
     real = dispatch.select
 
-    def spy(kind, dtype, dqk, dv, heads, max_seq_len, distribution=None, source="tuned", m="causal"):
+    def spy(kind, dtype, dqk, dv, heads, max_seq_len, distribution=None, source="tuned", m="causal", fill=None):
         asked.append((kind, heads, m))
-        return real(kind, dtype, dqk, dv, heads, max_seq_len, distribution, source, m)
+        assert fill == q.shape[0] / ((off.numel() - 1) * 13)  # the batch's fill ratio, from shapes alone
+        return real(kind, dtype, dqk, dv, heads, max_seq_len, distribution, source, m, fill)
 
     monkeypatch.setattr(dispatch, "select", spy)
     if kwargs.get("num_targets") == "nt":

@@ -69,13 +69,15 @@ ENTRY_KEYS: dict[str, tuple] = {
 # Keys an entry may carry beyond ENTRY_KEYS (older artifacts lack them).
 # "verified": the re-check cases the config passed before it was written; "samples": timed samples
 # behind median_ms; "compare": the interleaved winner/default verdict (rounds, speedup, spread);
-# "lengths": the sample of real lengths (``autotune run --lengths``) the batches were drawn from.
+# "lengths": the sample of real lengths (``autotune run --lengths``) the batches were drawn from;
+# "fill": the timed batch's fill ratio.
 OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {
     "timing": (str,),
     "verified": (list,),
     "samples": (int,),
     "compare": (dict,),
     "lengths": (dict,),  # descriptor of the real-lengths sample a jagged entry was tuned on
+    "fill": _NUM,  # L / (B x max_len) of the batch the entry was timed on (dispatch matches calls on it)
 }
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 

@@ -7,6 +7,7 @@ distribution, because the best tiles of a skewed jagged batch differ from those 
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -61,6 +62,17 @@ def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> 
     lengths = [max(1, min(max_len, math.ceil(max_len * rng.random() ** JAGGED_EXPONENT))) for _ in range(batch)]
     lengths[rng.randrange(batch)] = max_len
     return lengths
+
+
+def batch_fill(lengths: list[int], max_len: int) -> float:
+    """L / (B x max_len): the share of a padded batch that holds tokens (what dispatch matches on)."""
+    return sum(lengths) / (len(lengths) * max_len) if lengths and max_len else 0.0
+
+
+@functools.cache
+def law_fill(bucket: int, batch: int = 32, seed: int = 0) -> float:
+    """The fill of the synthetic jagged law's representative batch (the tuner's default batch and seed)."""
+    return batch_fill(sequence_lengths(bucket, batch, "jagged", seed), bucket)
 
 
 def sample_lengths(sample: tuple[int, ...] | list[int], max_len: int, batch: int, seed: int) -> list[int]:

@@ -3,10 +3,15 @@
 Training code calls ``autotune.load("artifacts")`` once; every attention call then asks ``select``
 for its shape bucket. The choice is a pure function of the artifact files and the call's shape (no
 timing, no tuning at runtime), so every process of a job picks the same config. Choices are cached
-per (kind, dtype, head dims, heads, length, distribution, source, mask): after the first call a
-lookup is one dict access. Entries are keyed by (dtype, dims, heads, bucket, distribution, mask);
-when the exact one is missing, dispatch uses the closest entry (same bucket first, then the nearest
-tuned bucket), then the heuristic default, and warns once per reason saying what differs.
+per (kind, dtype, head dims, heads, length, distribution, source, mask, fill bin): after the first
+call a lookup is one dict access. Entries are keyed by (dtype, dims, heads, bucket, distribution,
+mask); when the exact one is missing, dispatch uses the closest entry (same bucket first, then the
+nearest tuned bucket), then the heuristic default, and warns once per reason saying what differs.
+
+Without a distribution hint, a call is matched to its bucket's entries by what the host knows
+without a sync: the fill ratio L / (B x max_seq_len) of the batch against the fill of the batch
+each entry was tuned on (``entry_fill``), nearest in log scale; a call no entry is within a factor
+``FILL_TOLERANCE`` of runs the uniform entry (the one tuned on the most work).
 
 Which files are usable is decided by ``autotune.runtime.artifacts.assess_artifact`` (the verdict that
 ``autotune show`` prints too): stale, invalid or foreign files (another GPU, another architecture)
@@ -33,6 +38,8 @@ from autotune import spec
 SOURCES = ("tuned", "default", "reference")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS
 LARGEST_BUCKET = 16384  # == autotune.runtime.buckets.BUCKETS[-1]: longer calls run this bucket's config
+FILL_TOLERANCE = 2.0  # a call's fill within this factor of an entry's may take that entry
+FILL_STEPS = 4  # fill bins per halving (the choice cache key): 2**(-1/4) apart
 
 
 # --------------------------------------------------------------------------------------------------
@@ -330,6 +337,59 @@ def _nearest(entries: list[Any], bucket: int, distribution: str | None, num_head
     return min(entries, key=rank)
 
 
+def call_fill(rows: int, batch: int, max_seq_len: int) -> float | None:
+    """L / (B x max_seq_len) of a call, in (0, 1]; None where it says nothing (no rows or sequences)."""
+    if rows <= 0 or batch <= 0 or max_seq_len <= 0:
+        return None
+    return min(1.0, rows / (batch * max_seq_len))
+
+
+def fill_bin(fill: float | None) -> int | None:
+    """The call's fill rounded to a ``FILL_STEPS``-per-halving log bin (<= 0), so choices cache."""
+    if fill is None or not fill > 0:
+        return None
+    return min(0, round(math.log2(min(fill, 1.0)) * FILL_STEPS))
+
+
+def entry_fill(entry: Any) -> float:
+    """The fill ratio of the batch an entry was tuned on: recorded by the tuner (``fill``, or the
+    lengths sample's ``batch_fill``), else 1 for 'uniform' and the synthetic jagged law's batch."""
+    recorded = _get(entry, "fill") or (_get(entry, "lengths") or {}).get("batch_fill")
+    if recorded:
+        return float(recorded)
+    if _get(entry, "distribution") == "uniform":
+        return 1.0
+    from autotune.runtime.buckets import law_fill
+
+    return law_fill(int(_get(entry, "bucket")))
+
+
+def _same_task_but_distribution(e: Any, dtype: str, dqk: int, dv: int, bucket: int, heads: int, mask: str) -> bool:
+    return (
+        _get(e, "dtype") == dtype
+        and int(_get(e, "dqk")) == dqk
+        and int(_get(e, "dv")) == dv
+        and int(_get(e, "bucket")) == bucket
+        and int(_get(e, "num_heads")) == heads
+        and _get(e, "mask", "causal") == mask
+    )
+
+
+def _nearest_fill(entries: list[Any], fill: float) -> Any:
+    """The entry tuned on the fill nearest ``fill`` (log scale; 'uniform' first on ties), if within
+    ``FILL_TOLERANCE``; else the 'uniform' entry, else None."""
+    if not entries:
+        return None
+
+    def distance(e: Any) -> float:
+        return abs(math.log2(entry_fill(e)) - math.log2(fill))
+
+    best = min(entries, key=lambda e: (distance(e), _get(e, "distribution") != "uniform", _config_json(e["config"])))
+    if distance(best) <= math.log2(FILL_TOLERANCE):
+        return best
+    return next((e for e in entries if _get(e, "distribution") == "uniform"), None)
+
+
 def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
     """What the closest entry differs in from the call (bucket, distribution, heads, mask)."""
     diffs = []
@@ -355,6 +415,7 @@ def _resolve(
     distribution: str | None,
     source: str,
     mask: str = "causal",
+    fbin: int | None = None,
 ) -> Choice:
     if source == "reference":
         return Choice("reference", "{}", "reference")
@@ -373,6 +434,9 @@ def _resolve(
             key=f"{kind}: above the largest bucket",
         )
     entry = artifact.lookup(dtype, dqk, dv, bucket, distribution, num_heads, mask)
+    if entry is not None and distribution is None and fbin is not None:
+        same = [e for e in _entries(artifact) if _same_task_but_distribution(e, dtype, dqk, dv, bucket, num_heads, mask)]
+        entry = _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")
         return choice or default_choice(kind, dqk, dv, dtype, num_heads)
@@ -404,14 +468,17 @@ def select(
     distribution: str | None = None,
     source: str = "tuned",
     mask: str = "causal",
+    fill: float | None = None,
 ) -> Choice:
     """The (backend, config) for one call; cached, deterministic, never times anything.
 
     ``source``: "tuned" (loaded artifacts, with fallbacks), "default" (heuristic), "reference".
     ``distribution``: "uniform" (full lengths) or "jagged" when the caller knows it, else None.
     ``mask``: the call's mask name (``mask_of``); entries are keyed by it and by ``num_heads``.
+    ``fill``: the call's L / (B x max_seq_len) (``call_fill``), used when ``distribution`` is None.
     """
-    key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source, mask)
+    fbin = fill_bin(fill) if distribution is None else None
+    key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source, mask, fbin)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
@@ -422,6 +489,6 @@ def select(
     if mask not in MASKS:
         raise ValueError(f"unknown mask {mask!r}; expected one of {MASKS} (see mask_of)")
     dims = (int(dqk), int(dv), int(num_heads), int(max_seq_len))
-    choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source, mask)
+    choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin)
     _CACHE[key] = choice
     return choice

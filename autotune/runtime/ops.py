@@ -222,12 +222,13 @@ def _choose(
     distribution: str | None,
     source: str,
     mask: str = "causal",
+    fill: float | None = None,
 ) -> tuple[str, str, str, str]:
-    """(fwd backend, fwd config, bwd backend, bwd config) for the call's shape, heads and mask features.
-    Under torch.compile the result is a trace-time constant (dispatch is deterministic), so the graph
-    holds the op with plain strings."""
-    fwd = dispatch.select(FWD, dtype, dqk, dv, heads, max_seq_len, distribution, source, mask)
-    bwd = dispatch.select(BWD, dtype, dqk, dv, heads, max_seq_len, distribution, source, mask)
+    """(fwd backend, fwd config, bwd backend, bwd config) for the call's shape, heads and mask features
+    (and fill ratio, without a distribution hint). Under torch.compile the result is a trace-time
+    constant (dispatch is deterministic), so the graph holds the op with plain strings."""
+    fwd = dispatch.select(FWD, dtype, dqk, dv, heads, max_seq_len, distribution, source, mask, fill)
+    bwd = dispatch.select(BWD, dtype, dqk, dv, heads, max_seq_len, distribution, source, mask, fill)
     return fwd.backend, fwd.config, bwd.backend, bwd.config
 
 
@@ -258,6 +259,9 @@ def hstu_attention(
 
     q, k, v must share one dtype (cast before calling under autocast). ``source`` is "tuned"
     (artifacts from ``autotune.load``, with fallbacks), "default" (heuristic) or "reference".
+    ``distribution`` ("uniform" / "jagged") picks the entries tuned on that length distribution;
+    None (default) lets dispatch match the batch's fill ratio L / (B x max_seq_len) to the fill each
+    entry was tuned on (shapes only, no sync), and the uniform entry when none is close.
 
     No input makes a kernel read or write out of bounds: the kernels clamp what they read from
     ``seq_offsets`` and ``num_targets``. ``validate`` says how bad inputs are reported (True/False
@@ -290,8 +294,11 @@ def hstu_attention(
         )  # fmt: skip
     dqk, dv, heads = q.shape[2], v.shape[2], q.shape[1]
     mask = dispatch.mask_of(int(contextual_seq_len), num_targets is not None, int(max_attn_len))
+    rows, batch = q.shape[0], seq_offsets.shape[0] - 1
+    # The fill ratio is host-side shape arithmetic (no sync); traced calls with symbolic rows keep None.
+    fill = dispatch.call_fill(rows, batch, int(max_seq_len)) if type(rows) is int and type(batch) is int else None
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
-        q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source, mask
+        q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source, mask, fill
     )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)

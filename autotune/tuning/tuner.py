@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.buckets import bucket_for, neighbours
+from autotune.runtime.buckets import batch_fill, bucket_for, neighbours
 from autotune.runtime.gpus import environment
 from autotune.tuning.measure import quantile
 from autotune.tuning.registry import Backend, backends_for, get_op
@@ -122,6 +122,7 @@ class TaskResult:
             "tuning_s": round(self.tuning_s, 2),
             "timing": self.timing,
             "verified": list(self.verified),
+            "fill": round(batch_fill(t.lengths(), t.max_len), 4),
             **({"samples": self.samples} if self.samples else {}),
             **({"compare": _rounded(self.comparison)} if self.comparison else {}),
             **({"lengths": _sample_descriptor(t)} if t.sample is not None else {}),
@@ -133,7 +134,7 @@ def _sample_descriptor(task: Task) -> dict[str, Any]:
     from autotune.tuning.lengths import describe
 
     lengths = task.lengths()
-    return {**describe(task.sample), "batch_fill": round(sum(lengths) / (len(lengths) * task.max_len), 4)}
+    return {**describe(task.sample), "batch_fill": round(batch_fill(lengths, task.max_len), 4)}
 
 
 class Reporter:

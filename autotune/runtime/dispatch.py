@@ -435,7 +435,9 @@ def _resolve(
         )
     entry = artifact.lookup(dtype, dqk, dv, bucket, distribution, num_heads, mask)
     if entry is not None and distribution is None and fbin is not None:
-        same = [e for e in _entries(artifact) if _same_task_but_distribution(e, dtype, dqk, dv, bucket, num_heads, mask)]
+        same = [
+            e for e in _entries(artifact) if _same_task_but_distribution(e, dtype, dqk, dv, bucket, num_heads, mask)
+        ]
         entry = _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_jagged import _inputs  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
 LAWS = ("u3", "pareto", "one-long", "file")
@@ -58,14 +59,6 @@ def law_lengths(law: str, n_max: int, batch: int, seed: int, sample: tuple[int, 
         raise ValueError(f"unknown law {law!r}; known: {', '.join(LAWS)}")
     lengths[rng.randrange(batch)] = n_max
     return lengths
-
-
-def _inputs(lengths: list[int], heads: int, d: int, seed: int) -> tuple:
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    total = sum(lengths)
-    q, k, v, do = (torch.randn(total, heads, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    return q, k, v, do, offsets
 
 
 def measure(lengths: list[int], bucket: int, args: argparse.Namespace, hint: str | None) -> dict[str, Any]:

@@ -58,17 +58,22 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, label: st
             "bwd_tflops": bwd_flops / (tb["p50_ms"] * 1e-3) / 1e12}  # fmt: skip
 
 
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """The batch shape and row options the jagged benchmarks share."""
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=256)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--no-save", action="store_true")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", required=True)
     p.add_argument("--artifacts", default="artifacts")
     p.add_argument("--other", default=None, help="a second artifacts folder whose jagged entries are compared")
     p.add_argument("--buckets", type=int, nargs="+", default=[2048, 4096])
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=256)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--no-save", action="store_true")
+    add_batch_args(p)
     args = p.parse_args(argv)
     import autotune
     from autotune.runtime import dispatch

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_jagged import _inputs  # noqa: E402
+from benchmarks.bench_jagged import _inputs, add_batch_args  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
 LAWS = ("u3", "pareto", "one-long", "file")
@@ -99,11 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--source", default="tuned", choices=("tuned", "default"))
     p.add_argument("--hints", action="store_true", help="also time with distribution='jagged' for jagged batches")
     p.add_argument("--no-alone", action="store_true", help="skip timing the longest sequence alone")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=256)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--no-save", action="store_true")
+    add_batch_args(p)
     args = p.parse_args(argv)
     import autotune
     from autotune.tuning.lengths import read_length_sample

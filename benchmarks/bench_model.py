@@ -3,6 +3,7 @@
     python benchmarks/bench_model.py --preset seed --artifacts artifacts
     python benchmarks/bench_model.py --preset tiny --device cpu --steps 3       # smoke test
     python benchmarks/bench_model.py --kernels tuned tuned:layer=fused,precision=bf16 --base tuned
+    python benchmarks/bench_model.py --kernels tuned --cuda-graph --base tuned   # eager and graphed steps
 
 Each kernel source trains the same model (same init, same batches) for ``--steps`` timed steps
 after ``--warmup`` untimed ones; the PyTorch reference (O(n^2) memory per sequence, fp32 attention)
@@ -64,17 +65,31 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return source, parse_overrides([kv for kv in rest.split(",") if kv]) if rest else {}
 
 
+def with_graph_twins(variants: list[str]) -> list[str]:
+    """Each non-reference variant followed by the same variant replayed from CUDA graphs."""
+    out = []
+    for v in variants:
+        out.append(v)
+        if not v.startswith("reference"):
+            out.append(f"{v}{',' if ':' in v else ':'}cuda_graph=true")
+    return out
+
+
 def table(results: list[dict[str, Any]], preset: str, base_name: str = "default") -> Table:
     """Rich table; speed-up is tokens/s over the ``base_name`` variant's tokens/s."""
     base = next((r.get("tokens_per_s") for r in results if r.get("variant", r["kernels"]) == base_name), None)
     t = Table(title=f"HSTU model, preset {preset}")
     for col in ("variant", "steps", "tokens/s", "ms/step", "TFLOP/s", "MFU", "peak mem GiB", "loss", f"vs {base_name}"):
         t.add_column(col, justify="right")
+    t.add_column("graphs (timed) / padding")
     t.add_column("dispatch")
     for r in results:
         if "error" in r:
-            t.add_row(r.get("variant", r["kernels"]), "-", "-", "-", "-", "-", "-", "-", "-", r["error"])
+            t.add_row(r.get("variant", r["kernels"]), "-", "-", "-", "-", "-", "-", "-", "-", "-", r["error"])
             continue
+        graphs = "-"
+        if r.get("cuda_graph"):
+            graphs = f"{r['graph_captures']} ({r['graph_captures_timed']}) / {r['graph_padding_share']:.1%}"
         fb = r["dispatch"]["warnings"]
         t.add_row(
             r.get("variant", r["kernels"]),
@@ -86,6 +101,7 @@ def table(results: list[dict[str, Any]], preset: str, base_name: str = "default"
             "n/a" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}",
             f"{r['first_loss']:.3f}->{r['final_loss']:.3f}",
             f"{r['tokens_per_s'] / base:.2f}x" if base else "-",
+            graphs,
             f"{len(fb)} fallback(s)" if fb else "ok",
         )
     return t
@@ -101,6 +117,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="variants: a kernel source, optionally with config overrides (tuned:layer=fused,precision=bf16)",
     )
     p.add_argument("--base", default="default", help="the variant the speed-up column divides by")
+    p.add_argument("--cuda-graph", action="store_true", help="also run every variant replayed from CUDA graphs")
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--reference-steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
@@ -114,6 +131,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--json", default=None)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.cuda_graph:
+        args.kernels = with_graph_twins(args.kernels)
     console = Console(stderr=True)
     results = bench(args, console)
     Console(width=max(140, Console().width)).print(table(results, args.preset, args.base))

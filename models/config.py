@@ -60,6 +60,10 @@ class ModelConfig:
     # forward then runs the fused GEMM + SiLU kernel); "ln" = LN(x). "none" keeps all (most memory).
     recompute: str = "none"
     zero_copy: bool = True  # fused layer only; False copies q/k/v/u and concatenates their gradients
+    # Replay the whole training step (forward, backward, Adam) from CUDA graphs (models.graphs): batches
+    # are padded to a multiple of graph_tokens rows (0: max_seq_len), one graph per padded size.
+    cuda_graph: bool = False
+    graph_tokens: int = 0
     seed: int = 0
 
     def replace(self, **overrides: Any) -> ModelConfig:
@@ -120,6 +124,11 @@ class ModelConfig:
             raise ValueError("layer='fused' runs dispatched kernels; kernels must be 'default' or 'tuned'")
         if self.layer == "unfused" and (self.precision != "autocast" or self.recompute != "none"):
             raise ValueError("precision='bf16' and recompute need layer='fused'")
+        for name in ("zero_copy", "cuda_graph"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:
+            raise ValueError(f"graph_tokens must be an int >= 0 (0: max_seq_len), got {self.graph_tokens!r}")
         if self.length_dist not in LENGTH_DISTRIBUTIONS:
             raise ValueError(f"length_dist must be one of {LENGTH_DISTRIBUTIONS}, got {self.length_dist!r}")
         if self.min_seq_len > self.max_seq_len:

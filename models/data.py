@@ -88,6 +88,9 @@ class JaggedBatch:
     labels: torch.Tensor  # (L, tasks) float32
     seq_offsets: torch.Tensor  # (B+1,) int64
     lengths: list[int]
+    # (L,) float32 loss weight per row, or None for the plain mean: padded batches (CUDA graphs) give
+    # their padding rows weight 0 and the real rows 1 / real rows, so the loss is the real rows' mean.
+    weights: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -99,12 +102,14 @@ class JaggedBatch:
             *(t.to(device, non_blocking=nb) for t in (self.items, self.prev_actions, self.positions, self.labels)),
             self.seq_offsets.to(device, non_blocking=nb),
             self.lengths,
+            None if self.weights is None else self.weights.to(device, non_blocking=nb),
         )
 
     def pin_memory(self) -> JaggedBatch:
         return JaggedBatch(
             *(t.pin_memory() for t in (self.items, self.prev_actions, self.positions, self.labels, self.seq_offsets)),
             self.lengths,
+            None if self.weights is None else self.weights.pin_memory(),
         )
 
 

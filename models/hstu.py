@@ -129,9 +129,13 @@ class HSTURankingModel(nn.Module):
         return torch.cat([head(x) for head in self.heads], dim=1)
 
     def loss(self, batch: JaggedBatch) -> torch.Tensor:
-        """Mean binary cross-entropy over positions and tasks (fp32)."""
+        """Mean binary cross-entropy over positions and tasks (fp32); weighted by row when the batch
+        has ``weights`` (a padded batch: padding rows weigh 0)."""
         logits = self.forward(batch)
-        return F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        if batch.weights is None:
+            return F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
+        per_row = F.binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="none").mean(1)
+        return (per_row * batch.weights).sum()
 
     def dense_params(self) -> int:
         """Parameters of the GEMMs (everything but embedding tables): the 6 x params x tokens count."""

@@ -31,13 +31,13 @@ from .hstu import HSTURankingModel
 from .metrics import detect_gpu_name, peak_tflops, step_flops
 
 
-def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast (or none for fp32)."""
+def autocast_context(device: torch.device, dtype: str, cache: bool = True) -> contextlib.AbstractContextManager:
+    """bf16 autocast (or none for fp32). ``cache=False`` for CUDA graphs: no cast weights kept across steps."""
     if dtype == "fp32":
         return contextlib.nullcontext()
     if dtype != "bf16":
         raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 def train_step(
@@ -73,7 +73,7 @@ def build(cfg: ModelConfig, device: torch.device) -> tuple[HSTURankingModel, tor
     torch.manual_seed(cfg.seed)
     model = HSTURankingModel(cfg).to(device)
     fused = device.type == "cuda"
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused, capturable=cfg.cuda_graph)
     return model, opt
 
 
@@ -108,7 +108,11 @@ def run(
     if balance not in distributed.BALANCE:
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
     device = torch.device(device)
+    if cfg.cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph needs a CUDA device, got device {str(device)!r}")
     dist_info = distributed.setup(device.type)
+    if cfg.cuda_graph and dist_info.enabled:
+        raise ValueError("cuda_graph is for one process; data-parallel training (torchrun) runs eagerly")
     if dist_info.enabled and device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
         torch.cuda.set_device(device)
@@ -122,7 +126,12 @@ def run(
         dispatch_summary = autotune.load(artifacts, gpu=gpu_name, allow_same_arch=allow_same_arch)
     model, opt = build(cfg, device)
     dense = model.dense_params()
-    amp = autocast_context(device, dtype)
+    amp = autocast_context(device, dtype, cache=not cfg.cuda_graph)
+    graphed = None
+    if cfg.cuda_graph:
+        from .graphs import GraphedTrainStep
+
+        graphed = GraphedTrainStep(model, opt, amp, cfg.max_seq_len, cfg.graph_tokens or cfg.max_seq_len)
     loss_fn = None
     if dist_info.enabled:
         from torch.nn.parallel import DistributedDataParallel
@@ -139,6 +148,8 @@ def run(
     losses: list[tuple[int, float]] = []
     pending: list[tuple[int, torch.Tensor]] = []
     tokens = 0
+    real_tokens = 0
+    captures_before = pad_before = 0
     flops = {"attention": 0.0, "gemm": 0.0, "total": 0.0}
     t0 = time.perf_counter()
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -149,6 +160,8 @@ def run(
             if step == warmup:
                 _sync(device)
                 t0 = time.perf_counter()
+                captures_before = graphed.captures if graphed else 0
+                pad_before = graphed.padding_rows if graphed else 0
             batch = next(loader)
             if dist_info.enabled:
                 shards, imb = distributed.split(batch.lengths, dist_info.world, balance, weight)
@@ -159,7 +172,12 @@ def run(
                 for key, val in step_flops(cfg, batch.lengths, dense).items():
                     flops[key] += val
             timer = fwd_events if (step >= warmup and dist_info.enabled and device.type == "cuda") else None
-            pending.append((step, train_step(model, opt, batch.to(device), amp, loss_fn, timer)))
+            if graphed is not None:
+                if step >= warmup:
+                    real_tokens += batch.num_tokens
+                pending.append((step, graphed(batch.to(device))))
+            else:
+                pending.append((step, train_step(model, opt, batch.to(device), amp, loss_fn, timer)))
             if (step + 1) % log_every == 0 or step + 1 == warmup + steps:
                 losses.extend((s, float(v)) for s, v in pending)
                 pending.clear()
@@ -205,6 +223,12 @@ def run(
         "rank_fwd_ms": rank_fwd_ms,
         "rank_fwd_spread": max(rank_fwd_ms) / min(rank_fwd_ms) if rank_fwd_ms and min(rank_fwd_ms) > 0 else None,
         "imbalance_per_step": imbalances,
+        "cuda_graph": cfg.cuda_graph,
+        # graphs captured in all / in the timed steps (their warm-up and capture are timed), and the
+        # padding rows the graphs computed on as a share of the real rows of the timed steps
+        "graph_captures": graphed.captures if graphed else None,
+        "graph_captures_timed": graphed.captures - captures_before if graphed else None,
+        "graph_padding_share": (graphed.padding_rows - pad_before) / max(real_tokens, 1) if graphed else None,
         "tflops": tflops,
         "attention_tflop_per_step": flops["attention"] / steps / 1e12,
         "gemm_tflop_per_step": flops["gemm"] / steps / 1e12,
@@ -257,13 +281,16 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values parsed as int, float, else kept as strings."""
+    """``key=value`` pairs; values parsed as bool (true/false), int, float, else kept as strings."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"override {item!r} must look like key=value")
-        val: Any = raw
+        val: Any = {"true": True, "false": False}.get(raw.strip().lower(), raw)
+        if isinstance(val, bool):
+            out[key.strip()] = val
+            continue
         for cast in (int, float):
             try:
                 val = cast(raw)
@@ -281,6 +308,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", default=None, help="unfused | fused (one autograd function over tuned kernels)")
     p.add_argument("--precision", default=None, help="autocast (fp32 residual stream) | bf16 (fused layer)")
     p.add_argument("--recompute", default=None, help="none | uvqk | ln | uvqk+ln (fused layer)")
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="replay the training step from CUDA graphs (batches padded to a multiple of --graph-tokens rows)",
+    )
+    p.add_argument("--graph-tokens", type=int, default=None, help="padding granularity in rows (default max_seq_len)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
@@ -317,6 +350,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             overrides[name] = getattr(args, name)
     if args.seed is not None:
         overrides["seed"] = args.seed
+    if args.cuda_graph:
+        overrides["cuda_graph"] = True
+    if args.graph_tokens is not None:
+        overrides["graph_tokens"] = args.graph_tokens
     cfg = get_config(args.preset, **overrides)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank0 = int(os.environ.get("RANK", "0")) == 0

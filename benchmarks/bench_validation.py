@@ -13,7 +13,7 @@ shape checks + the offsets read on the host: one sync per call). Also the parts 
 check, the check kernel's launch, the host offsets check. Rows go to ``--json`` or
 ``$OUT/bench_validation.json``.
 
-    python benchmarks/bench_validation.py [--calls 2000] [--repeats 7] [--source default] [--json PATH]
+    python benchmarks/bench_validation.py [--calls 2000] [--repeats 7] [--source default] [--json PATH] [--profile]
 """
 
 from __future__ import annotations
@@ -75,6 +75,23 @@ def count_launches(fn: Callable[[], object]) -> int:
     return sum(1 for n in names if "memcpy" not in n.lower() and "memset" not in n.lower())
 
 
+def profile_calls(fn: Callable[[], object], calls: int, top: int = 30) -> str:
+    """cProfile of ``calls`` calls: where the host time of one call goes, by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     inp = make_inputs(args.batch, args.length, args.heads, args.dim)
     shape = f"B{args.batch} n{args.length} H{args.heads} D{args.dim} bf16"
@@ -87,6 +104,9 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 
             call()  # compile, dispatch
             enq, wall = time_loop(call, args.calls, args.repeats)
+            if args.profile and mode == "none":
+                print(f"cProfile of {args.calls} calls, validate='none', {args.source}:")
+                print(profile_calls(call, args.calls))
             rows.append(dict(what=f"hstu_attention validate={mode!r}", mode=mode, enqueue_us=enq, wall_us=wall,
                              launches=count_launches(call)))  # fmt: skip
         q, k, v, off, n = (inp[x] for x in ("q", "k", "v", "seq_offsets", "max_seq_len"))
@@ -120,6 +140,7 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--source", default="default", choices=["default", "tuned"])
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true", help="print a cProfile of the validate='none' calls")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_validation needs a CUDA GPU")

@@ -9,7 +9,6 @@ rule and the DLPack fallback cannot drift apart between kernels. Importing this 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -86,11 +85,10 @@ class KernelCache(Generic[K]):
         args = build(tvm)
         flags = ["--enable-tvm-ffi"] if tvm else []
         if keep_ptx:
-            # --keep-ptx also writes a PTX file, by default into the working directory: keep it out of
-            # checkouts (the DSL reads its environment once, so the directory goes as a compile option).
-            dump = os.environ.get("CUTE_DSL_DUMP_DIR") or os.path.join(tempfile.gettempdir(), "hstu-cute-dump")
-            os.makedirs(dump, exist_ok=True)
-            flags += ["--keep-ptx", f"--dump-dir={dump}"]
+            dump = os.environ.get("CUTE_DSL_DUMP_DIR")
+            if dump:
+                os.makedirs(dump, exist_ok=True)
+            flags.append("--keep-ptx")
         fn = cute.compile(*args, options=" ".join(flags)) if flags else cute.compile(*args)
         compiled = CompiledKernel(key, fn, tvm, fn.__ptx__ if keep_ptx else None)
         with self._lock:

@@ -7,11 +7,12 @@
 #   bash scripts/layer_evidence.sh layer              # one layer, column by column (benchmarks/bench_layer.py)
 #   bash scripts/layer_evidence.sh model [preset]     # today's tuned path vs the fused layer, same data
 #   bash scripts/layer_evidence.sh profile [preset]   # device time per kernel group and copy kernels
+#   bash scripts/layer_evidence.sh graphs [preset]    # eager vs CUDA-graph training steps (GPU tests first)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-step="${1:?usage: layer_evidence.sh tests|tune|ops|layer|model|profile}"
+step="${1:?usage: layer_evidence.sh tests|tune|ops|layer|model|profile|graphs}"
 shift
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$OUT/gpu.txt" 2>&1 || true
 FUSED="tuned:layer=fused"
@@ -50,6 +51,14 @@ profile)
   python benchmarks/profile_model.py --preset "$preset" --kernels tuned --steps 3 --warmup 3 \
     --set layer=fused precision=bf16 --json "$OUT/profile_${preset}_fused.json" 2>&1 |
     tee -a "$OUT/profile_${preset}.log" | head -30
+  ;;
+graphs)
+  preset="${1:-seed}"
+  shift || true
+  python -m pytest -q tests/test_graphs.py 2>&1 | tee -a "$OUT/graph_tests.log" | tail -4
+  python benchmarks/bench_model.py --preset "$preset" --artifacts artifacts --kernels tuned "$BF16" --cuda-graph \
+    --base tuned --steps "${STEPS:-15}" --warmup 3 --workers 2 --no-progress \
+    --json "$OUT/graphs_$preset.json" "$@" 2>&1 | tee "$OUT/graphs_$preset.log" | tail -14
   ;;
 *)
   echo "unknown step $step" >&2

@@ -318,3 +318,17 @@ def test_show_and_load_agree_on_stale_and_foreign_files(tmp_path, capsys, monkey
     text = _show(capsys, tmp_path, "h200")
     assert _verdict_lines(text) == {FWD: "NOT USED", BWD: "NOT USED"} and not loaded["kernels"]
     assert "usable with allow_same_arch=True" in text
+
+
+def test_every_shipped_artifact_matches_the_current_templates():
+    """A change to any source a shipped artifact's entries were tuned with (a kernel, its config, the
+    CuTe compile/launch glue) makes the artifact stale, and dispatch would then silently run defaults:
+    such a change must come with a re-tune of the artifacts it touches."""
+    shipped = sorted((REPO / "artifacts").glob("*/*.json"))
+    assert shipped, "no shipped artifacts found"
+    stale = {}
+    for path in shipped:
+        reason = art.stale_reason(art.load_artifact(path, check_stale=False), str(path))
+        if reason:
+            stale[str(path.relative_to(REPO))] = reason
+    assert not stale, stale

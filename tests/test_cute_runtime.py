@@ -48,22 +48,9 @@ def test_flags_and_build_argument(monkeypatch, tmp_path, fake_compile, tvm):
     cache: KernelCache[str] = KernelCache()
     compiled = cache.get("k", lambda t: seen.append(t) or ("kernel", 1), keep_ptx=True)
     assert seen == [tvm]
-    keep = f"--keep-ptx --dump-dir={dump}"
-    assert fake_compile == [(("kernel", 1), f"--enable-tvm-ffi {keep}" if tvm else keep)]
+    assert fake_compile == [(("kernel", 1), "--enable-tvm-ffi --keep-ptx" if tvm else "--keep-ptx")]
     assert dump.is_dir()
     assert (compiled.key, compiled.tvm_ffi, compiled.ptx) == ("k", tvm, "ptx")
-
-
-def test_ptx_never_lands_in_the_working_directory(monkeypatch, tmp_path, fake_compile):
-    """Without a dump directory, the PTX kept for inspection goes under the temp dir, not the CWD."""
-    monkeypatch.setattr(cute_runtime, "has_tvm_ffi", lambda: False)
-    monkeypatch.delenv("CUTE_DSL_DUMP_DIR", raising=False)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(cute_runtime.tempfile, "tempdir", None)
-    KernelCache[str]().get("k", lambda t: (), keep_ptx=True)
-    (flags,) = [opts for _, opts in fake_compile]
-    assert f"--dump-dir={tmp_path / 'hstu-cute-dump'}" in flags.split()
-    assert (tmp_path / "hstu-cute-dump").is_dir()
 
 
 def test_cache_rule(monkeypatch, fake_compile):

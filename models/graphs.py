@@ -136,7 +136,7 @@ class GraphedTrainStep:
         else:
             load_padded(entry.static, batch, padded_offsets(batch.lengths, capacity, self.slots, self.max_seq_len))
         entry.graph.replay()
-        return entry.loss.detach().clone()
+        return entry.loss.clone()
 
     def _loss(self, batch: JaggedBatch) -> torch.Tensor:
         with self.amp:
@@ -165,7 +165,9 @@ class GraphedTrainStep:
                 f"or is not capturable): {exc}; train without cuda_graph"
             ) from exc
         self.captures += 1
-        return _Captured(graph, static, loss)
+        # Keep the output alone: its autograd graph would keep this capture's gradient-accumulation nodes
+        # alive into the next capture's warm-up (on another stream).
+        return _Captured(graph, static, loss.detach())
 
     @torch.no_grad()
     def _init_optimizer_state(self) -> None:

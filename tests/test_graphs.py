@@ -59,16 +59,17 @@ def test_pad_batch_layout(granularity):
 
 
 @pytest.mark.parametrize("kernels", ["reference", "default"])
-def test_padded_batch_gives_the_same_loss_and_gradients(kernels):
+def test_padded_batch_gives_the_same_loss_and_gradients(kernels, device):
     """Padding sequences change nothing: the loss and every gradient equal the unpadded batch's."""
     cfg = get_config("tiny", kernels=kernels, dropout=0.0)
-    model, _ = build(cfg, torch.device("cpu"))
+    model, _ = build(cfg, torch.device(device))
     data = SyntheticJaggedDataset(cfg)
     # a full sequence, an empty one, a length-1 one and a non-tile-multiple one; granularity 45 needs two
     # padding sequences (max_seq_len 32)
     cut = lambda s, n: Sample(s.items[:n], s.prev_actions[:n], s.labels[:n])  # noqa: E731
     batch = collate_jagged([data.gen[0], cut(data.gen[1], 0), cut(data.gen[2], 1), cut(data.gen[3], 13)])
     assert batch.lengths[1:] == [0, 1, 13]
+    batch = batch.to(device)
     for granularity in (16, 45):
         grads = []
         for b in (batch, pad_batch(batch, graph_capacity(batch.num_tokens, granularity),

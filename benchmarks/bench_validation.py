@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.runtime import ops  # noqa: E402
+from autotune.runtime import dispatch, ops  # noqa: E402
 from kernel_templates.hstu_attention import input_check as ic  # noqa: E402
 from kernel_templates.hstu_attention.op import validate_hstu_inputs  # noqa: E402
 
@@ -93,6 +93,10 @@ def profile_calls(fn: Callable[[], object], calls: int, top: int = 30) -> str:
 
 
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.source == "tuned":
+        import autotune
+
+        autotune.load(args.artifacts, allow_same_arch=True)  # the tuned configs, as training loads them
     inp = make_inputs(args.batch, args.length, args.heads, args.dim)
     shape = f"B{args.batch} n{args.length} H{args.heads} D{args.dim} bf16"
     rows: list[dict[str, Any]] = []
@@ -103,12 +107,13 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                 return ops.hstu_attention(**inp, source=args.source, validate=mode)
 
             call()  # compile, dispatch
+            backend = ",".join(sorted({c.backend for c in dispatch._CACHE.values()}))
             enq, wall = time_loop(call, args.calls, args.repeats)
             if args.profile and mode == "none":
                 print(f"cProfile of {args.calls} calls, validate='none', {args.source}:")
                 print(profile_calls(call, args.calls))
             rows.append(dict(what=f"hstu_attention validate={mode!r}", mode=mode, enqueue_us=enq, wall_us=wall,
-                             launches=count_launches(call)))  # fmt: skip
+                             launches=count_launches(call), backend=backend))  # fmt: skip
         q, k, v, off, n = (inp[x] for x in ("q", "k", "v", "seq_offsets", "max_seq_len"))
         parts = {
             "host shape check (validate_hstu_inputs, check_offsets=False)": lambda: validate_hstu_inputs(
@@ -139,6 +144,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--source", default="default", choices=["default", "tuned"])
+    p.add_argument("--artifacts", default=None, help="artifacts root for --source tuned (default: the shipped ones)")
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true", help="print a cProfile of the validate='none' calls")
     args = p.parse_args()
@@ -149,7 +155,8 @@ def main() -> None:
     for r in rows:
         extra = f"{r['extra_us']:9.2f}" if "extra_us" in r else " " * 9
         launches = str(r["launches"]) if r["launches"] is not None else ""
-        print(f"{r['what']:66s} {r['enqueue_us']:11.2f} {r['wall_us']:9.2f} {extra} {launches:>8s}")
+        backend = r.get("backend", "")
+        print(f"{r['what']:66s} {r['enqueue_us']:11.2f} {r['wall_us']:9.2f} {extra} {launches:>8s} {backend}")
     path = args.json or (os.path.join(os.environ["OUT"], "bench_validation.json") if os.environ.get("OUT") else None)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

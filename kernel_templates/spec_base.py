@@ -26,6 +26,9 @@ class BackendSpec:
     interpretable: bool = False  # runs without a GPU under TRITON_INTERPRET=1 (or is plain torch)
     jit_functions: str | None = None  # -> Triton JITFunctions, for compiler reports
     compile_report: str | None = None  # (inputs, config) -> dict, for non-Triton backends
+    # dtype name the kernels read offsets/targets in ("int32"); the runtime passes a cast it caches per
+    # unchanged tensor instead of the launcher casting on every call. None: any integer dtype.
+    index_dtype: str | None = None
 
 
 @dataclass(frozen=True)

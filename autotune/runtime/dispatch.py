@@ -59,6 +59,15 @@ def launcher(backend: str, kind: str) -> Any:
     return spec.resolve(target)
 
 
+@functools.lru_cache(maxsize=64)
+def index_dtype(backend: str, kind: str) -> torch.dtype | None:
+    """The dtype ``backend`` reads offsets and targets in (None: whatever it is given)."""
+    if backend == "reference":
+        return None
+    name = spec.kernel(kind).backend(backend).index_dtype
+    return None if name is None else getattr(torch, name)
+
+
 @functools.lru_cache(maxsize=512)
 def decode_config(backend: str, kind: str, config_json: str) -> Any:
     """Config object for a backend from its JSON string (cached: same string, same object)."""

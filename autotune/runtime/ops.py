@@ -11,7 +11,9 @@ op's Python dispatch (about 14 us a call) and run the same implementation throug
 function; anything traced still sees the custom op. The offsets check of "async" validation runs
 once per offsets tensor: a call with the same, unmodified tensor object (its version counter
 unchanged) and the same row count and ``max_seq_len`` is not checked again, so the layers of one
-step share one check.
+step share one check; likewise a backend that reads int32 offsets gets one cast per unchanged tensor.
+Neither cache applies while a CUDA graph is captured: the graph records the check and the cast, which
+replays then run on whatever the tensor holds.
 """
 
 import math
@@ -94,6 +96,9 @@ def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: 
     if mode != "async":
         check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
         return
+    if _capturing():  # a CUDA graph replays with new offsets in the same tensor: the check goes in the graph
+        check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
+        return
     key = (seq_offsets._version, None if num_targets is None else num_targets._version, rows, max_seq_len)
     hit = _CHECKED.get(id(seq_offsets))
     same_targets = hit is not None and (hit[2]() if hit[2] is not None else None) is num_targets
@@ -104,6 +109,35 @@ def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: 
         _CHECKED.clear()
     ref_nt = weakref.ref(num_targets) if num_targets is not None else None
     _CHECKED[id(seq_offsets)] = (weakref.ref(seq_offsets), key, ref_nt)
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on this thread's stream (no per-tensor caches then)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# id(src) -> (weakref to src, its version, the cast copy): index tensors a backend wants in another dtype
+# (the CuTe kernels read int32 offsets), cast once per unchanged tensor rather than once per call.
+_CAST: dict[int, tuple] = {}
+
+
+def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """``t`` in ``dtype`` (the backend's index dtype), from a cache while ``t`` is unchanged.
+
+    Layers of one step pass the same offsets: one cast a step instead of one per kernel. Under CUDA-graph
+    capture the cast is always recorded, since replays change the tensor's contents."""
+    if t is None or dtype is None or t.dtype == dtype:
+        return t
+    if type(t) is not torch.Tensor or _capturing():
+        return t.to(dtype)
+    hit = _CAST.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    out = t.to(dtype)
+    if len(_CAST) > 64:
+        _CAST.clear()
+    _CAST[id(t)] = (weakref.ref(t), t._version, out)
+    return out
 
 
 # Explicit schemas: no reliance on annotation inference across torch versions.
@@ -141,6 +175,8 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
         return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher = dispatch.launcher(backend, FWD)
     cfg = dispatch.decode_config(backend, FWD, config)
+    index = dispatch.index_dtype(backend, FWD)
+    seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
 
@@ -184,6 +220,8 @@ def _bwd_impl(
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher = dispatch.launcher(backend, BWD)
     cfg = dispatch.decode_config(backend, BWD, config)
+    index = dispatch.index_dtype(backend, BWD)
+    seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
 
@@ -307,6 +345,8 @@ def hstu_attention(
         int(max_attn_len), scaling_seqlen, fwd_backend, fwd_config, bwd_backend, bwd_config, mode,
     )  # fmt: skip
     if _eager(q, k, v):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return _fwd_impl(*args[:10], fwd_backend, fwd_config, mode)  # nothing to differentiate
         return _AttentionFunction.apply(*args)
     return attention_fwd(*args)
 

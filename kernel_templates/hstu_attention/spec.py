@@ -44,6 +44,7 @@ def _cute(direction: str) -> BackendSpec:
         requires=("cutlass",),
         needs_cuda=True,
         compute_capability=(9, 0),
+        index_dtype="int32",
     )
 
 

@@ -1,0 +1,104 @@
+"""The public call's per-tensor caches: the "async" offsets check and the index-dtype cast run once per
+unchanged tensor, and never come from the cache while a CUDA graph is captured (replays change the
+tensor's contents, so the graph must record the check and the cast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.runtime import dispatch, ops
+
+
+@pytest.fixture(autouse=True)
+def _clean_caches():
+    ops._CHECKED.clear()
+    ops._CAST.clear()
+    yield
+    ops._CHECKED.clear()
+    ops._CAST.clear()
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    seen = []
+    monkeypatch.setattr(ops, "check_offsets", lambda mode, off, nt, rows, n: seen.append((mode, rows, n)))
+    return seen
+
+
+def test_async_check_once_per_unchanged_tensor(checks):
+    off = torch.tensor([0, 3, 7, 7, 12])
+    for _ in range(3):
+        ops._check_offsets("triton", "async", off, None, 12, 8)
+    assert len(checks) == 1
+    off.add_(0)  # written: its version moves on
+    ops._check_offsets("triton", "async", off, None, 12, 8)
+    ops._check_offsets("triton", "async", off, None, 12, 6)  # another max_seq_len
+    ops._check_offsets("triton", "async", off.clone(), None, 12, 6)  # another tensor, same values
+    assert len(checks) == 4
+    ops._check_offsets("triton", "full", off, None, 12, 6)  # "full" always reads the offsets
+    assert len(checks) == 5 and checks[-1][0] == "full"
+
+
+def test_async_check_always_recorded_under_graph_capture(checks, monkeypatch):
+    off = torch.tensor([0, 3, 7])
+    ops._check_offsets("triton", "async", off, None, 7, 4)
+    monkeypatch.setattr(ops, "_capturing", lambda: True)
+    for _ in range(3):
+        ops._check_offsets("triton", "async", off, None, 7, 4)
+    assert len(checks) == 4
+    monkeypatch.setattr(ops, "_capturing", lambda: False)
+    ops._CHECKED.clear()
+    monkeypatch.setattr(ops, "_capturing", lambda: True)
+    ops._check_offsets("triton", "async", off, None, 7, 4)
+    assert not ops._CHECKED  # a capture leaves nothing cached
+
+
+def test_index_cast_once_per_unchanged_tensor(monkeypatch):
+    off = torch.tensor([0, 3, 7, 7, 12], dtype=torch.int64)
+    a = ops._index_as(off, torch.int32)
+    assert a.dtype == torch.int32 and a.tolist() == off.tolist()
+    assert ops._index_as(off, torch.int32) is a
+    off[1] = 4
+    b = ops._index_as(off, torch.int32)
+    assert b is not a and b.tolist() == [0, 4, 7, 7, 12]
+    assert (
+        ops._index_as(b, torch.int32) is b
+        and ops._index_as(off, None) is off
+        and ops._index_as(None, torch.int32) is None
+    )
+    monkeypatch.setattr(ops, "_capturing", lambda: True)
+    c, d = ops._index_as(off, torch.int32), ops._index_as(off, torch.int32)
+    assert c is not b and d is not c and c.tolist() == b.tolist()
+
+
+def test_backends_declare_their_index_dtype(monkeypatch):
+    assert dispatch.index_dtype("cute", ops.FWD) == torch.int32 and dispatch.index_dtype("cute", ops.BWD) == torch.int32
+    assert dispatch.index_dtype("triton", ops.FWD) is None and dispatch.index_dtype("reference", ops.BWD) is None
+    # the launcher of an int32 backend gets the cached int32 offsets and targets
+    seen = []
+    monkeypatch.setattr(dispatch, "index_dtype", lambda backend, kind: torch.int32)
+    monkeypatch.setattr(dispatch, "launcher", lambda backend, kind: lambda *a: seen.append(a) or a[0])
+    monkeypatch.setattr(dispatch, "decode_config", lambda backend, kind, cfg: None)
+    q = torch.zeros(7, 1, 32)
+    off, nt = torch.tensor([0, 3, 7]), torch.tensor([1, 2])
+    for _ in range(2):
+        ops._fwd_impl(q, q, q, off, nt, 4, 1.0, 0, 0, None, "triton", "{}", "none")
+    (a1, b1), (a2, b2) = ((args[3], args[6]) for args in seen)
+    assert a1.dtype == b1.dtype == torch.int32 and a1 is a2 and b1 is b2
+
+
+@pytest.mark.parametrize("source", ["reference", "default"])
+def test_call_without_gradients_skips_autograd(source, device):
+    """No input needs a gradient (or grad mode is off): the same result, straight from the implementation."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(21, 2, 32, generator=g).to(device) for _ in range(3))
+    off = torch.tensor([0, 1, 1, 13, 21], device=device)
+    plain = ops.hstu_attention(q, k, v, off, 12, source=source)
+    assert plain.grad_fn is None
+    qg = q.clone().requires_grad_()
+    tracked = ops.hstu_attention(qg, k, v, off, 12, source=source)
+    assert tracked.grad_fn is not None
+    with torch.no_grad():
+        assert ops.hstu_attention(qg, k, v, off, 12, source=source).grad_fn is None
+    torch.testing.assert_close(plain, tracked.detach(), atol=0, rtol=0)

@@ -98,9 +98,9 @@ def test_module_rejects_bad_input(case, match, mode):
 
 
 @pytest.mark.parametrize("case", [c for c, _ in BAD_INPUTS])
-def test_validate_none_does_not_check(case):
+def test_validate_none_does_not_check(case, device):
     """Mode "none" is documented as "no check": a bad batch runs (and stays in bounds, tested below)."""
-    args = _case(case)
+    args = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in _case(case).items()}
     out = ops.hstu_attention(**args, source="default", validate="none")
     assert out.shape == (args["q"].shape[0], args["q"].shape[1], D)
 
@@ -131,6 +131,7 @@ def test_custom_op_called_directly_checks_offsets():
 EDGE_OFFSETS = [0, 0, 1, 1, 5, 5, 6, 14]  # lengths 0, 1, 0, 4, 0, 1, 8
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("mode", ["async", "full"])
 @pytest.mark.parametrize("targets", [False, True])
 def test_empty_and_length_one_sequences_match_reference(mode, targets):
@@ -185,6 +186,7 @@ def _random_batch(rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor 
     return torch.tensor(off, dtype=dtype), (None if nt is None else nt.to(dtype)), rows, max(max_len, 0)
 
 
+@pytest.mark.interpreter
 def test_device_check_kernel_matches_host_check():
     rng = np.random.default_rng(0)
     seen = 0
@@ -199,6 +201,7 @@ def test_device_check_kernel_matches_host_check():
     assert seen == 31, f"the random batches should hit every error bit, got {seen:05b}"
 
 
+@pytest.mark.interpreter
 def test_device_check_kernel_loops_over_long_batches():
     """More sequences than one block of the check kernel: a bad one in the second block is found."""
     lengths = torch.ones(1500, dtype=torch.int64)
@@ -286,6 +289,7 @@ def _read_past_end(X, Y, n, BLOCK: tl.constexpr):
     tl.store(Y + offs, tl.load(X + offs + n, mask=offs < BLOCK))
 
 
+@pytest.mark.interpreter
 def test_memory_checker_catches_an_out_of_bounds_read(memcheck):
     """The checker can fail: a read past the end of a view (inside its storage) is caught."""
     buf = torch.zeros(64)
@@ -325,6 +329,7 @@ def _assert_guards_untouched(buf: torch.Tensor, rows: int) -> None:
     assert bool((buf[:GUARD] == SENTINEL).all()) and bool((buf[GUARD + rows :] == SENTINEL).all())
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("offsets,targets", OOB_OFFSETS)
 def test_triton_forward_stays_in_bounds(memcheck, offsets, targets):
     _, q = _guarded(L, D, seed=1)
@@ -340,6 +345,7 @@ def test_triton_forward_stays_in_bounds(memcheck, offsets, targets):
     assert memcheck.accesses > 0
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dq_mode", ["atomic", "separate"])
 @pytest.mark.parametrize("offsets,targets", OOB_OFFSETS)
 def test_triton_backward_stays_in_bounds(memcheck, offsets, targets, dq_mode):
@@ -354,6 +360,7 @@ def test_triton_backward_stays_in_bounds(memcheck, offsets, targets, dq_mode):
     assert memcheck.accesses > 0
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("offsets,targets", OOB_OFFSETS[:5])
 def test_drop_in_call_with_validate_none_stays_in_bounds(memcheck, offsets, targets):
     """Through the public call and autograd, offsets unchecked: no access leaves the tensors."""
@@ -364,6 +371,7 @@ def test_drop_in_call_with_validate_none_stays_in_bounds(memcheck, offsets, targ
     assert memcheck.accesses > 0
 
 
+@pytest.mark.interpreter
 def test_hld_layout_with_validate_none_stays_in_bounds(memcheck):
     """(H, L, D) tensors: the offsets (made for L = 29) are clamped to the 2 rows the kernel sees."""
     q, k, v = (t.transpose(0, 1).contiguous().requires_grad_(True) for t in _qkv())

@@ -232,6 +232,6 @@ def test_public_call_dispatches_by_fill_without_reading_offsets(tmp_path, monkey
     monkeypatch.setattr(ops, "_AttentionFunction", type("F", (), {"apply": staticmethod(lambda *a: seen.append(a))}))
     offsets = torch.empty(5, dtype=torch.int32, device="meta")  # B = 4
     for rows, want in ((4 * 4096, 128), (4096, 64)):
-        q = torch.empty(rows, 4, 64, dtype=torch.bfloat16)
+        q = torch.empty(rows, 4, 64, dtype=torch.bfloat16, requires_grad=True)  # the autograd path
         ops.hstu_attention(q, q, q, offsets, 4096, validate="none")
         assert json.loads(seen[-1][11])["block_m"] == want

@@ -29,8 +29,6 @@ COMPILE_GRID = [
     (HSTUCuteFwdConfig(128, 128, 2, True), 128, "float16", (True, True, True)),
     (HSTUCuteFwdConfig(64, 96, 3, False), 128, "bfloat16", (False, True, False)),
     (HSTUCuteFwdConfig(192, 64, 2, True), 64, "bfloat16", (True, False, True)),
-    (HSTUCuteFwdConfig(128, 64, 2, True, kv_split=2), 256, "bfloat16", (False, False, False)),
-    (HSTUCuteFwdConfig(64, 128, 2, False, kv_split=4), 128, "float16", (True, True, True)),
 ]
 
 
@@ -43,15 +41,13 @@ def test_compiles_with_tma_and_wgmma(case):
     assert "wgmma.mma_async" in ptx
     assert "cp.async.bulk.tensor" in ptx
     assert "setmaxnreg" in ptx
-    if cfg.kv_split > 1:  # the partial outputs meet through distributed shared memory
-        assert "barrier.cluster" in ptx and "mapa" in ptx
     # The second request is served from the cache.
     assert compile_fwd(FwdKey(cfg, dtype, d, d, *flags)) is compiled
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(block_m=96), dict(block_n=48), dict(num_stages=0), dict(intra_wg_overlap=1), dict(l2_group=5), dict(kv_split=3)],
+    [dict(block_m=96), dict(block_n=48), dict(num_stages=0), dict(intra_wg_overlap=1), dict(l2_group=5)],
 )
 def test_config_rejects_bad_fields(kwargs):
     with pytest.raises(ValueError):
@@ -65,7 +61,6 @@ def test_config_rejects_bad_fields(kwargs):
         (HSTUCuteFwdConfig(), 128, 64, "Dqk == Dv"),
         (HSTUCuteFwdConfig(128, 128, 2), 256, 256, "shared memory"),
         (HSTUCuteFwdConfig(192, 128, 1), 256, 256, "registers"),
-        (HSTUCuteFwdConfig(192, 64, 1, kv_split=2), 256, 256, "partial output"),
     ],
 )
 def test_infeasible_configs_fail_before_compiling(cfg, dqk, dv, match):
@@ -167,33 +162,12 @@ def test_gpu_matches_reference(mask, dtype, d):
 @pytest.mark.sm90
 @pytest.mark.parametrize(
     "cfg",
-    [
-        HSTUCuteFwdConfig(64, 64, 2, False),
-        HSTUCuteFwdConfig(128, 128, 2, False),
-        HSTUCuteFwdConfig(192, 96, 3, True),
-        HSTUCuteFwdConfig(128, 64, 2, True, l2_group=2, kv_split=2),
-        HSTUCuteFwdConfig(64, 64, 3, False, l2_group=0, kv_split=4),
-        HSTUCuteFwdConfig(192, 64, 2, True, kv_split=4),
-    ],
-    ids=lambda c: f"{c.block_m}x{c.block_n}s{c.num_stages}o{int(c.intra_wg_overlap)}k{c.kv_split}",
+    [HSTUCuteFwdConfig(64, 64, 2, False), HSTUCuteFwdConfig(128, 128, 2, False), HSTUCuteFwdConfig(192, 96, 3, True)],
+    ids=lambda c: f"{c.block_m}x{c.block_n}s{c.num_stages}o{int(c.intra_wg_overlap)}",
 )
 @pytest.mark.parametrize("mask", ["causal", "all"])
 def test_gpu_configs(cfg, mask):
     _check_case(LENGTHS, 3, 128, torch.bfloat16, cfg, seed=3, **MASKS[mask])
-
-
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("split", [2, 4])
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_key_split_matches_reference(split, mask, dtype):
-    """Long query blocks split over a cluster (and short ones not) sum to the reference on every mask."""
-    from kernel_templates.cute.hstu_fwd_sm90 import MIN_SPLIT_SHARE
-
-    cfg = HSTUCuteFwdConfig(128, 64, 2, True, kv_split=split)
-    long = 64 * split * MIN_SPLIT_SHARE + 77  # past the split threshold, not a tile multiple
-    _check_case([0, 1, long, 70, 2 * long + 5, 3, 0], 2, 128, dtype, cfg, seed=5, **MASKS[mask])
 
 
 def _ref_grads(inp, do, args, compute_dtype):

@@ -16,8 +16,6 @@ CUTE_HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES_SM90 = 227 * 1024
 # Bytes the kernel keeps in shared memory besides the Q/K/V tiles (mbarriers, alignment padding).
 SMEM_RESERVED_BYTES = 2048
-# CTAs of one cluster that may share a query block's keys (``kv_split``): powers of two, portable sizes.
-KV_SPLITS = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -28,11 +26,7 @@ class HSTUCuteFwdConfig(JsonConfig):
     warpgroup); one extra producer warpgroup issues the TMA loads. ``block_n`` keys per pipeline
     step, ``num_stages`` K/V buffers in flight. ``intra_wg_overlap`` issues the next Q K^T before
     the current P V so the SiLU math overlaps the tensor cores. ``l2_group`` sequence-heads launch
-    together so their K/V is re-read from L2 (see ``schedule.py``). ``kv_split`` CTAs of one
-    thread-block cluster share a query block's key range; HSTU has no softmax, so their fp32 partial
-    outputs simply add (through distributed shared memory) before the one store. It shortens the
-    critical path of long query blocks when there are too few tiles to fill the GPU (one long
-    sequence in a jagged batch, small batches) at the cost of more CTAs and one exchange per tile.
+    together so their K/V is re-read from L2 (see ``schedule.py``).
     """
 
     kind: ClassVar[str] = "hstu_attention_fwd_cute"
@@ -41,7 +35,6 @@ class HSTUCuteFwdConfig(JsonConfig):
     num_stages: int = 2
     intra_wg_overlap: bool = True
     l2_group: int = 8
-    kv_split: int = 1
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128, 192):
@@ -56,8 +49,6 @@ class HSTUCuteFwdConfig(JsonConfig):
             raise ValueError(f"HSTUCuteFwdConfig.num_stages must be an int in [1, 6], got {self.num_stages!r}")
         if self.l2_group not in L2_GROUPS:
             raise ValueError(f"HSTUCuteFwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
-        if self.kv_split not in KV_SPLITS:
-            raise ValueError(f"HSTUCuteFwdConfig.kv_split must be one of {KV_SPLITS}, got {self.kv_split!r}")
         for name in ("intra_wg_overlap",):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteFwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -72,13 +63,6 @@ def smem_bytes(config: HSTUCuteFwdConfig, dqk: int, dv: int, elem_bytes: int = 2
     q = config.block_m * dqk
     kv = config.num_stages * config.block_n * (dqk + dv)
     return (q + kv) * elem_bytes + SMEM_RESERVED_BYTES
-
-
-def partial_fits(config: HSTUCuteFwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> bool:
-    """With ``kv_split > 1`` the fp32 partial O (block_m x Dv) is exchanged through the Q/K/V buffers,
-    which the main loop no longer needs: they must hold it."""
-    tiles = (config.block_m * dqk + config.num_stages * config.block_n * (dqk + dv)) * elem_bytes
-    return config.kv_split == 1 or tiles >= 4 * config.block_m * dv
 
 
 def accumulator_regs(config: HSTUCuteFwdConfig, dv: int) -> int:
@@ -103,11 +87,6 @@ def check_fwd_config(
     if need > smem_limit:
         raise ValueError(
             f"config {config.to_dict()} needs {need} bytes of shared memory for D={dqk}, above the {smem_limit} limit"
-        )
-    if not partial_fits(config, dqk, dv):
-        raise ValueError(
-            f"config {config.to_dict()}: kv_split={config.kv_split} needs the Q/K/V buffers to hold the fp32 "
-            f"{config.block_m} x {dv} partial output; use more stages or a wider block_n"
         )
     if max_regs is None:
         max_regs = {1: 256, 2: 240, 3: 160}[config.mma_warpgroups]

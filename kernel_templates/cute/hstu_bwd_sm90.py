@@ -234,7 +234,7 @@ class HSTUBwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        head, bid_b, n_block, _ = grouped_block_order(self.cfg.l2_group)
+        head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
         if warp_idx == 0:
             for atom in (tma_atom_q, tma_atom_do, tma_atom_k, tma_atom_v, tma_atom_dq):
                 cpasync.prefetch_descriptor(atom)

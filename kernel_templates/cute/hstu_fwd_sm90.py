@@ -9,12 +9,6 @@ S = Q K^T with wgmma (operands in shared memory), apply SiLU and the HSTU mask o
 accumulator fragment (no softmax state), convert P to the input dtype in registers and accumulate
 O += P V with a register-sourced wgmma.
 
-Key split (``kv_split > 1``): the CTAs of a (1, 1, kv_split) cluster own the same query block and
-take consecutive equal shares of its key blocks. After the main loop every CTA but the first writes
-its fp32 O fragment into its own shared memory (the Q/K/V buffers, no longer read), the first adds
-them in through distributed shared memory and stores; two cluster barriers order the exchange.
-There is no softmax state to rescale, so the sum is the whole combine.
-
 Jagged sequences: Q/K/V are viewed as 3-D (row, dim, head) TMA tensors over the packed buffer and
 each CTA offsets the row coordinate by its sequence start. A tile may read rows of the next sequence
 (or zero-filled rows past L): key columns j >= n get P = 0 and query rows i >= n are never stored.
@@ -32,8 +26,6 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -45,11 +37,6 @@ from .schedule import grouped_block_order
 LOG2E = math.log2(math.e)
 # (MMA warpgroups) -> (registers per MMA thread, registers per producer thread) after setmaxnreg.
 _REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-# Key blocks each CTA of a split query block gets at least; 16-byte vectors read per batch in the exchange.
-MIN_SPLIT_SHARE = 4
-EXCHANGE_BATCH = 8
-# Named barrier of the MMA threads (0 is __syncthreads) before the partial O overwrites Q/K/V.
-BAR_MMA = 1
 
 
 @cute.jit
@@ -75,38 +62,6 @@ def seq_bounds(mOffsets: cute.Tensor, mTargets: cute.Tensor, b: Int32, num_rows:
     if const_expr(has_targets):
         num_t = cutlass.min(cutlass.max(Int32(mTargets[b]), Int32(0)), n)
     return seq_start, n, num_t
-
-
-@dsl_user_op
-def _st_shared_v4(addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None) -> None:
-    """st.shared.v4.f32 at a 32-bit shared-memory address (16-byte aligned)."""
-    vals = [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
-    llvm.inline_asm(
-        None,
-        [Int32(addr).ir_value(loc=loc, ip=ip), *vals],
-        "st.shared.v4.f32 [$0], {$1, $2, $3, $4};",
-        "r,f,f,f,f",
-        has_side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@dsl_user_op
-def _ld_dsmem_v4(addr: Int32, rank: Int32, *, loc=None, ip=None) -> list[Float32]:
-    """Four fp32 values at the same shared-memory address of cluster CTA ``rank`` (mapa + ld.shared::cluster)."""
-    f32 = Float32.mlir_type
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([f32, f32, f32, f32]),
-        [Int32(addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .u32 ra;\n\tmapa.shared::cluster.u32 ra, $4, $5;\n\t"
-        "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}",
-        "=f,=f,=f,=f,r,r",
-        has_side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
-    return [Float32(llvm.extractvalue(f32, res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 class HSTUFwdSm90:
@@ -137,7 +92,6 @@ class HSTUFwdSm90:
         self.num_threads = 128 * (self.num_wg + 1)
         self.mma_regs, self.producer_regs = _REGS[self.num_wg]
         self.overlap = config.intra_wg_overlap
-        self.kv_split = config.kv_split
 
     # ------------------------------------------------------------------ host side (tracing)
     @cute.jit
@@ -234,9 +188,8 @@ class HSTUFwdSm90:
             sK_layout,
             sV_layout,
         ).launch(
-            grid=[num_heads, batch, num_m_blocks * self.kv_split],
+            grid=[num_heads, batch, num_m_blocks],
             block=[self.num_threads, 1, 1],
-            **({"cluster": [1, 1, self.kv_split]} if self.kv_split > 1 else {}),
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -268,7 +221,7 @@ class HSTUFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        head, bid_b, bid_m, part = grouped_block_order(self.cfg.l2_group, self.kv_split)
+        head, bid_b, bid_m = grouped_block_order(self.cfg.l2_group)
         m_block = num_m_blocks - 1 - bid_m
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)
@@ -294,17 +247,6 @@ class HSTUFwdSm90:
         blk_lo = lo // self.tile_n
         blk_full = full_end // self.tile_n
         blk_hi = (hi + self.tile_n - 1) // self.tile_n
-        # A query block with at least kv_split * MIN_SPLIT_SHARE key blocks is split (the same test in
-        # every CTA of the cluster); shorter ones run whole in CTA 0 while the others leave at once.
-        split = Int32(0)
-        if const_expr(self.kv_split > 1):
-            if blk_hi - blk_lo >= self.kv_split * MIN_SPLIT_SHARE:
-                split = Int32(1)
-                share = (blk_hi - blk_lo + self.kv_split - 1) // self.kv_split
-                blk_lo = cutlass.min(blk_lo + part * share, blk_hi)
-                blk_hi = cutlass.min(blk_lo + share, blk_hi)
-            elif part > 0:
-                start_m = n  # nothing to do: the whole CTA skips the work below
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
@@ -321,7 +263,7 @@ class HSTUFwdSm90:
                 self.mma(
                     tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, mO, pipe_q, pipe_k, pipe_v,
                     tidx - 128, seq_start, n, head, m_block, start_m, blk_lo, blk_full, blk_hi,
-                    alpha, inv_scale, ctx_len, max_attn_len, m_id, part, split, storage.sQ.data_ptr(),
+                    alpha, inv_scale, ctx_len, max_attn_len, m_id,
                 )  # fmt: skip
 
     @cute.jit
@@ -419,9 +361,6 @@ class HSTUFwdSm90:
         ctx: Int32,
         w: Int32,
         m_id: Int32,
-        part: Int32,
-        split: Int32,
-        smem_base: cute.Pointer,
     ):
         """MMA warpgroups: S = Q K^T, P = mask * silu(alpha S), O += P V, then the predicated store."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -484,44 +423,7 @@ class HSTUFwdSm90:
                 self.pv_gemm(tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, kv_state)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv_state)
-        if const_expr(self.kv_split > 1):
-            if split > 0:
-                self.combine_partials(acc_O, smem_base, tidx, part)
-            if part == 0:
-                self.epilogue(acc_O, tOgO, tOcO, n, start_m, inv_scale)
-        else:
-            self.epilogue(acc_O, tOgO, tOcO, n, start_m, inv_scale)
-
-    @cute.jit
-    def combine_partials(self, acc_O: cute.Tensor, smem_base: cute.Pointer, tidx: Int32, part: Int32):
-        """Sum the cluster's fp32 O fragments into CTA 0's (see the module docstring).
-
-        Each CTA stores its fragment from the start of its Q buffer, 16 bytes per thread per step,
-        threads adjacent (conflict-free); ``partial_fits`` checks that the contiguous Q/K/V buffers
-        hold block_m x Dv fp32 values. The first cluster barrier publishes the partials, the second
-        keeps every CTA's shared memory alive until CTA 0 has read it. Producer warps have exited or
-        exit without waiting (barrier.cluster waits for non-exited threads only).
-        """
-        frag = cute.size(acc_O)
-        step = 16 * self.num_mma_threads
-        mine = smem_base.toint() + tidx * 16
-        # Every MMA warpgroup has retired its last wgmma reading Q/K/V before anything overwrites them.
-        cute.arch.barrier(barrier_id=BAR_MMA, number_of_threads=self.num_mma_threads)
-        if part > 0:
-            for j in cutlass.range_constexpr(frag // 4):
-                _st_shared_v4(mine + j * step, acc_O[4 * j], acc_O[4 * j + 1], acc_O[4 * j + 2], acc_O[4 * j + 3])
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
-        if part == 0:
-            # Loads in batches of EXCHANGE_BATCH vectors, all issued before the first add uses one.
-            for r in cutlass.range_constexpr(1, self.kv_split):
-                for j0 in cutlass.range_constexpr(0, frag // 4, EXCHANGE_BATCH):
-                    vs = [_ld_dsmem_v4(mine + j * step, Int32(r)) for j in range(j0, min(j0 + EXCHANGE_BATCH, frag // 4))]
-                    for jj, v in enumerate(vs):
-                        for c in cutlass.range_constexpr(4):
-                            acc_O[4 * (j0 + jj) + c] = acc_O[4 * (j0 + jj) + c] + v[c]
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
+        self.epilogue(acc_O, tOgO, tOcO, n, start_m, inv_scale)
 
     @cute.jit
     def qk_gemm(

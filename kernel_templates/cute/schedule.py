@@ -5,8 +5,6 @@ the CTAs in flight are every sequence-head at one block index, and none of them 
 or Q/dO (backward), so each re-reads its operands from HBM. With ``l2_group == g`` all blocks of g
 sequence-heads launch before the next g, and the CTAs in flight re-read the same operands from L2.
 Within a sequence-head, block index 0 launches first (callers map it to the heaviest block).
-With ``split > 1`` the grid's z extent is ``blocks * split`` and the ``split`` consecutive z indices of
-one block form a thread-block cluster that shares the block's work (the forward's key split).
 """
 
 from __future__ import annotations
@@ -17,14 +15,10 @@ from cutlass import Int32, const_expr
 
 
 @cute.jit
-def grouped_block_order(l2_group: cutlass.Constexpr, split: cutlass.Constexpr = 1):
-    """(head, sequence, i, part) of this CTA; i = 0 is the first block launched for its sequence-head,
-    part in [0, split) its share of the block's work (always 0 without a split)."""
-    bid_x, bid_y, bid_zz = cute.arch.block_idx()
-    num_heads, num_seqs, num_zz = cute.arch.grid_dim()
-    bid_z = Int32(bid_zz) // split
-    part = Int32(bid_zz) - bid_z * split
-    num_blocks = Int32(num_zz) // split
+def grouped_block_order(l2_group: cutlass.Constexpr):
+    """(head, sequence, i) of this CTA; i = 0 is the first block launched for its sequence-head."""
+    bid_x, bid_y, bid_z = cute.arch.block_idx()
+    num_heads, num_seqs, num_blocks = cute.arch.grid_dim()
     head = Int32(bid_x)
     seq = Int32(bid_y)
     i = Int32(bid_z)
@@ -39,4 +33,4 @@ def grouped_block_order(l2_group: cutlass.Constexpr, split: cutlass.Constexpr = 
         bh = grp * l2_group + (r - i * g_size)
         seq = bh // Int32(num_heads)
         head = bh - seq * Int32(num_heads)
-    return head, seq, i, part
+    return head, seq, i

@@ -15,7 +15,9 @@ Laws (each batch has one sequence of exactly N; the rest drawn with the seed):
 - ``u3``: the tuner's synthetic law, ``ceil(N u^3)`` (``autotune.runtime.buckets.sequence_lengths``);
 - ``pareto``: ``min(N, ceil(N/32 * u^(-1/1.2)))``, a power law with median ~N/18 and a tail to N;
 - ``one-long``: one sequence of N, the others uniform in [1, N/16] (most of the work in one sequence);
-- ``file``: drawn from ``--lengths`` by ``autotune.runtime.buckets.sample_lengths``.
+- ``file``: drawn from ``--lengths`` by ``autotune.runtime.buckets.sample_lengths``;
+- ``empty``: one sequence of N, the others empty: the launch grid of a batch with the work of the longest
+  sequence alone, so ``batch - alone`` is what the grid's empty tiles cost.
 
 Rows (GPU, versions, git sha, shape, p20/p50/p80) go to ``benchmarks/results/jagged_ratio.jsonl``.
 """
@@ -37,7 +39,7 @@ import torch  # noqa: E402
 from benchmarks.bench_jagged import _inputs, add_batch_args  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
-LAWS = ("u3", "pareto", "one-long", "file")
+LAWS = ("u3", "pareto", "one-long", "file", "empty")
 
 
 def law_lengths(law: str, n_max: int, batch: int, seed: int, sample: tuple[int, ...] | None = None) -> list[int]:
@@ -55,6 +57,8 @@ def law_lengths(law: str, n_max: int, batch: int, seed: int, sample: tuple[int, 
         lengths = [min(n_max, math.ceil(n_max / 32 * (1.0 - rng.random()) ** (-1 / 1.2))) for _ in range(batch)]
     elif law == "one-long":
         lengths = [rng.randint(1, max(1, n_max // 16)) for _ in range(batch)]
+    elif law == "empty":
+        lengths = [0] * batch
     else:
         raise ValueError(f"unknown law {law!r}; known: {', '.join(LAWS)}")
     lengths[rng.randrange(batch)] = n_max

@@ -1,0 +1,89 @@
+"""Device time per kernel of one attention backward through the public call (tuned), by kernel group.
+
+    python benchmarks/profile_attention_bwd.py --dims 256 128 --lengths 1024 2048 4096 8192 --batch 16
+
+The CuTe backward accumulates dQ in an fp32 buffer that is zero-filled before and converted to the
+input dtype after the kernel; this says what share of the backward those two passes take per shape,
+from ``torch.profiler`` device times (median over ``--reps`` calls). JSON to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks.bench_jagged import _inputs  # noqa: E402
+
+
+def group(name: str) -> str:
+    """Kernel group of a CUDA kernel name."""
+    n = name.lower()
+    if "cutlass" in n or "hstu" in n:
+        return "attention"
+    if "fill" in n or "zero" in n or "memset" in n:
+        return "zero-fill"
+    if "copy" in n or "elementwise" in n or "cast" in n:
+        return "convert/copy"
+    return "other"
+
+
+def profile(lengths: list[int], bucket: int, heads: int, d: int, reps: int) -> dict[str, float]:
+    """Median device us per kernel group of one backward call."""
+    from autotune.runtime.ops import hstu_attention
+
+    q, k, v, do, off = _inputs(lengths, heads, d, 0)
+    qg = q.detach().requires_grad_(True)
+    out = hstu_attention(qg, k, v, off, bucket, source="tuned")
+    for _ in range(3):
+        torch.autograd.grad(out, (qg,), do, retain_graph=True)
+    per_rep: dict[str, list[float]] = defaultdict(list)
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.autograd.grad(out, (qg,), do, retain_graph=True)
+            torch.cuda.synchronize()
+        sums: dict[str, float] = defaultdict(float)
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                sums[group(e.name)] += e.device_time_total
+        for g, t in sums.items():
+            per_rep[g].append(t)
+    return {g: statistics.median(ts) for g, ts in per_rep.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import autotune
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dims", type=int, nargs="+", default=[256, 128])
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    autotune.load()
+    rows = []
+    for d in args.dims:
+        for n in args.lengths:
+            us = profile([n] * args.batch, n, args.heads, d, args.reps)
+            total = sum(us.values())
+            row = {"d": d, "len": n, "batch": args.batch, "heads": args.heads, "gpu": torch.cuda.get_device_name(),
+                   "us": {g: round(t, 1) for g, t in us.items()},
+                   "share": {g: round(t / total, 4) for g, t in us.items()}}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -21,17 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.bench_jagged import _inputs  # noqa: E402
+from benchmarks.profile_model import group_of, is_copy  # noqa: E402
 
 
 def group(name: str) -> str:
-    """Kernel group of a CUDA kernel name."""
-    n = name.lower()
-    if "cutlass" in n or "hstu" in n:
+    """Kernel group of a CUDA kernel name: the attention and copy kernels as ``profile_model`` tells them,
+    and the fill of the fp32 dQ buffer."""
+    if group_of(name) == "attention":
         return "attention"
-    if "fill" in n or "zero" in n or "memset" in n:
-        return "zero-fill"
-    if "copy" in n or "elementwise" in n or "cast" in n:
+    if is_copy(name):
         return "convert/copy"
+    if "fill" in name.lower() or "memset" in name.lower():
+        return "zero-fill"
     return "other"
 
 

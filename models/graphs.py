@@ -70,7 +70,8 @@ def pad_batch(batch: JaggedBatch, capacity: int, slots: int, max_seq_len: int) -
 
     out = JaggedBatch(
         buffer(batch.items), buffer(batch.prev_actions), buffer(batch.positions), buffer(batch.labels),
-        offsets.to(dev), [int(v) for v in offsets.diff()], torch.empty(capacity, dtype=torch.float32, device=dev),
+        torch.empty_like(offsets, device=dev), [int(v) for v in offsets.diff()],
+        torch.empty(capacity, dtype=torch.float32, device=dev),
     )  # fmt: skip
     load_padded(out, batch, offsets)
     return out

@@ -50,8 +50,6 @@ def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledKernel[BwdKey]:
 def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     """Arguments of ``cute.compile``: fake tensors with dynamic L, H, B and row strides."""
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
 
     from .hstu_bwd_sm90 import HSTUBwdSm90
 
@@ -59,11 +57,8 @@ def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     kernel = HSTUBwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
     q, k, v, do = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
     dq_acc = f.jagged(key.dqk, cutlass.Float32, 4)  # the fp32 dQ accumulator of the TMA reduce-add
-    dq, dk, dv = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv)
-    counters = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-    *scalars, stream = hstu_scalar_fakes(tvm_ffi)
-    tensors = (q, k, v, do, dq_acc, dq, dk, dv, f.offsets, f.targets, counters)
-    return (kernel, *tensors, *scalars, cutlass.Int32(1), stream)
+    dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
+    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, *hstu_scalar_fakes(tvm_ffi))
 
 
 def bwd_key(
@@ -131,9 +126,7 @@ def hstu_attention_cute_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of jagged HSTU attention in the inputs' dtype (argument order of the Triton launcher).
 
-    dQ accumulates in fp32 (the kernel scales each partial by alpha/S); the key block that adds last into
-    a query block converts it in the kernel (``dq_finish.py``), so one memset prepares the fp32 buffer
-    and its arrival counters and no pass converts dQ afterwards.
+    dQ accumulates in fp32 (the kernel scales each partial by alpha/S) and is converted once.
     ``out=(dq, dk, dv)`` receives the results; every row of every sequence is written (the offsets cover
     [0, L), as HSTU.md requires). ``validate`` checks shapes, dtypes and devices without a host sync;
     ``check_offsets`` also reads the offsets and targets on the host (one sync) to check them against L
@@ -149,45 +142,42 @@ def hstu_attention_cute_bwd(
     check_bwd_config(config, key.dtype, key.dqk, key.dv)
     L, H, dqk = q.shape
     batch = seq_offsets.numel() - 1
-    dq, dk, dv = out if out is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    dq_out, dk, dv = out if out is not None else (None, torch.empty_like(k), torch.empty_like(v))
     if L == 0 or batch == 0 or max_seq_len == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
     q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
-    dq_buf, dk_buf, dv_buf = (_tma_ready(t) for t in (dq, dk, dv))
+    dk_buf, dv_buf = (_tma_ready(t) for t in (dk, dv))
     offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
-    m_cap = math.ceil(max_seq_len / config.block_m)
-    # One memset: the fp32 dQ buffer, then the (sequence, head, query block) arrival counters.
-    workspace = torch.zeros(L * H * dqk + batch * H * m_cap, dtype=torch.float32, device=q.device)
-    dq_acc = workspace[: L * H * dqk].view(L, H, dqk)
-    counters = workspace[L * H * dqk :].view(torch.int32)
+    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
     compiled = compile_bwd(key)
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     inv_scale = 1.0 / float(scale)
     num_n_blocks = math.ceil(max_seq_len / config.block_n)
-    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks, m_cap)
-    tensors = (q, k, v, do, dq_acc, dq_buf, dk_buf, dv_buf, offsets, targets, counters)
+    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks)
+    tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)
     else:
         _launch_dlpack(compiled, tensors, scalars)
-    if dq_buf is not dq:
-        dq.copy_(dq_buf)
+    if dq_out is None:
+        dq_out = dq_acc.to(q.dtype)
+    else:
+        dq_out.copy_(dq_acc)
     if dk_buf is not dk:
         dk.copy_(dk_buf)
     if dv_buf is not dv:
         dv.copy_(dv_buf)
-    return dq, dk, dv
+    return dq_out, dk, dv
 
 
 def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tuple) -> None:
     """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
 
-    alpha, inv_scale, ctx, w, nnb, m_cap = scalars
-    # q, k, v, do, dq_acc, dq, dk, dv are 16-byte aligned (TMA or vector stores); offsets, targets and
-    # the dQ counters are int32.
-    wrapped = dlpack_args([(t, 16) for t in tensors[:8]] + [(t, 4) for t in tensors[8:]])
+    alpha, inv_scale, ctx, w, nnb = scalars
+    # q, k, v, do, dq_acc, dk, dv are TMA operands (16-byte aligned); offsets and targets are int32.
+    wrapped = dlpack_args([(t, 16) for t in tensors[:7]] + [(t, 4) for t in tensors[7:]])
     compiled.fn(
         *wrapped,
         cutlass.Float32(alpha),
@@ -195,6 +185,5 @@ def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tu
         cutlass.Int32(ctx),
         cutlass.Int32(w),
         cutlass.Int32(nnb),
-        cutlass.Int32(m_cap),
         current_stream(),
     )

@@ -46,16 +46,14 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
-from .dq_finish import arrive_range, arrive_untouched, convert_owned, expected_arrivals, reduces_done
 from .hstu_fwd_sm90 import _position_id, seq_bounds
 from .schedule import grouped_block_order
 
 LOG2E = math.log2(math.e)
 PRODUCER_REGS = 24
 # Named barriers (0 is __syncthreads): P/dS tile handoff among MMA threads, dQ buffer full / empty
-# (with dq_serial, warpgroup w uses BAR_DQ_FULL + 2w / BAR_DQ_EMPTY + 2w), and the producer warps'
-# dQ arrivals all counted before the MMA threads convert the query blocks this CTA owns.
-BAR_PDS, BAR_DQ_FULL, BAR_DQ_EMPTY, BAR_DQ_DONE = 1, 2, 3, 6
+# (with dq_serial, warpgroup w uses BAR_DQ_FULL + 2w / BAR_DQ_EMPTY + 2w).
+BAR_PDS, BAR_DQ_FULL, BAR_DQ_EMPTY = 1, 2, 3
 
 
 def _row_major_smem(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int):
@@ -130,24 +128,21 @@ class HSTUBwdSm90:
         mV: cute.Tensor,
         mdO: cute.Tensor,
         mdQ: cute.Tensor,
-        mdQo: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
-        mCount: cute.Tensor,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
         max_attn_len: Int32,
         num_n_blocks: Int32,
-        m_cap: Int32,
         stream: cuda.CUstream,
     ):
         # (L, H, D) -> (L, D, H): rows and the contiguous head dim first, heads as the batch mode.
-        mQ, mK, mV, mdO, mdQ, mdQo, mdK, mdV = [
+        mQ, mK, mV, mdO, mdQ, mdK, mdV = [
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
-            for t in (mQ, mK, mV, mdO, mdQ, mdQo, mdK, mdV)
+            for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)
         ]
         K_, MN_ = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         tiled_mma_sdp = self._tiled_mma(K_, K_, self.split_sdp, self.tile_n)
@@ -178,8 +173,6 @@ class HSTUBwdSm90:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, self.do_stages * 2]
-            # [1..3]: whether producer warp 1 / 2 / 3 owns a dQ block; then one ballot word per MMA warp.
-            dq_owned: cute.struct.MemRange[Int32, 4 + self.num_mma_threads // 32]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
@@ -191,13 +184,11 @@ class HSTUBwdSm90:
         self.shared_storage = SharedStorage
         num_heads = cute.size(mQ.shape[2])
         batch = cute.size(mOffsets.shape[0]) - 1
-        # Rows every sequence must stay within: those of Q, dK, dV and dQ (the non-TMA accesses).
+        # Rows every sequence must stay within: those of Q and of dK, dV (the only non-TMA accesses).
         num_rows = cutlass.min(cute.size(mQ.shape[0]), cutlass.min(cute.size(mdK.shape[0]), cute.size(mdV.shape[0])))
-        num_rows = cutlass.min(num_rows, cutlass.min(cute.size(mdQ.shape[0]), cute.size(mdQo.shape[0])))
         self.kernel(
             tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
-            mdQ, mdQo, mdK, mdV, mOffsets, mTargets, mCount, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
-            num_n_blocks, m_cap,
+            mdK, mdV, mOffsets, mTargets, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
         ).launch(
@@ -221,20 +212,15 @@ class HSTUBwdSm90:
         mV: cute.Tensor,
         tma_atom_dq: cute.CopyAtom,
         mdQ: cute.Tensor,
-        mAcc: cute.Tensor,
-        mdQo: cute.Tensor,
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
-        mCount: cute.Tensor,
         num_rows: Int32,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
         max_attn_len: Int32,
-        num_n_blocks: Int32,
-        m_cap: Int32,
         tiled_mma_sdp: cute.TiledMma,
         tiled_mma_dk: cute.TiledMma,
         tiled_mma_dv: cute.TiledMma,
@@ -267,7 +253,6 @@ class HSTUBwdSm90:
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        dq_owned = storage.dq_owned.get_tensor(cute.make_layout(4 + self.num_mma_threads // 32))
 
         seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
         hist_end = n - num_t
@@ -280,7 +265,6 @@ class HSTUBwdSm90:
         if start_n + self.tile_n > n:
             # The key tile crosses the sequence end: its last keys belong to the next sequence.
             blk_full = blk_hi
-        sync_done = self.num_mma_threads + 96
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
@@ -294,20 +278,6 @@ class HSTUBwdSm90:
                     )  # fmt: skip
                 if warp_idx == 1:
                     self.store_dq(tma_atom_dq, mdQ, sdQ, seq_start, head, blk_lo, blk_hi)
-                    base, m_blocks, expected, mark = self.dq_counters(n, m_cap, num_n_blocks)
-                    # Every reduce has completed (store_dq waited): arrive on the blocks it added into.
-                    owned = arrive_range(mCount, base, blk_lo, cutlass.min(blk_hi, m_blocks), expected, mark)
-                    word = cute.arch.vote_ballot_sync(owned != 0)
-                    if cute.arch.lane_idx() == 0:
-                        dq_owned[1] = word
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_DONE, number_of_threads=sync_done)
-                if warp_idx >= 2:
-                    base, m_blocks, expected, mark = self.dq_counters(n, m_cap, num_n_blocks)
-                    owned = arrive_untouched(mCount, base, m_blocks, blk_lo, blk_hi, expected, mark, tidx - 64, 64)
-                    word = cute.arch.vote_ballot_sync(owned != 0)
-                    if cute.arch.lane_idx() == 0:
-                        dq_owned[warp_idx] = word
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_DONE, number_of_threads=sync_done)
             else:
                 cute.arch.setmaxregister_increase(self.mma_regs)
                 self.mma(
@@ -316,24 +286,6 @@ class HSTUBwdSm90:
                     tidx - 128, seq_start, n, head, n_block, start_n, blk_lo, blk_full, blk_hi,
                     alpha, inv_scale, ctx_len, max_attn_len, m_id,
                 )  # fmt: skip
-                cute.arch.barrier(barrier_id=BAR_DQ_DONE, number_of_threads=sync_done)
-                if (Int32(dq_owned[1]) | Int32(dq_owned[2]) | Int32(dq_owned[3])) != 0:
-                    # Recomputed here rather than held in registers through the main loop.
-                    base, m_blocks, _, mark = self.dq_counters(n, m_cap, num_n_blocks)
-                    convert_owned(
-                        mAcc, mdQo, mCount, cute.make_tensor(dq_owned.iterator + 4, cute.make_layout(self.num_mma_threads // 32)),
-                        base, m_blocks, mark, seq_start, n, head, tidx - 128, BAR_PDS,
-                        self.tile_m, self.dqk, self.num_mma_threads, self.dtype,
-                    )  # fmt: skip
-
-    @cute.jit
-    def dq_counters(self, n: Int32, m_cap: Int32, num_n_blocks: Int32):
-        """(first counter, query blocks, expected arrivals, owner mark) of this CTA's sequence-head."""
-        head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
-        base = (bid_b * Int32(cute.arch.grid_dim()[0]) + head) * m_cap
-        m_blocks = cutlass.min((n + self.tile_m - 1) // self.tile_m, m_cap)
-        expected = expected_arrivals(n, self.tile_n, num_n_blocks)
-        return base, m_blocks, expected, expected + 1 + n_block
 
     @cute.jit
     def row_range(self, start_n: Int32, n: Int32, hist_end: Int32, m_id: Int32, ctx: Int32, w: Int32):
@@ -432,8 +384,7 @@ class HSTUBwdSm90:
         blk_hi: Int32,
     ):
         """dQ warp: TMA reduce-add of each dQ partial tile (or of each warpgroup's slice, in turns, with
-        ``dq_serial``) into the fp32 dQ buffer; returns once every reduce has completed and is visible to
-        generic-proxy readers at GPU scope (``dq_finish.py``)."""
+        ``dq_serial``) into the fp32 dQ buffer."""
         gdQ = cute.local_tile(cute.domain_offset((seq_start, 0), mdQ[None, None, head]), self.dq_tile, (None, None))
         tsdQ, tgdQ = cpasync.tma_partition(
             tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2)
@@ -456,7 +407,7 @@ class HSTUBwdSm90:
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
                 cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk, 0])
                 cute.arch.cp_async_bulk_commit_group()
-        reduces_done()
+        cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
     def gemm(

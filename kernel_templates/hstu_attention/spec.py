@@ -13,9 +13,7 @@ _TRITON_COMMON = (
 )
 _CUTE_SHARED = ("kernel_templates/cute_runtime.py", "kernel_templates/cute_sm90.py", "kernel_templates/config_base.py")
 _CUTE_FWD = ("config.py", "schedule.py", "hstu_fwd_sm90.py", "op.py")
-_CUTE_BWD = (
-    "config.py", "schedule.py", "hstu_fwd_sm90.py", "bwd_config.py", "hstu_bwd_sm90.py", "dq_finish.py", "bwd_op.py"
-)
+_CUTE_BWD = ("config.py", "schedule.py", "hstu_fwd_sm90.py", "bwd_config.py", "hstu_bwd_sm90.py", "bwd_op.py")
 
 
 def _triton(direction: str) -> BackendSpec:

@@ -107,7 +107,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                 return ops.hstu_attention(**inp, source=args.source, validate=mode)
 
             call()  # compile, dispatch
-            backend = ",".join(sorted({c.backend for c in dispatch._CACHE.values()}))
+            backend = ",".join(sorted({c.backend for c in dispatch.cached_choices().values()}))
             enq, wall = time_loop(call, args.calls, args.repeats)
             if args.profile and mode == "none":
                 print(f"cProfile of {args.calls} calls, validate='none', {args.source}:")

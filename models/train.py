@@ -264,7 +264,7 @@ def _dispatch_report(loaded: dict[str, Any] | None) -> dict[str, Any]:
         {"kind": k[0], "dtype": str(k[1]), "dqk": k[2], "dv": k[3], "heads": k[4], "max_seq_len": k[5],
          "distribution": k[6], "source": k[7], "backend": c.backend, "config": json.loads(c.config),
          "chosen_from": c.source, "bucket": c.bucket}
-        for k, c in dispatch._CACHE.items()
+        for k, c in dispatch.cached_choices().items()
     ]  # fmt: skip
     return {"loaded": loaded, "choices": choices, "warnings": list(dispatch.WARNINGS)}
 

@@ -72,6 +72,28 @@ def test_index_cast_once_per_unchanged_tensor(monkeypatch):
     assert c is not b and d is not c and c.tolist() == b.tolist()
 
 
+def test_index_cast_cache_is_keyed_by_dtype():
+    """One tensor asked for in two dtypes gets each, not the first one cached."""
+    off = torch.tensor([0, 3, 7], dtype=torch.int64)
+    a = ops._index_as(off, torch.int32)
+    b = ops._index_as(off, torch.int16)
+    assert a.dtype == torch.int32 and b.dtype == torch.int16 and b.tolist() == off.tolist()
+    assert ops._index_as(off, torch.int32).dtype == torch.int32
+
+
+def test_async_check_repeats_for_other_targets(checks):
+    """The skip needs the same targets tensor, unchanged: another one (or one written since) is checked."""
+    off, nt = torch.tensor([0, 3, 7]), torch.tensor([1, 2])
+    for _ in range(2):
+        ops._check_offsets("triton", "async", off, nt, 7, 4)
+    assert len(checks) == 1
+    ops._check_offsets("triton", "async", off, nt.clone(), 7, 4)
+    nt.add_(0)
+    ops._check_offsets("triton", "async", off, nt, 7, 4)
+    ops._check_offsets("triton", "async", off, None, 7, 4)
+    assert len(checks) == 4
+
+
 def test_backends_declare_their_index_dtype(monkeypatch):
     assert dispatch.index_dtype("cute", ops.FWD) == torch.int32 and dispatch.index_dtype("cute", ops.BWD) == torch.int32
     assert dispatch.index_dtype("triton", ops.FWD) is None and dispatch.index_dtype("reference", ops.BWD) is None

@@ -150,6 +150,12 @@ def on_clear(fn) -> None:
     _CLEAR_HOOKS.append(fn)
 
 
+def cached_choices() -> dict[tuple, Choice]:
+    """A copy of the choices made since the last ``clear_cache``, for reports; keys are (kind, dtype,
+    dqk, dv, heads, max_seq_len, distribution, source, ...) as ``select`` builds them."""
+    return dict(_CACHE)
+
+
 def clear_cache() -> None:
     """Forget cached choices (after loading other artifacts, or when the op specs change)."""
     _CACHE.clear()

@@ -80,35 +80,59 @@ _BWD_SCHEMA = (
 )
 
 
-# id(seq_offsets) -> (weakref to it, its version, num_targets' id and version, rows, max_seq_len) of the
-# last passed "async" check. The weakref proves the same object (a new tensor at a reused address or
-# id is a different object); the version counter proves it was not written since.
-_CHECKED: dict[int, tuple] = {}
+_MISS = object()
+
+
+class _TensorMemo:
+    """A value derived from a tensor, reused while that same tensor object is unchanged.
+
+    Keyed by id; a weakref proves the entry is the same object (a new tensor at a reused id misses) and
+    the version counter proves it was not written since. At most 64 entries (cleared past that). Callers
+    bypass it under CUDA-graph capture, where replays change the contents of the same tensor.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple] = {}
+
+    def get(self, t: torch.Tensor, key: tuple = ()) -> object:
+        """The value stored for ``t`` with ``key``, or ``_MISS``."""
+        hit = self._entries.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == t._version and hit[2] == key:
+            return hit[3]
+        return _MISS
+
+    def put(self, t: torch.Tensor, value: object, key: tuple = ()) -> None:
+        if len(self._entries) > 64:
+            self._entries.clear()
+        self._entries[id(t)] = (weakref.ref(t), t._version, key, value)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# Offsets that passed an "async" check, with the targets (a weakref) and rows / max_seq_len it was for.
+_CHECKED = _TensorMemo()
 
 
 def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
     """The offsets check of one op call; the reference reads the offsets on the host anyway, so its
     "async" is "full" (a ValueError at the call). An "async" check of an unchanged offsets tensor
-    already checked with these rows and ``max_seq_len`` is skipped."""
+    already checked with the same unchanged targets, rows and ``max_seq_len`` is skipped."""
     mode = validate_mode(validate)
     if backend == "reference" and mode == "async":
         mode = "full"
-    if mode != "async":
+    if mode != "async" or _capturing():  # a graph replays new offsets in the same tensor: check in the graph
         check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
         return
-    if _capturing():  # a CUDA graph replays with new offsets in the same tensor: the check goes in the graph
-        check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
-        return
-    key = (seq_offsets._version, None if num_targets is None else num_targets._version, rows, max_seq_len)
-    hit = _CHECKED.get(id(seq_offsets))
-    same_targets = hit is not None and (hit[2]() if hit[2] is not None else None) is num_targets
-    if hit is not None and hit[0]() is seq_offsets and hit[1] == key and same_targets:
+    key = (None if num_targets is None else num_targets._version, rows, max_seq_len)
+    ref_nt = _CHECKED.get(seq_offsets, key)
+    if ref_nt is not _MISS and (ref_nt() if ref_nt is not None else None) is num_targets:
         return
     check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
-    if len(_CHECKED) > 64:
-        _CHECKED.clear()
-    ref_nt = weakref.ref(num_targets) if num_targets is not None else None
-    _CHECKED[id(seq_offsets)] = (weakref.ref(seq_offsets), key, ref_nt)
+    _CHECKED.put(seq_offsets, weakref.ref(num_targets) if num_targets is not None else None, key)
 
 
 def _capturing() -> bool:
@@ -116,9 +140,9 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-# id(src) -> (weakref to src, its version, the cast copy): index tensors a backend wants in another dtype
-# (the CuTe kernels read int32 offsets), cast once per unchanged tensor rather than once per call.
-_CAST: dict[int, tuple] = {}
+# Index tensors a backend wants in another dtype (the CuTe kernels read int32 offsets), cast once per
+# unchanged tensor rather than once per call; keyed by the target dtype.
+_CAST = _TensorMemo()
 
 
 def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
@@ -130,13 +154,10 @@ def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor
         return t
     if type(t) is not torch.Tensor or _capturing():
         return t.to(dtype)
-    hit = _CAST.get(id(t))
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    out = t.to(dtype)
-    if len(_CAST) > 64:
-        _CAST.clear()
-    _CAST[id(t)] = (weakref.ref(t), t._version, out)
+    out = _CAST.get(t, (dtype,))
+    if out is _MISS:
+        out = t.to(dtype)
+        _CAST.put(t, out, (dtype,))
     return out
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from kernel_templates.hstu_attention.testing import offsets_from_lengths
+
 BALANCE = ("none", "workload")
 
 
@@ -110,12 +112,10 @@ def select_sequences(batch: Any, indices: list[int]) -> Any:
     rows = [torch.arange(off[i], off[i + 1]) for i in indices]
     idx = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
     lengths = [batch.lengths[i] for i in indices]
-    offsets = torch.zeros(len(indices) + 1, dtype=torch.int64)
-    if lengths:
-        offsets[1:] = torch.tensor(lengths).cumsum(0)
     return JaggedBatch(
-        batch.items[idx], batch.prev_actions[idx], batch.positions[idx], batch.labels[idx], offsets, lengths
-    )
+        batch.items[idx], batch.prev_actions[idx], batch.positions[idx], batch.labels[idx],
+        offsets_from_lengths(lengths), lengths,
+    )  # fmt: skip
 
 
 class LossModule(torch.nn.Module):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernel_templates.hstu_attention.testing import offsets_from_lengths
+
 from .data import JaggedBatch
 
 
@@ -51,10 +53,7 @@ def padded_offsets(lengths: list[int], capacity: int, slots: int, max_seq_len: i
     n = sum(lengths)
     if n > capacity:
         raise ValueError(f"batch has {n} rows, more than the capacity {capacity}")
-    full = list(lengths) + padding_lengths(capacity - n, slots, max_seq_len)
-    offsets = torch.zeros(len(full) + 1, dtype=torch.int64)
-    offsets[1:] = torch.tensor(full, dtype=torch.int64).cumsum(0)
-    return offsets
+    return offsets_from_lengths(list(lengths) + padding_lengths(capacity - n, slots, max_seq_len))
 
 
 def pad_batch(batch: JaggedBatch, capacity: int, slots: int, max_seq_len: int) -> JaggedBatch:

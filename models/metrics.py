@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernel_templates.hstu_attention.reference import hstu_attention_flops
+from kernel_templates.hstu_attention.testing import offsets_from_lengths
 
 from .config import ModelConfig
 
@@ -13,9 +14,7 @@ DEFAULT_PEAK_TFLOPS = 989.0  # H100/H200 dense bf16
 
 def step_flops(cfg: ModelConfig, lengths: list[int], dense_params: int) -> dict[str, float]:
     """FLOPs of one training step (fwd + bwd): attention by HSTU.md, GEMMs as 6 x params x tokens."""
-    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
-    fwd, bwd = hstu_attention_flops(offsets, cfg.num_heads, cfg.head_dim, cfg.head_dim)
+    fwd, bwd = hstu_attention_flops(offsets_from_lengths(lengths), cfg.num_heads, cfg.head_dim, cfg.head_dim)
     attention = (fwd + bwd) * cfg.num_layers
     gemm = 6.0 * dense_params * sum(lengths)
     return {"attention": attention, "gemm": gemm, "total": attention + gemm}

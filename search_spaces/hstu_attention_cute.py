@@ -36,6 +36,7 @@ FWD_PARAMS: dict[str, tuple] = {
     "num_stages": (1, 2, 3, 4),
     "intra_wg_overlap": (False, True),
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
+    "compact": (False, True),  # only the real tiles of a jagged batch, heaviest first (tile_table.py)
 }
 # setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
 MMA_REGS = {1: 256, 2: 240, 3: 160}
@@ -121,6 +122,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "do_stages": (1, 2, 3),  # dO buffers (at most num_stages)
     "dq_serial": (False, True),  # warpgroups pass dQ slices through one half-size buffer in turns
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
+    "compact": (False, True),  # only the real key tiles of a jagged batch, heaviest first (tile_table.py)
 }
 
 

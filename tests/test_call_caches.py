@@ -43,13 +43,13 @@ def test_async_check_once_per_unchanged_tensor(checks):
 def test_async_check_always_recorded_under_graph_capture(checks, monkeypatch):
     off = torch.tensor([0, 3, 7])
     ops._check_offsets("triton", "async", off, None, 7, 4)
-    monkeypatch.setattr(ops, "_capturing", lambda: True)
+    monkeypatch.setattr(ops, "capturing", lambda: True)
     for _ in range(3):
         ops._check_offsets("triton", "async", off, None, 7, 4)
     assert len(checks) == 4
-    monkeypatch.setattr(ops, "_capturing", lambda: False)
+    monkeypatch.setattr(ops, "capturing", lambda: False)
     ops._CHECKED.clear()
-    monkeypatch.setattr(ops, "_capturing", lambda: True)
+    monkeypatch.setattr(ops, "capturing", lambda: True)
     ops._check_offsets("triton", "async", off, None, 7, 4)
     assert not ops._CHECKED  # a capture leaves nothing cached
 
@@ -67,7 +67,7 @@ def test_index_cast_once_per_unchanged_tensor(monkeypatch):
         and ops._index_as(off, None) is off
         and ops._index_as(None, torch.int32) is None
     )
-    monkeypatch.setattr(ops, "_capturing", lambda: True)
+    monkeypatch.setattr(ops, "capturing", lambda: True)
     c, d = ops._index_as(off, torch.int32), ops._index_as(off, torch.int32)
     assert c is not b and d is not c and c.tolist() == b.tolist()
 

@@ -432,9 +432,13 @@ for backend in backends:
         q, k, v = (torch.randn(L, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         if backend == "triton":
             out = ops.hstu_attention(q, k, v, off, 8, num_targets=nt, source="default", validate="none")
-        else:
-            from kernel_templates.cute import hstu_attention_cute
-            out = hstu_attention_cute(q, k, v, off, 8, num_targets=nt, validate=False)
+        else:  # "cute" launches the plain grid, "cute_compact" only the real tiles (tile_table.py)
+            import dataclasses
+            from kernel_templates.cute import default_cute_bwd_config, default_cute_fwd_config, hstu_attention_cute
+            c = backend == "cute_compact"
+            fc = dataclasses.replace(default_cute_fwd_config(D, D), compact=c, l2_group=0)
+            bc = dataclasses.replace(default_cute_bwd_config(D, D), compact=c, l2_group=2)
+            out = hstu_attention_cute(q, k, v, off, 8, num_targets=nt, fwd_config=fc, bwd_config=bc, validate=False)
         out.float().sum().backward()
 torch.cuda.synchronize()
 print("SCRIPT DONE", flush=True)
@@ -508,7 +512,7 @@ def _guarded_cuda(rows: int, dim: int, dtype: torch.dtype, fill: float | None = 
     return buf, buf[GUARD : GUARD + rows]
 
 
-def _gpu_guard_case(backend: str, offsets: list[int], targets: list[int] | None) -> None:
+def _gpu_guard_case(backend: str, offsets: list[int], targets: list[int] | None, compact: bool = False) -> None:
     """Forward and backward with unchecked offsets; the rows around every output stay untouched."""
     d, dtype = 64, torch.bfloat16
     q, k, v, do = (_guarded_cuda(L, d, dtype)[1] for _ in range(4))
@@ -522,10 +526,20 @@ def _gpu_guard_case(backend: str, offsets: list[int], targets: list[int] | None)
         hstu_attention_fwd(q, k, v, *args, default_fwd_config(d, d), out=outs[0][1])
         hstu_attention_bwd(do, q, k, v, *args, default_bwd_config(d, d), out=tuple(o for _, o in outs[1:]))
     else:
-        from kernel_templates.cute import default_cute_fwd_config, hstu_attention_cute_bwd, hstu_attention_cute_fwd
+        import dataclasses
 
-        hstu_attention_cute_fwd(q, k, v, *args, default_cute_fwd_config(d, d), out=outs[0][1])
-        hstu_attention_cute_bwd(do, q, k, v, *args, out=tuple(o for _, o in outs[1:]), validate=False)
+        from kernel_templates.cute import (
+            default_cute_bwd_config,
+            default_cute_fwd_config,
+            hstu_attention_cute_bwd,
+            hstu_attention_cute_fwd,
+        )
+
+        fwd_cfg = dataclasses.replace(default_cute_fwd_config(d, d), compact=compact)
+        bwd_cfg = dataclasses.replace(default_cute_bwd_config(d, d), compact=compact)
+        hstu_attention_cute_fwd(q, k, v, *args, fwd_cfg, out=outs[0][1])
+        bwd_out = tuple(o for _, o in outs[1:])
+        hstu_attention_cute_bwd(do, q, k, v, *args, config=bwd_cfg, out=bwd_out, validate=False)
     torch.cuda.synchronize()
     for buf, _ in outs:
         assert bool((buf[:GUARD].float() == SENTINEL).all()) and bool((buf[GUARD + L :].float() == SENTINEL).all())
@@ -539,14 +553,18 @@ def test_triton_kernels_keep_guard_rows_on_gpu(offsets, targets):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("compact", [False, True], ids=["grid", "compact"])
 @pytest.mark.parametrize("offsets,targets", OOB_OFFSETS)
-def test_cute_kernels_keep_guard_rows_on_gpu(offsets, targets):
+def test_cute_kernels_keep_guard_rows_on_gpu(offsets, targets, compact):
     pytest.importorskip("cutlass")
-    _gpu_guard_case("cute", offsets, targets)
+    _gpu_guard_case("cute", offsets, targets, compact)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", pytest.param("cute", marks=pytest.mark.sm90)])
+@pytest.mark.parametrize(
+    "backend",
+    ["triton", pytest.param("cute", marks=pytest.mark.sm90), pytest.param("cute_compact", marks=pytest.mark.sm90)],
+)
 def test_out_of_bounds_offsets_under_compute_sanitizer(tmp_path, backend):
     """memcheck sees every device access; without the caching allocator each tensor is its own allocation."""
     import json
@@ -556,7 +574,7 @@ def test_out_of_bounds_offsets_under_compute_sanitizer(tmp_path, backend):
 
     if shutil.which("compute-sanitizer") is None:
         pytest.skip("compute-sanitizer is not on PATH")
-    if backend == "cute":
+    if backend.startswith("cute"):
         pytest.importorskip("cutlass")
     script = tmp_path / "oob.py"
     script.write_text(SANITIZER_SCRIPT)

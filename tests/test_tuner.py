@@ -138,6 +138,19 @@ def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp
     assert warm and warm[0].params["fake.mode"] == "ok"
 
 
+def test_warm_start_from_before_a_new_tunable_tries_it_both_ways():
+    """An artifact's winner written before a tunable existed is completed once per choice of it (so the
+    new knob is measured on the known-good config), capped; complete hints pass unchanged."""
+    from autotune.tuning.tuner import completed_hints
+
+    choices = {"block_m": (64, 128), "l2_group": (0, 8), "compact": (False, True)}
+    old = {"block_m": 128, "l2_group": 8}
+    assert completed_hints(old, choices) == [{**old, "compact": False}, {**old, "compact": True}]
+    full = {**old, "compact": True}
+    assert completed_hints(full, choices) == [full]
+    assert len(completed_hints({}, choices, cap=3)) == 3
+
+
 def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     """What ``autotune bench`` and the perf regression checks time: the default, and the bucket's entry."""
     from autotune.tuning.tuner import bench_launches

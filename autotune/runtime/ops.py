@@ -25,6 +25,7 @@ from torch import nn
 from autotune.runtime import dispatch
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
 from kernel_templates.hstu_attention.op import validate_hstu_inputs
+from kernel_templates.tensor_memo import MISS, TensorMemo, capturing
 
 FWD = "hstu_attention_fwd"
 BWD = "hstu_attention_bwd"
@@ -80,41 +81,8 @@ _BWD_SCHEMA = (
 )
 
 
-_MISS = object()
-
-
-class _TensorMemo:
-    """A value derived from a tensor, reused while that same tensor object is unchanged.
-
-    Keyed by id; a weakref proves the entry is the same object (a new tensor at a reused id misses) and
-    the version counter proves it was not written since. At most 64 entries (cleared past that). Callers
-    bypass it under CUDA-graph capture, where replays change the contents of the same tensor.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple] = {}
-
-    def get(self, t: torch.Tensor, key: tuple = ()) -> object:
-        """The value stored for ``t`` with ``key``, or ``_MISS``."""
-        hit = self._entries.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == t._version and hit[2] == key:
-            return hit[3]
-        return _MISS
-
-    def put(self, t: torch.Tensor, value: object, key: tuple = ()) -> None:
-        if len(self._entries) > 64:
-            self._entries.clear()
-        self._entries[id(t)] = (weakref.ref(t), t._version, key, value)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
 # Offsets that passed an "async" check, with the targets (a weakref) and rows / max_seq_len it was for.
-_CHECKED = _TensorMemo()
+_CHECKED = TensorMemo()
 
 
 def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
@@ -124,25 +92,20 @@ def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: 
     mode = validate_mode(validate)
     if backend == "reference" and mode == "async":
         mode = "full"
-    if mode != "async" or _capturing():  # a graph replays new offsets in the same tensor: check in the graph
+    if mode != "async" or capturing():  # a graph replays new offsets in the same tensor: check in the graph
         check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
         return
     key = (None if num_targets is None else num_targets._version, rows, max_seq_len)
     ref_nt = _CHECKED.get(seq_offsets, key)
-    if ref_nt is not _MISS and (ref_nt() if ref_nt is not None else None) is num_targets:
+    if ref_nt is not MISS and (ref_nt() if ref_nt is not None else None) is num_targets:
         return
     check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
     _CHECKED.put(seq_offsets, weakref.ref(num_targets) if num_targets is not None else None, key)
 
 
-def _capturing() -> bool:
-    """Whether a CUDA graph is being captured on this thread's stream (no per-tensor caches then)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 # Index tensors a backend wants in another dtype (the CuTe kernels read int32 offsets), cast once per
 # unchanged tensor rather than once per call; keyed by the target dtype.
-_CAST = _TensorMemo()
+_CAST = TensorMemo()
 
 
 def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
@@ -152,10 +115,10 @@ def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor
     capture the cast is always recorded, since replays change the tensor's contents."""
     if t is None or dtype is None or t.dtype == dtype:
         return t
-    if type(t) is not torch.Tensor or _capturing():
+    if type(t) is not torch.Tensor or capturing():
         return t.to(dtype)
     out = _CAST.get(t, (dtype,))
-    if out is _MISS:
+    if out is MISS:
         out = t.to(dtype)
         _CAST.put(t, out, (dtype,))
     return out

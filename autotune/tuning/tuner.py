@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import math
 import time
 import warnings
@@ -631,7 +632,11 @@ def tune_task(
     s = _Study(task, opts, worker, storage, reporter)
     first = [s.queue(s.default_backend.name, s.default_values, "default")]
     first += [s.queue(bname, values, f"default of {bname}") for bname, values in s.defaults.items()]
-    first += [s.queue(bname, values, "warm-start") for bname, values in warm_starts]
+    first += [
+        s.queue(bname, hint, "warm-start")
+        for bname, values in warm_starts
+        for hint in completed_hints(values, s.choices.get(bname, {}))
+    ]
     first_keys = {k for k in first if k is not None}  # measured whatever the budget says
     result = TaskResult(task, timing="do_bench+cuda_graph" if opts.cuda_graph else "do_bench")
     asks, dup_streak, limit, size = 0, 0, 50 * opts.n_trials + 200, s.space_size()
@@ -721,6 +726,14 @@ def merge_entries(kernel: str, gpu: str, entries: list[dict[str, Any]], root: Pa
         for entry in entries:
             artifact.upsert(entry)
         return art.save_artifact(artifact, path)
+
+
+def completed_hints(values: dict[str, Any], choices: dict[str, tuple], cap: int = 4) -> list[dict[str, Any]]:
+    """A warm start from before some tunables existed, completed once per choice of the missing ones (the
+    old winner under each value of the new knob, at most ``cap``); a complete one is returned as it is."""
+    missing = [p for p in choices if p not in values]
+    combos = itertools.islice(itertools.product(*(choices[p] for p in missing)), cap)
+    return [{**values, **dict(zip(missing, c, strict=True))} for c in combos]
 
 
 def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:

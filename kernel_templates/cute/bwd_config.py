@@ -33,7 +33,9 @@ class HSTUCuteBwdConfig(JsonConfig):
     with a TMA reduce-add (cp.reduce.async.bulk.tensor). ``l2_group`` sequence-heads launch together
     so their Q/dO is re-read from L2 (see ``schedule.py``). ``dq_serial``: the MMA warpgroups pass their
     slices of the dQ partial through one buffer in turns; it halves that fp32 tile (64 KB at 64 x 256) so
-    a second Q stage fits at D=256, for a short wait of the second warpgroup on the reduce.
+    a second Q stage fits at D=256, for a short wait of the second warpgroup on the reduce. ``compact``
+    launches only the real key tiles of a jagged batch, heaviest first, from a table built on the device
+    (``tile_table.py``; ``l2_group`` then counts whole sequences' heads).
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -45,6 +47,7 @@ class HSTUCuteBwdConfig(JsonConfig):
     l2_group: int = 8
     do_stages: int | None = None
     dq_serial: bool = False
+    compact: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -70,8 +73,9 @@ class HSTUCuteBwdConfig(JsonConfig):
                 f"HSTUCuteBwdConfig.do_stages must be an int in [1, num_stages={self.num_stages}], "
                 f"got {self.do_stages!r}"
             )
-        if not isinstance(self.dq_serial, bool):
-            raise ValueError(f"HSTUCuteBwdConfig.dq_serial must be a bool, got {self.dq_serial!r}")
+        for name in ("dq_serial", "compact"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"HSTUCuteBwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.dq_mode not in ("tma",):
             raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
 

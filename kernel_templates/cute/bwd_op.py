@@ -23,6 +23,7 @@ from kernel_templates.cute_runtime import (
 )
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
+from .tile_table import tiles_arg, tiles_fake
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     q, k, v, do = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
     dq_acc = f.jagged(key.dqk, cutlass.Float32, 4)  # the fp32 dQ accumulator of the TMA reduce-add
     dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
-    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, *hstu_scalar_fakes(tvm_ffi))
+    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, tiles_fake(), *hstu_scalar_fakes(tvm_ffi))
 
 
 def bwd_key(
@@ -154,8 +155,9 @@ def hstu_attention_cute_bwd(
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     inv_scale = 1.0 / float(scale)
     num_n_blocks = math.ceil(max_seq_len / config.block_n)
+    tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_n, num_n_blocks, "bwd", config.compact, config.l2_group)
     scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks)
-    tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets)
+    tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets, tiles)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)
     else:

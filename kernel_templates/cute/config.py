@@ -26,7 +26,9 @@ class HSTUCuteFwdConfig(JsonConfig):
     warpgroup); one extra producer warpgroup issues the TMA loads. ``block_n`` keys per pipeline
     step, ``num_stages`` K/V buffers in flight. ``intra_wg_overlap`` issues the next Q K^T before
     the current P V so the SiLU math overlaps the tensor cores. ``l2_group`` sequence-heads launch
-    together so their K/V is re-read from L2 (see ``schedule.py``).
+    together so their K/V is re-read from L2 (see ``schedule.py``). ``compact`` launches only the real
+    tiles of a jagged batch, heaviest first, from a table built on the device (``tile_table.py``;
+    ``l2_group`` then counts whole sequences' heads).
     """
 
     kind: ClassVar[str] = "hstu_attention_fwd_cute"
@@ -35,6 +37,7 @@ class HSTUCuteFwdConfig(JsonConfig):
     num_stages: int = 2
     intra_wg_overlap: bool = True
     l2_group: int = 8
+    compact: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128, 192):
@@ -49,7 +52,7 @@ class HSTUCuteFwdConfig(JsonConfig):
             raise ValueError(f"HSTUCuteFwdConfig.num_stages must be an int in [1, 6], got {self.num_stages!r}")
         if self.l2_group not in L2_GROUPS:
             raise ValueError(f"HSTUCuteFwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
-        for name in ("intra_wg_overlap",):
+        for name in ("intra_wg_overlap", "compact"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteFwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

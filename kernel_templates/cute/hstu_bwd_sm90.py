@@ -2,7 +2,8 @@
 
 One CTA per (head, sequence, key block); key blocks of a sequence-head launch from the first
 (heaviest under causal masks: every later query sees it) to the last, and ``l2_group`` sequence-heads
-run together so their Q/dO stay in L2 (``schedule.grouped_block_order``). The K and V tiles are loaded
+run together so their Q/dO stay in L2 (``schedule.grouped_block_order``; with ``compact`` only the real
+tiles launch, heaviest first over the batch, ``tile_table.py``). The K and V tiles are loaded
 once by TMA; warp 0 of the producer warpgroup streams Q and dO tiles of the query blocks that can
 see this key block through mbarrier rings of ``num_stages`` (Q) and ``do_stages`` (dO) buffers. Two
 MMA warpgroups then, per query block:
@@ -47,7 +48,7 @@ from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
 from .hstu_fwd_sm90 import _position_id, seq_bounds
-from .schedule import grouped_block_order
+from .schedule import compact_tile, grouped_block_order
 
 LOG2E = math.log2(math.e)
 PRODUCER_REGS = 24
@@ -132,6 +133,7 @@ class HSTUBwdSm90:
         mdV: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
+        mTiles: cute.Tensor,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
@@ -186,13 +188,16 @@ class HSTUBwdSm90:
         batch = cute.size(mOffsets.shape[0]) - 1
         # Rows every sequence must stay within: those of Q and of dK, dV (the only non-TMA accesses).
         num_rows = cutlass.min(cute.size(mQ.shape[0]), cutlass.min(cute.size(mdK.shape[0]), cute.size(mdV.shape[0])))
+        grid = [num_heads, batch, num_n_blocks]
+        if const_expr(self.cfg.compact):
+            grid = [num_heads * (cute.size(mTiles.shape[0]) // 2), 1, 1]
         self.kernel(
             tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
-            mdK, mdV, mOffsets, mTargets, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
+            mdK, mdV, mOffsets, mTargets, mTiles, num_heads, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
         ).launch(
-            grid=[num_heads, batch, num_n_blocks],
+            grid=grid,
             block=[self.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -216,6 +221,8 @@ class HSTUBwdSm90:
         mdV: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
+        mTiles: cute.Tensor,
+        num_heads: Int32,
         num_rows: Int32,
         alpha: Float32,
         inv_scale: Float32,
@@ -234,7 +241,11 @@ class HSTUBwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
+        if const_expr(self.cfg.compact):
+            head, bid_b, n_block, live = compact_tile(mTiles, num_heads)
+        else:
+            head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
+            live = Int32(1)
         if warp_idx == 0:
             for atom in (tma_atom_q, tma_atom_do, tma_atom_k, tma_atom_v, tma_atom_dq):
                 cpasync.prefetch_descriptor(atom)
@@ -255,6 +266,7 @@ class HSTUBwdSm90:
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
 
         seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
+        n = n * live  # a compact-grid CTA past the last real tile has no rows to do
         hist_end = n - num_t
         m_id = n - ctx_len + 1 - num_t
         start_n = n_block * self.tile_n

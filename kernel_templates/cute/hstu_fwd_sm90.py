@@ -2,7 +2,8 @@
 
 One CTA per (head, sequence, query block); query blocks of a sequence-head launch from the last
 (heaviest under causal masks) to the first, so long tiles start early, and ``l2_group``
-sequence-heads run together so their K/V stay in L2 (``schedule.grouped_block_order``). Warpgroup 0 is the producer:
+sequence-heads run together so their K/V stay in L2 (``schedule.grouped_block_order``). With
+``compact`` only the real tiles launch, heaviest first over the batch (``tile_table.py``). Warpgroup 0 is the producer:
 one warp issues TMA loads (cp.async.bulk.tensor) of the Q tile and of K/V tiles into a multi-stage
 shared-memory ring guarded by mbarriers. The other ``block_m // 64`` warpgroups compute
 S = Q K^T with wgmma (operands in shared memory), apply SiLU and the HSTU mask on the fp32
@@ -32,7 +33,7 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .config import HSTUCuteFwdConfig
-from .schedule import grouped_block_order
+from .schedule import compact_tile, grouped_block_order
 
 LOG2E = math.log2(math.e)
 # (MMA warpgroups) -> (registers per MMA thread, registers per producer thread) after setmaxnreg.
@@ -103,6 +104,7 @@ class HSTUFwdSm90:
         mO: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
+        mTiles: cute.Tensor,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
@@ -166,6 +168,9 @@ class HSTUFwdSm90:
         batch = cute.size(mOffsets.shape[0]) - 1
         # Rows every sequence must stay within: those of Q and of O (the only non-TMA accesses).
         num_rows = cutlass.min(cute.size(mQ.shape[0]), cute.size(mO.shape[0]))
+        grid = [num_heads, batch, num_m_blocks]
+        if const_expr(self.cfg.compact):
+            grid = [num_heads * (cute.size(mTiles.shape[0]) // 2), 1, 1]
         self.kernel(
             tma_atom_q,
             tma_q,
@@ -176,6 +181,8 @@ class HSTUFwdSm90:
             mO,
             mOffsets,
             mTargets,
+            mTiles,
+            num_heads,
             num_rows,
             alpha,
             inv_scale,
@@ -188,7 +195,7 @@ class HSTUFwdSm90:
             sK_layout,
             sV_layout,
         ).launch(
-            grid=[num_heads, batch, num_m_blocks],
+            grid=grid,
             block=[self.num_threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=1,
@@ -207,6 +214,8 @@ class HSTUFwdSm90:
         mO: cute.Tensor,
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
+        mTiles: cute.Tensor,
+        num_heads: Int32,
         num_rows: Int32,
         alpha: Float32,
         inv_scale: Float32,
@@ -221,8 +230,12 @@ class HSTUFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        head, bid_b, bid_m = grouped_block_order(self.cfg.l2_group)
-        m_block = num_m_blocks - 1 - bid_m
+        if const_expr(self.cfg.compact):
+            head, bid_b, m_block, live = compact_tile(mTiles, num_heads)
+        else:
+            head, bid_b, bid_m = grouped_block_order(self.cfg.l2_group)
+            m_block = num_m_blocks - 1 - bid_m
+            live = Int32(1)
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)
             cpasync.prefetch_descriptor(tma_atom_k)
@@ -240,6 +253,7 @@ class HSTUFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
+        n = n * live  # a compact-grid CTA past the last real tile has no rows to do
         hist_end = n - num_t
         m_id = n - ctx_len + 1 - num_t
         start_m = m_block * self.tile_m

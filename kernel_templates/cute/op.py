@@ -28,6 +28,7 @@ from kernel_templates.cute_runtime import (
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
 from .bwd_op import hstu_attention_cute_bwd
 from .config import HSTUCuteFwdConfig, check_fwd_config
+from .tile_table import tiles_arg, tiles_fake
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _compile_args(key: FwdKey, tvm_ffi: bool) -> tuple:
     f = jagged_fakes(key.dtype)
     kernel = HSTUFwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
     q, k, v, out = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
-    return (kernel, q, k, v, out, f.offsets, f.targets, *hstu_scalar_fakes(tvm_ffi))
+    return (kernel, q, k, v, out, f.offsets, f.targets, tiles_fake(), *hstu_scalar_fakes(tvm_ffi))
 
 
 def fwd_key(
@@ -121,20 +122,21 @@ def hstu_attention_cute_fwd(
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     num_m_blocks = math.ceil(max_seq_len / config.block_m)
+    tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_m, num_m_blocks, "fwd", config.compact, config.l2_group)
     scalars = (float(alpha), 1.0 / float(scale), int(contextual_seq_len), int(max_attn_len), num_m_blocks)
     if compiled.tvm_ffi:
-        compiled.fn(q, k, v, out, offsets, targets, *scalars)
+        compiled.fn(q, k, v, out, offsets, targets, tiles, *scalars)
     else:
-        _launch_dlpack(compiled, q, k, v, out, offsets, targets, scalars)
+        _launch_dlpack(compiled, q, k, v, out, offsets, targets, tiles, scalars)
     return out
 
 
-def _launch_dlpack(compiled: CompiledKernel[FwdKey], q, k, v, out, offsets, targets, scalars) -> None:
+def _launch_dlpack(compiled: CompiledKernel[FwdKey], q, k, v, out, offsets, targets, tiles, scalars) -> None:
     """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
 
     alpha, inv_scale, ctx, w, nmb = scalars
-    tensors = dlpack_args([(q, 16), (k, 16), (v, 16), (out, 16), (offsets, 4), (targets, 4)])
+    tensors = dlpack_args([(q, 16), (k, 16), (v, 16), (out, 16), (offsets, 4), (targets, 4), (tiles, 4)])
     compiled.fn(
         *tensors,
         cutlass.Float32(alpha),

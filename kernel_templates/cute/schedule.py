@@ -5,6 +5,7 @@ the CTAs in flight are every sequence-head at one block index, and none of them 
 or Q/dO (backward), so each re-reads its operands from HBM. With ``l2_group == g`` all blocks of g
 sequence-heads launch before the next g, and the CTAs in flight re-read the same operands from L2.
 Within a sequence-head, block index 0 launches first (callers map it to the heaviest block).
+``compact_tile`` is the other order: only the real tiles of the batch, from a device-side table.
 """
 
 from __future__ import annotations
@@ -34,3 +35,17 @@ def grouped_block_order(l2_group: cutlass.Constexpr):
         seq = bh // Int32(num_heads)
         head = bh - seq * Int32(num_heads)
     return head, seq, i
+
+
+@cute.jit
+def compact_tile(mTiles: cute.Tensor, num_heads: Int32):
+    """(head, sequence, block, live) of this CTA in the compact order (``tile_table.py``): CTA t runs
+    tile t // num_heads of the table for head t % num_heads; ``live`` is 0 past the last real tile."""
+    bid_x, _, _ = cute.arch.block_idx()
+    t = Int32(bid_x)
+    p = t // num_heads
+    head = t - p * num_heads
+    seq = Int32(mTiles[2 * p])
+    block = Int32(mTiles[2 * p + 1])
+    live = Int32(seq >= 0)
+    return head, cutlass.max(seq, Int32(0)), block, live

@@ -1,0 +1,124 @@
+"""The compact launch order of the CuTe kernels, on the order alone (CPU): every real tile once, the
+heaviest first, nothing outside the batch whatever the offsets say, and one table per unchanged
+offsets tensor."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from kernel_templates.cute import tile_table as tt
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+
+
+def _real_tiles(lengths: list[int], block: int) -> list[tuple[int, int]]:
+    return [(s, b) for s, n in enumerate(lengths) for b in range(-(-n // block))]
+
+
+def _work(lengths: list[int], block: int, tile: tuple[int, int], direction: str) -> int:
+    s, b = tile
+    return b + 1 if direction == "fwd" else -(-lengths[s] // block) - b
+
+
+@pytest.mark.parametrize("direction", tt.DIRECTIONS)
+@pytest.mark.parametrize("group", [0, 1, 3])
+def test_every_real_tile_once_and_the_table_matches_the_reference(direction, group):
+    rng = random.Random(7)
+    for _ in range(60):
+        block = rng.choice([64, 128, 192])
+        max_len = rng.randint(1, 3000)
+        lengths = [rng.choice([0, 1, max_len, rng.randint(0, max_len)]) for _ in range(rng.randint(1, 24))]
+        rows = sum(lengths)
+        max_blocks = -(-max_len // block)
+        table = tt.tile_table(_offsets(lengths), rows, block, max_blocks, direction, group)
+        got = [tuple(r) for r in table.tolist()]
+        assert got == tt.tile_order_reference(lengths, rows, block, max_blocks, direction, group)
+        assert len(got) == tt.tile_bound(rows, len(lengths), block, max_blocks)
+        live = [t for t in got if t[0] >= 0]
+        assert sorted(live) == sorted(_real_tiles(lengths, block))  # each real tile exactly once
+        assert got[len(live) :] == [(-1, 0)] * (len(got) - len(live))  # dead entries only at the end
+
+
+@pytest.mark.parametrize("direction", tt.DIRECTIONS)
+def test_one_group_runs_the_heaviest_tiles_first(direction):
+    """Group 0 (all sequences): causal work never increases along the table (longest-processing-time)."""
+    lengths = [5000, 0, 3, 700, 64, 1, 4096, 129] + [40] * 30
+    block = 128
+    max_blocks = -(-max(lengths) // block)
+    table = tt.tile_order_reference(lengths, sum(lengths), block, max_blocks, direction, 0)
+    work = [_work(lengths, block, t, direction) for t in table if t[0] >= 0]
+    assert work == sorted(work, reverse=True)
+    assert work[0] == max_blocks
+
+
+def test_groups_keep_a_sequence_together_and_longest_sequences_first():
+    lengths = [300, 1000, 0, 1000, 65]
+    table = tt.tile_order_reference(lengths, sum(lengths), 64, 16, "fwd", group=1)
+    seqs = [s for s, _ in table if s >= 0]
+    assert seqs == [1] * 16 + [3] * 16 + [0] * 5 + [4] * 2  # stable: sequence 1 before 3
+    blocks = [b for s, b in table if s == 1]
+    assert blocks == list(range(15, -1, -1))  # heaviest (last) query block first
+
+
+def test_bound_covers_every_batch_without_reading_lengths():
+    rng = random.Random(3)
+    for _ in range(200):
+        block = rng.choice([64, 128])
+        lengths = [rng.randint(0, 2000) for _ in range(rng.randint(1, 40))]
+        max_blocks = max(1, -(-max(lengths) // block))
+        assert len(_real_tiles(lengths, block)) <= tt.tile_bound(sum(lengths), len(lengths), block, max_blocks)
+    with pytest.raises(ValueError, match="max_blocks"):
+        tt.tile_bound(10, 1, 64, 0)
+
+
+@pytest.mark.parametrize(
+    "offsets", [[-8, 5, 29], [0, 20, 3, 29], [40, 50, 60], [0, 2**40, 29], [0, 2**31 + 5, 29], [29, 0, 0]]
+)
+def test_bad_offsets_keep_every_entry_inside_the_batch(offsets):
+    off = torch.tensor(offsets, dtype=torch.int64)
+    batch, block, max_blocks = len(offsets) - 1, 64, 2
+    for direction in tt.DIRECTIONS:
+        table = tt.tile_table(off, 29, block, max_blocks, direction)
+        seq, blk = table[:, 0], table[:, 1]
+        assert table.dtype == torch.int32 and table.shape == (tt.tile_bound(29, batch, block, max_blocks), 2)
+        assert bool(((seq >= -1) & (seq < batch)).all()) and bool(((blk >= 0) & (blk < max_blocks)).all())
+
+
+def test_bad_direction_is_rejected():
+    with pytest.raises(ValueError, match="direction"):
+        tt.tile_table(_offsets([3]), 3, 64, 1, "sideways")
+
+
+def test_seqs_per_group_counts_whole_sequences():
+    assert tt.seqs_per_group(0, 4) == 0 and tt.seqs_per_group(8, 4) == 2 and tt.seqs_per_group(2, 4) == 1
+
+
+def test_one_table_per_unchanged_offsets_tensor(monkeypatch):
+    calls = []
+    real = tt.tile_table
+    monkeypatch.setattr(tt, "tile_table", lambda *a: calls.append(a) or real(*a))
+    tt._TABLES.clear()
+    off = _offsets([100, 3, 0, 64])
+    a = tt.launch_tile_table(off, 167, 64, 2, "fwd", 0)
+    assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is a and len(calls) == 1
+    b = tt.launch_tile_table(off, 167, 128, 1, "bwd", 0)  # another block size: its own entry, both kept
+    assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is a and len(calls) == 2 and b is not a
+    off.add_(0)  # written: rebuilt
+    assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is not a and len(calls) == 3
+    monkeypatch.setattr(tt, "capturing", lambda: True)  # under graph capture: always rebuilt
+    tt.launch_tile_table(off, 167, 64, 2, "fwd", 0)
+    assert len(calls) == 4
+    tt._TABLES.clear()
+
+
+def test_plain_grid_passes_the_offsets_as_placeholder():
+    off = _offsets([5, 7])
+    assert tt.tiles_arg(off, off, 12, 2, 64, 1, "fwd", False, 8) is off
+    flat = tt.tiles_arg(off, off, 12, 2, 64, 1, "fwd", True, 8)
+    assert flat.dim() == 1 and flat.tolist() == [0, 0, 1, 0]

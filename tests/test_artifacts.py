@@ -81,11 +81,12 @@ def test_upsert_replaces_the_same_key():
             lambda d: d["entries"][0].update(
                 backend="cute", config=dict(block_m=128, block_n=64, num_stages=2, intra_wg_overlap=True)
             ),
-            r"HSTUCuteFwdConfig: missing fields \['l2_group'\]",  # never filled with a default
+            r"HSTUCuteFwdConfig: missing fields \['compact', 'l2_group'\]",  # never filled with a default
         ),
         (
             lambda d: d["entries"][0].update(
-                backend="cute", config=dict(block_m=128, block_n=64, num_stages=2, intra_wg_overlap=True, l2_group=8)
+                backend="cute",
+                config=dict(block_m=128, block_n=64, num_stages=2, intra_wg_overlap=True, l2_group=8, compact=False),
             ),
             "no template_hash",
         ),

@@ -10,8 +10,10 @@ nearest tuned bucket), then the heuristic default, and warns once per reason say
 
 Without a distribution hint, a call is matched to its bucket's entries by what the host knows
 without a sync: the fill ratio L / (B x max_seq_len) of the batch against the fill of the batch
-each entry was tuned on (``entry_fill``), nearest in log scale; a call no entry is within a factor
-``FILL_TOLERANCE`` of runs the uniform entry (the one tuned on the most work).
+each entry was tuned on (``entry_fill``), nearest in log scale. A call no entry is within a factor
+``FILL_TOLERANCE`` of runs the entry tuned on the lowest fill when the call is more skewed than every
+tuned batch (those entries launch only real tiles, heaviest first, which is what skewed batches need),
+else the uniform entry (the one tuned on the most work).
 
 Which files are usable is decided by ``autotune.runtime.artifacts.assess_artifact`` (the verdict that
 ``autotune show`` prints too): stale, invalid or foreign files (another GPU, another architecture)
@@ -392,7 +394,8 @@ def _same_task_but_distribution(e: Any, dtype: str, dqk: int, dv: int, bucket: i
 
 def _nearest_fill(entries: list[Any], fill: float) -> Any:
     """The entry tuned on the fill nearest ``fill`` (log scale; 'uniform' first on ties), if within
-    ``FILL_TOLERANCE``; else the 'uniform' entry, else None."""
+    ``FILL_TOLERANCE``; else, for a call below every entry's fill, the lowest-fill entry; else the
+    'uniform' entry, else None."""
     if not entries:
         return None
 
@@ -400,7 +403,7 @@ def _nearest_fill(entries: list[Any], fill: float) -> Any:
         return abs(math.log2(entry_fill(e)) - math.log2(fill))
 
     best = min(entries, key=lambda e: (distance(e), _get(e, "distribution") != "uniform", _config_json(e["config"])))
-    if distance(best) <= math.log2(FILL_TOLERANCE):
+    if distance(best) <= math.log2(FILL_TOLERANCE) or all(entry_fill(e) > fill for e in entries):
         return best
     return next((e for e in entries if _get(e, "distribution") == "uniform"), None)
 

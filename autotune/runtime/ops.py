@@ -283,7 +283,8 @@ def hstu_attention(
     (artifacts from ``autotune.load``, with fallbacks), "default" (heuristic) or "reference".
     ``distribution`` ("uniform" / "jagged") picks the entries tuned on that length distribution;
     None (default) lets dispatch match the batch's fill ratio L / (B x max_seq_len) to the fill each
-    entry was tuned on (shapes only, no sync), and the uniform entry when none is close.
+    entry was tuned on (shapes only, no sync); when none is close, the lowest-fill entry for a call
+    more skewed than every tuned batch, else the uniform entry.
 
     No input makes a kernel read or write out of bounds: the kernels clamp what they read from
     ``seq_offsets`` and ``num_targets``. ``validate`` says how bad inputs are reported (True/False

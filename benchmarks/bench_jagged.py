@@ -24,13 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
+from kernel_templates.hstu_attention.testing import offsets_from_lengths  # noqa: E402
 
 
 def _inputs(lengths: list[int], heads: int, d: int, seed: int) -> tuple:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total = sum(lengths)
     q, k, v, do = (torch.randn(total, heads, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    offsets = offsets_from_lengths(lengths, "cuda", torch.int32)
     return q, k, v, do, offsets
 
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
+from kernel_templates.hstu_attention.testing import offsets_from_lengths  # noqa: E402
 
 COLUMNS: list[tuple[str, dict[str, Any]]] = [
     ("default unfused", {"kernels": "default", "layer": "unfused"}),
@@ -50,7 +51,7 @@ def layer_flops(lengths: list[int], heads: int, d: int, hidden: int) -> float:
     """Forward + backward FLOPs: attention 3.5x its forward (HSTU.md convention), GEMMs 3x."""
     from kernel_templates.hstu_attention.reference import hstu_attention_flops
 
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    offsets = offsets_from_lengths(lengths)
     attn_fwd = hstu_attention_flops(offsets, heads, d, d, 0, None, 0)[0]
     tokens = sum(lengths)
     gemm_fwd = 2 * tokens * hidden * 4 * heads * d + 2 * tokens * heads * d * hidden
@@ -113,7 +114,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
         L, hidden = sum(lengths), base.hidden_dim
         x = torch.randn(L, hidden, generator=gen).to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
         dout = torch.randn(L, hidden, generator=gen).to(device, x.dtype)
-        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        offsets = offsets_from_lengths(lengths, device, torch.int32)
         flops = layer_flops(lengths, base.num_heads, base.head_dim, hidden)
         state: dict = {}
         for name, overrides in COLUMNS:

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 
-def offsets_from_lengths(lengths: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """(B+1,) int64 offsets from lengths."""
+def offsets_from_lengths(
+    lengths: Sequence[int], device: torch.device | str = "cpu", dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """(B+1,) offsets from lengths (int64 unless ``dtype`` says otherwise, e.g. int32 for the kernels)."""
     off = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     if lengths:
         off[1:] = torch.tensor(list(lengths), dtype=torch.int64).cumsum(0)
-    return off.to(device)
+    return off.to(device=device, dtype=dtype)
 
 
 @dataclass

@@ -12,13 +12,14 @@ from typing import Any
 import torch
 
 from .reference import hstu_attention_flops, hstu_attention_reference
+from .testing import offsets_from_lengths
 
 
 def _make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: torch.dtype, backward: bool) -> dict:
     """Random (never zero) q, k, v (and dO) on the task's jagged offsets and mask features."""
     gen = torch.Generator(device=device).manual_seed(seed)
     total, heads = sum(lengths), task.num_heads
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    offsets = offsets_from_lengths(lengths, device, torch.int32)
 
     def rnd(d: int) -> torch.Tensor:
         return torch.randn((total, heads, d), generator=gen, device=device, dtype=torch.float32).to(dtype)

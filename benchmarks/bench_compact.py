@@ -46,12 +46,11 @@ def artifact_config(gpu: str, direction: str, d: int, heads: int, bucket: int, d
 
 
 def variant_config(cls: type, base: dict, variant: str):
-    cfg = cls.from_dict({**base, "compact": False}) if "compact" not in base else cls.from_dict(base)
-    if variant == "grid":
-        return dataclasses.replace(cfg, compact=False)
-    if variant == "compact":
-        return dataclasses.replace(cfg, compact=True)
-    return dataclasses.replace(cfg, compact=True, l2_group=0)
+    """``base`` (an entry from before ``compact`` existed reads as the plain grid) in launch order ``variant``."""
+    cfg = cls.from_dict({"compact": False, **base})
+    if variant == "compact-lpt":
+        return dataclasses.replace(cfg, compact=True, l2_group=0)
+    return dataclasses.replace(cfg, compact=variant == "compact")
 
 
 def measure(lengths: list[int], bucket: int, args: argparse.Namespace, gpu: str, law: str) -> list[dict[str, Any]]:

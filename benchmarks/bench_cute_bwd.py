@@ -31,12 +31,14 @@ CONFIGS = {
     ],
     128: [
         HSTUCuteBwdConfig(64, 128, 2),
+        HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True),
+        HSTUCuteBwdConfig(64, 128, 3, do_stages=2, swap_sdp=True),
         HSTUCuteBwdConfig(64, 128, 2, do_stages=1),
         HSTUCuteBwdConfig(64, 64, 2),
         HSTUCuteBwdConfig(128, 64, 2, do_stages=2, dq_serial=True),
         HSTUCuteBwdConfig(128, 64, 1),
     ],
-    64: [HSTUCuteBwdConfig(64, 128, 2), HSTUCuteBwdConfig(128, 64, 2)],
+    64: [HSTUCuteBwdConfig(64, 128, 2), HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True), HSTUCuteBwdConfig(128, 64, 2)],
 }
 
 
@@ -112,7 +114,8 @@ def main() -> None:
 
     def tag(cfg: HSTUCuteBwdConfig, d: int) -> str:
         serial = "serial" if cfg.dq_serial else ""
-        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}do{cfg.do_stages}{serial}g{cfg.l2_group}"
+        swap = "swap" if cfg.swap_sdp else ""
+        return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}do{cfg.do_stages}{serial}{swap}g{cfg.l2_group}"
 
     run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute_bwd.json")
 

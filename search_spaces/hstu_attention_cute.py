@@ -19,7 +19,7 @@ from kernel_templates.cute.bwd_config import (
     bwd_accumulator_regs,
     bwd_smem_bytes,
     default_cute_bwd_config,
-    wgmma_split,
+    wgmma_shape_error,
 )
 from kernel_templates.cute.config import (
     CUTE_HEAD_DIMS,
@@ -123,17 +123,13 @@ BWD_PARAMS: dict[str, tuple] = {
     "dq_serial": (False, True),  # warpgroups pass dQ slices through one half-size buffer in turns
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
     "compact": (False, True),  # only the real key tiles of a jagged batch, heaviest first (tile_table.py)
+    "swap_sdp": (False, True),  # S^T = K Q^T: P^T and dS^T stay in registers for dV and dK
 }
 
 
 def bwd_wgmma_shapes(c, ctx: SpaceContext) -> str | None:
     """64-row wgmma slices split over the MMA warpgroups; N a multiple of 16 and at most 256."""
-    for (m_split, n_split), n_total in zip(wgmma_split(c), (c.block_n, ctx.dqk, ctx.dqk), strict=True):
-        if m_split * n_split != c.mma_warpgroups or n_total % n_split or (n_total // n_split) % 16:
-            return f"tile {c.block_m}x{c.block_n} breaks wgmma shapes for D={ctx.dqk}"
-        if n_total // n_split > 256:
-            return f"wgmma N {n_total // n_split} > 256"
-    return None
+    return wgmma_shape_error(c, ctx.dqk)
 
 
 def bwd_fits_smem(c, ctx: SpaceContext) -> str | None:

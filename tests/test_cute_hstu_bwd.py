@@ -36,12 +36,15 @@ COMPILE_GRID = [
     (HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True), 256, "bfloat16", (False, False, False)),
     (HSTUCuteBwdConfig(128, 64, 2, do_stages=2, dq_serial=True), 128, "float16", (True, True, False)),
     (HSTUCuteBwdConfig(64, 128, 2, l2_group=0, compact=True), 128, "bfloat16", (False, True, True)),
+    (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True), 128, "bfloat16", (True, True, True)),
+    (HSTUCuteBwdConfig(64, 128, 1, dq_serial=True, swap_sdp=True), 64, "float16", (False, False, False)),
 ]
 
 
 def _cfg_id(c: HSTUCuteBwdConfig) -> str:
     serial = "serial" if c.dq_serial else ""
-    return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}{serial}g{c.l2_group}" + ("c" if c.compact else "")
+    flags = ("c" if c.compact else "") + ("t" if c.swap_sdp else "")
+    return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}{serial}g{c.l2_group}{flags}"
 
 
 @pytest.mark.parametrize("case", COMPILE_GRID, ids=lambda c: f"{_cfg_id(c[0])}-d{c[1]}")
@@ -78,6 +81,7 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(do_stages=1.0),
         dict(dq_serial=1),
         dict(compact="yes"),
+        dict(swap_sdp=None),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -97,6 +101,8 @@ def test_config_rejects_bad_fields(kwargs):
         (HSTUCuteBwdConfig(64, 64, 2, do_stages=2, dq_serial=True), "bfloat16", 256, 256, "shared memory"),
         (HSTUCuteBwdConfig(64, 128, 1), "bfloat16", 256, 256, "shared memory|registers"),
         (HSTUCuteBwdConfig(128, 128, 1), "bfloat16", 128, 128, "shared memory|registers"),
+        (HSTUCuteBwdConfig(64, 64, 2, swap_sdp=True), "bfloat16", 128, 128, "swap_sdp needs block_n == 64"),
+        (HSTUCuteBwdConfig(128, 128, 2, swap_sdp=True), "bfloat16", 64, 64, "registers"),
     ],
 )
 def test_infeasible_configs_fail_before_compiling(cfg, dtype, dqk, dv, match):
@@ -247,6 +253,9 @@ GPU_CONFIGS = [
     (HSTUCuteBwdConfig(128, 64, 2), 64),
     (HSTUCuteBwdConfig(64, 64, 1, l2_group=0, compact=True), 256),
     (HSTUCuteBwdConfig(64, 128, 2, l2_group=8, compact=True), 128),
+    (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True), 128),
+    (HSTUCuteBwdConfig(64, 128, 3, do_stages=2, swap_sdp=True), 64),
+    (HSTUCuteBwdConfig(64, 128, 1, dq_serial=True, compact=True, swap_sdp=True), 128),
 ]
 
 
@@ -266,6 +275,19 @@ def test_gpu_test_configs_are_feasible(cfg, d):
 @pytest.mark.parametrize("mask", ["causal", "all"])
 def test_gpu_configs(cfg, d, mask):
     check_case(LENGTHS, 3, d, torch.bfloat16, cfg, seed=3, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_swapped_sdp_matches_reference(mask, dtype, d):
+    """S^T / dP^T with P^T and dS^T as register operands: every mask, both dtypes, and a sequence of
+    many query blocks, so both dS^T buffers are reused many times."""
+    cfg = HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True)
+    check_case(LENGTHS, 2, d, dtype, cfg, seed=5, **MASKS[mask])
+    check_case([1000, 17, 600], 2, d, dtype, cfg, seed=6, **MASKS[mask])
 
 
 @pytest.mark.gpu

@@ -35,7 +35,10 @@ class HSTUCuteBwdConfig(JsonConfig):
     slices of the dQ partial through one buffer in turns; it halves that fp32 tile (64 KB at 64 x 256) so
     a second Q stage fits at D=256, for a short wait of the second warpgroup on the reduce. ``compact``
     launches only the real key tiles of a jagged batch, heaviest first, from a table built on the device
-    (``tile_table.py``; ``l2_group`` then counts whole sequences' heads).
+    (``tile_table.py``; ``l2_group`` then counts whole sequences' heads). ``swap_sdp`` computes S^T = K Q^T
+    and dP^T = V dO^T instead, each MMA warpgroup owning 64 keys, so P^T and dS^T stay in registers as
+    the A operands of dV and dK (no P tile in shared memory, no barrier before those products); dS^T
+    alone goes to shared memory, double-buffered, for dQ. Needs ``block_n == 64 * mma_warpgroups``.
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -48,6 +51,7 @@ class HSTUCuteBwdConfig(JsonConfig):
     do_stages: int | None = None
     dq_serial: bool = False
     compact: bool = False
+    swap_sdp: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -73,7 +77,7 @@ class HSTUCuteBwdConfig(JsonConfig):
                 f"HSTUCuteBwdConfig.do_stages must be an int in [1, num_stages={self.num_stages}], "
                 f"got {self.do_stages!r}"
             )
-        for name in ("dq_serial", "compact"):
+        for name in ("dq_serial", "compact", "swap_sdp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteBwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.dq_mode not in ("tma",):
@@ -81,8 +85,8 @@ class HSTUCuteBwdConfig(JsonConfig):
 
 
 def bwd_smem_bytes(config: HSTUCuteBwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:
-    """Shared memory: Q and dO stages, the K/V tiles, P and dS tiles, and the fp32 dQ partial tile
-    (one warpgroup's slice of it with ``dq_serial``)."""
+    """Shared memory: Q and dO stages, the K/V tiles, P and dS tiles (two dS^T buffers with ``swap_sdp``),
+    and the fp32 dQ partial tile (one warpgroup's slice of it with ``dq_serial``)."""
     qdo = config.block_m * (config.num_stages * dqk + config.do_stages * dv)
     kv = config.block_n * (dqk + dv)
     pds = 2 * config.block_m * config.block_n
@@ -101,11 +105,32 @@ def bwd_accumulator_regs(config: HSTUCuteBwdConfig, dqk: int, dv: int) -> int:
 
 
 def wgmma_split(config: HSTUCuteBwdConfig) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """Warpgroup layouts (M-split, N-split) of the S/dP, dK/dV and dQ products (64 rows per wgmma)."""
+    """Warpgroup layouts (M-split, N-split) of the S/dP (S^T/dP^T with ``swap_sdp``), dK/dV and dQ
+    products (64 rows per wgmma)."""
     wg = config.mma_warpgroups
     am = config.block_m // 64
     bm = config.block_n // 64
-    return (am, wg // max(am, 1)), (bm, wg // max(bm, 1)), (am, wg // max(am, 1))
+    dkv = (bm, wg // max(bm, 1))
+    sdp = dkv if config.swap_sdp else (am, wg // max(am, 1))
+    return sdp, dkv, (am, wg // max(am, 1))
+
+
+def wgmma_shape_error(config: HSTUCuteBwdConfig, dqk: int) -> str | None:
+    """Why the five products cannot be split over the MMA warpgroups (None when they can): 64-row
+    slices, N a multiple of 16 and at most 256; with ``swap_sdp`` every warpgroup owns 64 whole keys."""
+    wg = config.mma_warpgroups
+    sdp_n = config.block_m if config.swap_sdp else config.block_n
+    if config.swap_sdp and config.block_n != 64 * wg:
+        return f"swap_sdp needs block_n == 64 * mma_warpgroups = {64 * wg}, got block_n={config.block_n}"
+    for name, (m_split, n_split), n_total in zip(
+        ("S/dP", "dK/dV", "dQ"), wgmma_split(config), (sdp_n, dqk, dqk), strict=True
+    ):
+        if m_split * n_split != wg or n_total % n_split or (n_total // n_split) % 16 or n_total // n_split > 256:
+            return (
+                f"the {name} wgmma cannot be split over {wg} warpgroups "
+                f"(wgmma shapes: 64-row slices, N multiple of 16 and at most 256)"
+            )
+    return None
 
 
 def check_bwd_config(
@@ -126,14 +151,9 @@ def check_bwd_config(
     if dqk != dv:
         raise ValueError(f"CuTe HSTU backward needs Dqk == Dv, got Dqk={dqk}, Dv={dv}")
     wg = config.mma_warpgroups
-    for name, (m_split, n_split), n_total in zip(
-        ("S/dP", "dK/dV", "dQ"), wgmma_split(config), (config.block_n, dqk, dqk), strict=True
-    ):
-        if m_split * n_split != wg or n_total % n_split or (n_total // n_split) % 16 or n_total // n_split > 256:
-            raise ValueError(
-                f"config {config.to_dict()}: the {name} wgmma cannot be split over {wg} warpgroups "
-                f"(wgmma shapes: 64-row slices, N multiple of 16 and at most 256)"
-            )
+    shape_error = wgmma_shape_error(config, dqk)
+    if shape_error is not None:
+        raise ValueError(f"config {config.to_dict()}: {shape_error}")
     need = bwd_smem_bytes(config, dqk, dv)
     if need > smem_limit:
         raise ValueError(

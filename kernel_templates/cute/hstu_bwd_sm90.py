@@ -14,6 +14,10 @@ MMA warpgroups then, per query block:
     dV += P^T dO, dK += dS^T Q                 (fp32 in registers for the whole CTA)
     dQ_partial = (alpha/S) dS K                (fp32, to shared memory)
 
+With ``swap_sdp`` the warpgroups compute S^T = K Q^T and dP^T = V dO^T, each owning 64 keys: P^T and
+dS^T then are register A operands of dV and dK, so only dS^T goes to shared memory (two buffers, so
+one barrier per query block), and dQ reads it transposed (MN-major A).
+
 The operand with fewer buffers (dO, or Q when the counts are equal) is released first: its product
 is issued first and its buffer freed as soon as that wgmma group retires, so the next tile's TMA
 load overlaps the remaining products. Warp 1 of the producer warpgroup adds each dQ partial to an
@@ -47,7 +51,7 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
-from .hstu_fwd_sm90 import _position_id, seq_bounds
+from .hstu_fwd_sm90 import HSTUFwdSm90, _position_id, seq_bounds
 from .schedule import compact_tile, grouped_block_order
 
 LOG2E = math.log2(math.e)
@@ -114,6 +118,22 @@ class HSTUBwdSm90:
         # The fp32 dQ tile in shared memory: whole, or one warpgroup's slice of it with dq_serial.
         am, an = self.split_dq
         self.dq_tile = (self.tile_m // am, self.dqk // an) if self.dq_serial else (self.tile_m, self.dqk)
+        self.swap = config.swap_sdp
+        # (rows, cols) of the S / dP accumulators: (queries, keys), or (keys, queries) when swapped.
+        self.sdp_tile = (self.tile_n, self.tile_m) if self.swap else (self.tile_m, self.tile_n)
+
+    def _tiled_mma_rs(self, split: tuple[int, int], n_total: int):
+        """A from registers (K-major), B from shared memory (MN-major): dV = P^T dO and dK = dS^T Q."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            warpgroup.OperandMajorMode.K,
+            warpgroup.OperandMajorMode.MN,
+            Float32,
+            (split[0], split[1], 1),
+            (64, n_total // split[1]),
+            warpgroup.OperandSource.RMEM,
+        )
 
     def _tiled_mma(self, a_major, b_major, split: tuple[int, int], n_total: int):
         return sm90_utils.make_trivial_tiled_mma(
@@ -147,16 +167,22 @@ class HSTUBwdSm90:
             for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)
         ]
         K_, MN_ = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
-        tiled_mma_sdp = self._tiled_mma(K_, K_, self.split_sdp, self.tile_n)
-        tiled_mma_dk = self._tiled_mma(MN_, MN_, self.split_dkv, self.dqk)
-        tiled_mma_dv = self._tiled_mma(MN_, MN_, self.split_dkv, self.dv)
-        tiled_mma_dq = self._tiled_mma(K_, MN_, self.split_dq, self.dqk)
+        tiled_mma_sdp = self._tiled_mma(K_, K_, self.split_sdp, self.sdp_tile[1])
+        if const_expr(self.swap):
+            tiled_mma_dk = self._tiled_mma_rs(self.split_dkv, self.dqk)
+            tiled_mma_dv = self._tiled_mma_rs(self.split_dkv, self.dv)
+            tiled_mma_dq = self._tiled_mma(MN_, MN_, self.split_dq, self.dqk)
+        else:
+            tiled_mma_dk = self._tiled_mma(MN_, MN_, self.split_dkv, self.dqk)
+            tiled_mma_dv = self._tiled_mma(MN_, MN_, self.split_dkv, self.dv)
+            tiled_mma_dq = self._tiled_mma(K_, MN_, self.split_dq, self.dqk)
 
         sQ_layout = _row_major_smem(self.dtype, self.tile_m, self.dqk, self.num_stages)
         sdO_layout = _row_major_smem(self.dtype, self.tile_m, self.dv, self.do_stages)
         sK_layout = _row_major_smem(self.dtype, self.tile_n, self.dqk, 1)
         sV_layout = _row_major_smem(self.dtype, self.tile_n, self.dv, 1)
-        sPdS_layout = _row_major_smem(self.dtype, self.tile_m, self.tile_n, 1)
+        # P and dS (queries x keys), or with swap_sdp two dS^T buffers (keys x queries) and no P.
+        sPdS_layout = _row_major_smem(self.dtype, *self.sdp_tile, 2 if self.swap else 1)
         sdQ_layout = _row_major_smem(Float32, *self.dq_tile, 1)
 
         tma_atom_q, tma_q = tma_load(mQ, sQ_layout, (self.tile_m, self.dqk))
@@ -179,7 +205,8 @@ class HSTUBwdSm90:
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
+            if const_expr(not self.swap):  # P stays in registers when swapped
+                sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
@@ -261,8 +288,8 @@ class HSTUBwdSm90:
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sP = sdS if const_expr(self.swap) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
 
         seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
@@ -485,19 +512,20 @@ class HSTUBwdSm90:
         wg_dk = tiled_mma_dk.get_slice(wg)
         wg_dv = tiled_mma_dv.get_slice(wg)
         wg_dq = tiled_mma_dq.get_slice(wg)
-        tSrQ = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
-        tSrK = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sK))
-        tPrdO = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
-        tPrV = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sV))
-        tVrPt = tiled_mma_dv.make_fragment_A(wg_dv.partition_A(_transpose(sP)))
+        # (A, B) of S and dP: (Q, K) and (dO, V), or (K, Q) and (V, dO) for S^T and dP^T.
+        sdp_ops = ((sK, sQ), (sV, sdO)) if const_expr(self.swap) else ((sQ, sK), (sdO, sV))
+        tSrA = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sdp_ops[0][0]))
+        tSrB = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sdp_ops[0][1]))
+        tPrA = tiled_mma_sdp.make_fragment_A(wg_sdp.partition_A(sdp_ops[1][0]))
+        tPrB = tiled_mma_sdp.make_fragment_B(wg_sdp.partition_B(sdp_ops[1][1]))
         tVrdOt = tiled_mma_dv.make_fragment_B(wg_dv.partition_B(_transpose(sdO)))
-        tKrdSt = tiled_mma_dk.make_fragment_A(wg_dk.partition_A(_transpose(sdS)))
         tKrQt = tiled_mma_dk.make_fragment_B(wg_dk.partition_B(_transpose(sQ)))
-        tQrdS = tiled_mma_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        # dQ = dS K: dS from the (queries, keys) tile, or read transposed from the dS^T buffers.
+        tQrdS = tiled_mma_dq.make_fragment_A(wg_dq.partition_A(_transpose(sdS) if const_expr(self.swap) else sdS))
         tQrKt = tiled_mma_dq.make_fragment_B(wg_dq.partition_B(_transpose(sK)))
 
-        acc_S = cute.make_rmem_tensor(wg_sdp.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        acc_dP = cute.make_rmem_tensor(wg_sdp.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S = cute.make_rmem_tensor(wg_sdp.partition_shape_C(self.sdp_tile), Float32)
+        acc_dP = cute.make_rmem_tensor(wg_sdp.partition_shape_C(self.sdp_tile), Float32)
         acc_dV = cute.make_rmem_tensor(wg_dv.partition_shape_C((self.tile_n, self.dv)), Float32)
         acc_dK = cute.make_rmem_tensor(wg_dk.partition_shape_C((self.tile_n, self.dqk)), Float32)
         acc_dQ = cute.make_rmem_tensor(wg_dq.partition_shape_C((self.tile_m, self.dqk)), Float32)
@@ -506,9 +534,7 @@ class HSTUBwdSm90:
 
         # Thread-level partitions of the P / dS / dQ smem tiles and of the dK / dV outputs.
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
-        tScS = thr_sdp.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        tPsP = thr_sdp.partition_C(sP[None, None, 0])
-        tdSsdS = thr_sdp.partition_C(sdS[None, None, 0])
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor(self.sdp_tile))
         if const_expr(self.dq_serial):
             # sdQ holds one warpgroup's slice: partition it as that warpgroup's own single-atom MMA.
             K_, MN_ = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
@@ -529,69 +555,170 @@ class HSTUBwdSm90:
         tdVgdV = thr_dv.partition_C(gdV)
         tdVcdV = thr_dv.partition_C(cute.make_identity_tensor((self.tile_n, self.dv)))
 
-        rP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
-        rdS = cute.make_rmem_tensor(acc_S.layout, self.dtype)
         dq_scale = alpha * inv_scale
         if blk_lo < blk_hi:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipe_kv.consumer_wait(kv_state)
         st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
-        for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-            start_m = blk * self.tile_m
-            masked = (blk < blk_full) | (start_m + self.tile_m > n)
-            pipe_q.consumer_wait(st_q)
-            self.gemm(tiled_mma_sdp, acc_S, tSrQ, tSrK, st_q.index, 0, True)
-            pipe_do.consumer_wait(st_do)
-            self.gemm(tiled_mma_sdp, acc_dP, tPrdO, tPrV, st_do.index, 0, True)
-            warpgroup.wait_group(1)
-            self.activate(acc_S, rP, tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id)
-            # Every warpgroup has finished the previous block's reads of sP / sdS.
-            cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-            cute.autovec_copy(rP, tPsP)
-            warpgroup.wait_group(0)
-            for i in cutlass.range_constexpr(cute.size(acc_dP)):
-                acc_dP[i] = acc_dP[i] * acc_S[i]
-            rdS.store(acc_dP.load().to(self.dtype))
-            cute.autovec_copy(rdS, tdSsdS)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-            if const_expr(self.num_stages == 1):
-                # Single buffers: free Q (dK) and dO (dV) before dQ so both next loads overlap dQ.
-                self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                warpgroup.wait_group(2)
-                pipe_q.consumer_release(st_q)
+        if const_expr(self.swap):
+            rPt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
+            rdSt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                self.step_swapped(
+                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tSrA, tSrB, tPrA, tPrB, tVrdOt, tKrQt,
+                    tQrdS, tQrKt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ, rPt, rdSt, tScS, thr_sdp, sdS, tdQsdQ,
+                    pipe_q, pipe_do, st_q, st_do, blk, blk_lo, blk_full, start_n, n, alpha, dq_scale, ctx, w, m_id,
+                    tidx,
+                )  # fmt: skip
+                st_q.advance()
+                st_do.advance()
+        else:
+            tPsP = thr_sdp.partition_C(sP[None, None, 0])
+            tdSsdS = thr_sdp.partition_C(sdS[None, None, 0])
+            tVrPt = tiled_mma_dv.make_fragment_A(wg_dv.partition_A(_transpose(sP)))
+            tKrdSt = tiled_mma_dk.make_fragment_A(wg_dk.partition_A(_transpose(sdS)))
+            rP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+            rdS = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                start_m = blk * self.tile_m
+                masked = (blk < blk_full) | (start_m + self.tile_m > n)
+                pipe_q.consumer_wait(st_q)
+                self.gemm(tiled_mma_sdp, acc_S, tSrA, tSrB, st_q.index, 0, True)
+                pipe_do.consumer_wait(st_do)
+                self.gemm(tiled_mma_sdp, acc_dP, tPrA, tPrB, st_do.index, 0, True)
                 warpgroup.wait_group(1)
-                pipe_do.consumer_release(st_do)
+                self.activate(acc_S, rP, tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id)
+                # Every warpgroup has finished the previous block's reads of sP / sdS.
+                cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
+                cute.autovec_copy(rP, tPsP)
                 warpgroup.wait_group(0)
-                self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-            elif const_expr(self.do_stages < self.num_stages):
-                # dO has fewer buffers: free it first; Q has a spare one, so the dQ store overlaps dK.
-                self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                warpgroup.wait_group(2)
-                pipe_do.consumer_release(st_do)
-                warpgroup.wait_group(1)
-                self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(st_q)
-            else:
-                self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                warpgroup.wait_group(2)
-                pipe_q.consumer_release(st_q)
-                warpgroup.wait_group(1)
-                self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-                warpgroup.wait_group(0)
-                pipe_do.consumer_release(st_do)
-            st_q.advance()
-            st_do.advance()
+                for i in cutlass.range_constexpr(cute.size(acc_dP)):
+                    acc_dP[i] = acc_dP[i] * acc_S[i]
+                rdS.store(acc_dP.load().to(self.dtype))
+                cute.autovec_copy(rdS, tdSsdS)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
+                if const_expr(self.num_stages == 1):
+                    # Single buffers: free Q (dK) and dO (dV) before dQ so both next loads overlap dQ.
+                    self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                    self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                    self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                    warpgroup.wait_group(2)
+                    pipe_q.consumer_release(st_q)
+                    warpgroup.wait_group(1)
+                    pipe_do.consumer_release(st_do)
+                    warpgroup.wait_group(0)
+                    self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+                elif const_expr(self.do_stages < self.num_stages):
+                    # dO has fewer buffers: free it first; Q has a spare one, so the dQ store overlaps dK.
+                    self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                    self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                    self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                    warpgroup.wait_group(2)
+                    pipe_do.consumer_release(st_do)
+                    warpgroup.wait_group(1)
+                    self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(st_q)
+                else:
+                    self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                    self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                    self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                    warpgroup.wait_group(2)
+                    pipe_q.consumer_release(st_q)
+                    warpgroup.wait_group(1)
+                    self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+                    warpgroup.wait_group(0)
+                    pipe_do.consumer_release(st_do)
+                st_q.advance()
+                st_do.advance()
         self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
         self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
+
+    @cute.jit
+    def step_swapped(
+        self,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dk: cute.TiledMma,
+        tiled_mma_dv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        tSrK: cute.Tensor,
+        tSrQ: cute.Tensor,
+        tPrV: cute.Tensor,
+        tPrdO: cute.Tensor,
+        tVrdOt: cute.Tensor,
+        tKrQt: cute.Tensor,
+        tQrdS: cute.Tensor,
+        tQrKt: cute.Tensor,
+        acc_S: cute.Tensor,
+        acc_dP: cute.Tensor,
+        acc_dK: cute.Tensor,
+        acc_dV: cute.Tensor,
+        acc_dQ: cute.Tensor,
+        rPt: cute.Tensor,
+        rdSt: cute.Tensor,
+        tScS: cute.Tensor,
+        thr_sdp: cute.TiledMma,
+        sdS: cute.Tensor,
+        tdQsdQ: cute.Tensor,
+        pipe_q: pipeline.PipelineTmaAsync,
+        pipe_do: pipeline.PipelineTmaAsync,
+        st_q: pipeline.PipelineState,
+        st_do: pipeline.PipelineState,
+        blk: Int32,
+        blk_lo: Int32,
+        blk_full: Int32,
+        start_n: Int32,
+        n: Int32,
+        alpha: Float32,
+        dq_scale: Float32,
+        ctx: Int32,
+        w: Int32,
+        m_id: Int32,
+        tidx: Int32,
+    ):
+        """One query block with ``swap_sdp``: S^T, dP^T; dV += P^T dO and dK += dS^T Q from registers;
+        dS^T to buffer (blk - blk_lo) % 2, then dQ. Two buffers: a warpgroup writes buffer b only after
+        the barrier of the previous block, which the other passed after its dQ read of b had retired."""
+        start_m = blk * self.tile_m
+        masked = (blk < blk_full) | (start_m + self.tile_m > n)
+        buf = (blk - blk_lo) % 2
+        pipe_q.consumer_wait(st_q)
+        self.gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ, 0, st_q.index, True)
+        pipe_do.consumer_wait(st_do)
+        self.gemm(tiled_mma_sdp, acc_dP, tPrV, tPrdO, 0, st_do.index, True)
+        warpgroup.wait_group(1)
+        self.activate(
+            acc_S, cute.make_tensor(rPt.iterator, acc_S.layout), tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id
+        )
+        self.gemm_rs(tiled_mma_dv, acc_dV, rPt, tVrdOt, st_do.index)
+        warpgroup.wait_group(1)
+        for i in cutlass.range_constexpr(cute.size(acc_dP)):
+            acc_dP[i] = acc_dP[i] * acc_S[i]
+        rdSt_acc = cute.make_tensor(rdSt.iterator, acc_S.layout)
+        rdSt_acc.store(acc_dP.load().to(self.dtype))
+        self.gemm_rs(tiled_mma_dk, acc_dK, rdSt, tKrQt, st_q.index)
+        cute.autovec_copy(rdSt_acc, thr_sdp.partition_C(sdS[None, None, buf]))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
+        self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, buf, 0, True)
+        warpgroup.wait_group(2)
+        pipe_do.consumer_release(st_do)
+        warpgroup.wait_group(1)
+        pipe_q.consumer_release(st_q)
+        warpgroup.wait_group(0)
+        self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
+
+    @cute.jit
+    def gemm_rs(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, ib):
+        """acc += A B[ib] with A in registers (16-bit, A-operand layout); commits one wgmma group."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            cute.gemm(atom, acc, tA[None, None, kb], tB[None, None, kb, ib], acc)
+        warpgroup.commit_group()
 
     @cute.jit
     def stage_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, dq_scale: Float32, tidx: Int32):
@@ -632,6 +759,8 @@ class HSTUBwdSm90:
         if masked:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 r, c = tScS[i]
+                if const_expr(self.swap):  # S^T: rows are keys, columns queries
+                    r, c = c, r
                 ok = self.valid(start_m + r, start_n + c, n, ctx, w, m_id)
                 s = acc_S[i] * alpha
                 sig = cute.arch.rcp_approx(cute.math.exp2(s * neg_log2e, fastmath=True) + Float32(1.0))

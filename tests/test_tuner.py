@@ -151,6 +151,30 @@ def test_warm_start_from_before_a_new_tunable_tries_it_both_ways():
     assert len(completed_hints({}, choices, cap=3)) == 3
 
 
+def test_warm_starts_read_winners_written_before_a_new_tunable(tmp_path):
+    """The shipped backward artifact with one config field removed (as written before that tunable
+    existed): dispatch must refuse it, but the tuner still warm-starts from its winners."""
+    import json
+    import shutil
+
+    from autotune.tuning.tuner import artifact_winners, warm_starts_for
+
+    shipped = art.artifact_path("h100", "hstu_attention_bwd")
+    path = art.artifact_path("h100", "hstu_attention_bwd", tmp_path)
+    path.parent.mkdir(parents=True)
+    shutil.copy(shipped, path)
+    data = json.loads(path.read_text())
+    entry = next(e for e in data["entries"] if e["backend"] == "cute")
+    entry["config"].pop("swap_sdp", None)
+    entry["config"].pop("compact")
+    path.write_text(json.dumps(data))
+    with pytest.raises(art.ArtifactError, match="missing fields"):
+        art.load_artifact(path, check_stale=False)
+    fields = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
+    task = Task("hstu_attention_bwd", "h100", **{k: entry[k] for k in fields})
+    assert warm_starts_for(task, artifact_winners([task], tmp_path))[0] == ("cute", entry["config"])
+
+
 def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     """What ``autotune bench`` and the perf regression checks time: the default, and the bucket's entry."""
     from autotune.tuning.tuner import bench_launches

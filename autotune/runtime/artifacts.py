@@ -234,8 +234,11 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
         _validate_config(kernel, entry["backend"], entry["config"], where)
 
 
-def validate_artifact(data: Any, source: str = "artifact", check_stale: bool = True) -> Artifact:
-    """An ``Artifact`` from parsed JSON, or ``ArtifactError`` naming the first problem."""
+def validate_artifact(
+    data: Any, source: str = "artifact", check_stale: bool = True, check_configs: bool = True
+) -> Artifact:
+    """An ``Artifact`` from parsed JSON, or ``ArtifactError`` naming the first problem. ``check_configs=False``
+    leaves entry configs unbuilt: the tuner's warm starts read winners written before a tunable existed."""
     if not isinstance(data, dict):
         raise ArtifactError(f"{source}: top level must be a JSON object")
     version = data.get("schema_version")
@@ -261,7 +264,7 @@ def validate_artifact(data: Any, source: str = "artifact", check_stale: bool = T
     seen = set()
     for i, entry in enumerate(data["entries"]):
         where = f"{source}: entries[{i}]"
-        _validate_entry(entry, where, kernel)
+        _validate_entry(entry, where, kernel if check_configs else None)
         if entry["backend"] not in data["template_hash"]:
             raise ArtifactError(f"{where}: backend {entry['backend']!r} has no template_hash")
         if entry_key(entry) in seen:
@@ -306,7 +309,7 @@ def stale_reason(artifact: Artifact, source: str = "artifact") -> str | None:
     )
 
 
-def load_artifact(path: str | Path, check_stale: bool = True) -> Artifact:
+def load_artifact(path: str | Path, check_stale: bool = True, check_configs: bool = True) -> Artifact:
     """Read and validate an artifact; ``ArtifactError`` for missing, corrupt, invalid or stale files."""
     path = Path(path)
     try:
@@ -323,15 +326,15 @@ def load_artifact(path: str | Path, check_stale: bool = True) -> Artifact:
         raise ArtifactError(f"{path}: corrupt artifact, not valid JSON ({e})") from None
     except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
         raise ArtifactError(f"{path}: corrupt artifact, JSON not readable ({type(e).__name__}: {e})") from None
-    return validate_artifact(data, str(path), check_stale)
+    return validate_artifact(data, str(path), check_stale, check_configs)
 
 
-def load_artifact_or_none(path: str | Path, check_stale: bool = True) -> Artifact | None:
+def load_artifact_or_none(path: str | Path, check_stale: bool = True, check_configs: bool = True) -> Artifact | None:
     """``load_artifact``, but a missing file gives None and a bad one a warning and None (fall back to defaults)."""
     if not Path(path).exists():
         return None
     try:
-        return load_artifact(path, check_stale)
+        return load_artifact(path, check_stale, check_configs)
     except ArtifactError as e:
         warnings.warn(f"ignoring artifact, using heuristic defaults: {e}", RuntimeWarning, stacklevel=2)
         return None

@@ -37,6 +37,7 @@ FWD_PARAMS: dict[str, tuple] = {
     "intra_wg_overlap": (False, True),
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
     "compact": (False, True),  # only the real tiles of a jagged batch, heaviest first (tile_table.py)
+    "tanh_silu": (False, True),  # silu by tanh.approx: one MUFU op per score instead of two
 }
 # setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
 MMA_REGS = {1: 256, 2: 240, 3: 160}
@@ -124,6 +125,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
     "compact": (False, True),  # only the real key tiles of a jagged batch, heaviest first (tile_table.py)
     "swap_sdp": (False, True),  # S^T = K Q^T: P^T and dS^T stay in registers for dV and dK
+    "tanh_silu": (False, True),  # sigmoid by tanh.approx: one MUFU op per score instead of two
 }
 
 

@@ -38,12 +38,13 @@ COMPILE_GRID = [
     (HSTUCuteBwdConfig(64, 128, 2, l2_group=0, compact=True), 128, "bfloat16", (False, True, True)),
     (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True), 128, "bfloat16", (True, True, True)),
     (HSTUCuteBwdConfig(64, 128, 1, dq_serial=True, swap_sdp=True), 64, "float16", (False, False, False)),
+    (HSTUCuteBwdConfig(64, 64, 1, tanh_silu=True), 256, "bfloat16", (True, True, True)),
 ]
 
 
 def _cfg_id(c: HSTUCuteBwdConfig) -> str:
     serial = "serial" if c.dq_serial else ""
-    flags = ("c" if c.compact else "") + ("t" if c.swap_sdp else "")
+    flags = ("c" if c.compact else "") + ("t" if c.swap_sdp else "") + ("h" if c.tanh_silu else "")
     return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}{serial}g{c.l2_group}{flags}"
 
 
@@ -82,6 +83,7 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(dq_serial=1),
         dict(compact="yes"),
         dict(swap_sdp=None),
+        dict(tanh_silu=0),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -256,6 +258,8 @@ GPU_CONFIGS = [
     (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True), 128),
     (HSTUCuteBwdConfig(64, 128, 3, do_stages=2, swap_sdp=True), 64),
     (HSTUCuteBwdConfig(64, 128, 1, dq_serial=True, compact=True, swap_sdp=True), 128),
+    (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True, tanh_silu=True), 128),
+    (HSTUCuteBwdConfig(64, 64, 1, tanh_silu=True), 256),
 ]
 
 
@@ -275,6 +279,20 @@ def test_gpu_test_configs_are_feasible(cfg, d):
 @pytest.mark.parametrize("mask", ["causal", "all"])
 def test_gpu_configs(cfg, d, mask):
     check_case(LENGTHS, 3, d, torch.bfloat16, cfg, seed=3, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_tanh_silu_matches_reference(mask, dtype, d):
+    """sigmoid by tanh.approx, plain and swapped: within the tolerance of the ex2 + rcp form."""
+    for cfg in (
+        HSTUCuteBwdConfig(64, 64, 2, tanh_silu=True),
+        HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True, tanh_silu=True),
+    ):
+        check_case(LENGTHS, 2, d, dtype, cfg, seed=8, **MASKS[mask])
 
 
 @pytest.mark.gpu

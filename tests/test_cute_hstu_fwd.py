@@ -30,6 +30,7 @@ COMPILE_GRID = [
     (HSTUCuteFwdConfig(64, 96, 3, False), 128, "bfloat16", (False, True, False)),
     (HSTUCuteFwdConfig(192, 64, 2, True), 64, "bfloat16", (True, False, True)),
     (HSTUCuteFwdConfig(128, 64, 2, True, l2_group=0, compact=True), 256, "bfloat16", (False, True, False)),
+    (HSTUCuteFwdConfig(128, 128, 2, True, tanh_silu=True), 128, "bfloat16", (True, True, True)),
 ]
 
 
@@ -55,6 +56,7 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(intra_wg_overlap=1),
         dict(l2_group=5),
         dict(compact=1),
+        dict(tanh_silu="yes"),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -163,6 +165,17 @@ def _check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0):
 @pytest.mark.parametrize("d", [128, 256])
 def test_gpu_matches_reference(mask, dtype, d):
     cfg = HSTUCuteFwdConfig(128, 64, 2, True)
+    _check_case(LENGTHS, 2, d, dtype, cfg, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_tanh_silu_matches_reference(mask, dtype, d):
+    """SiLU by tanh.approx: within the same tolerance as the ex2 + rcp form on every mask and dtype."""
+    cfg = HSTUCuteFwdConfig(128, 64, 2, True, tanh_silu=True)
     _check_case(LENGTHS, 2, d, dtype, cfg, **MASKS[mask])
 
 

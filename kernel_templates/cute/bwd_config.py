@@ -39,6 +39,7 @@ class HSTUCuteBwdConfig(JsonConfig):
     and dP^T = V dO^T instead, each MMA warpgroup owning 64 keys, so P^T and dS^T stay in registers as
     the A operands of dV and dK (no P tile in shared memory, no barrier before those products); dS^T
     alone goes to shared memory, double-buffered, for dQ. Needs ``block_n == 64 * mma_warpgroups``.
+    ``tanh_silu``: sigmoid(x) = 1/2 + tanh(x/2)/2 (one MUFU op per score instead of ex2 and rcp).
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -52,6 +53,7 @@ class HSTUCuteBwdConfig(JsonConfig):
     dq_serial: bool = False
     compact: bool = False
     swap_sdp: bool = False
+    tanh_silu: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -77,7 +79,7 @@ class HSTUCuteBwdConfig(JsonConfig):
                 f"HSTUCuteBwdConfig.do_stages must be an int in [1, num_stages={self.num_stages}], "
                 f"got {self.do_stages!r}"
             )
-        for name in ("dq_serial", "compact", "swap_sdp"):
+        for name in ("dq_serial", "compact", "swap_sdp", "tanh_silu"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteBwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.dq_mode not in ("tma",):

@@ -28,7 +28,8 @@ class HSTUCuteFwdConfig(JsonConfig):
     the current P V so the SiLU math overlaps the tensor cores. ``l2_group`` sequence-heads launch
     together so their K/V is re-read from L2 (see ``schedule.py``). ``compact`` launches only the real
     tiles of a jagged batch, heaviest first, from a table built on the device (``tile_table.py``;
-    ``l2_group`` then counts whole sequences' heads).
+    ``l2_group`` then counts whole sequences' heads). ``tanh_silu`` computes silu(x) = h + h tanh(h), h = x/2,
+    with one MUFU op (tanh.approx) per score instead of two (ex2, rcp).
     """
 
     kind: ClassVar[str] = "hstu_attention_fwd_cute"
@@ -38,6 +39,7 @@ class HSTUCuteFwdConfig(JsonConfig):
     intra_wg_overlap: bool = True
     l2_group: int = 8
     compact: bool = False
+    tanh_silu: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128, 192):
@@ -52,7 +54,7 @@ class HSTUCuteFwdConfig(JsonConfig):
             raise ValueError(f"HSTUCuteFwdConfig.num_stages must be an int in [1, 6], got {self.num_stages!r}")
         if self.l2_group not in L2_GROUPS:
             raise ValueError(f"HSTUCuteFwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
-        for name in ("intra_wg_overlap", "compact"):
+        for name in ("intra_wg_overlap", "compact", "tanh_silu"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteFwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -755,7 +755,6 @@ class HSTUBwdSm90:
         m_id: Int32,
     ):
         """rP = M silu(alpha S) in 16 bit; acc_S becomes M silu'(alpha S) (fp32) for dS = dP * silu'."""
-        neg_log2e = Float32(-LOG2E)
         if masked:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 r, c = tScS[i]
@@ -763,15 +762,25 @@ class HSTUBwdSm90:
                     r, c = c, r
                 ok = self.valid(start_m + r, start_n + c, n, ctx, w, m_id)
                 s = acc_S[i] * alpha
-                sig = cute.arch.rcp_approx(cute.math.exp2(s * neg_log2e, fastmath=True) + Float32(1.0))
+                sig = self.sigmoid(s)
                 acc_S[i] = cutlass.select_(ok, sig * (Float32(1.0) + s * (Float32(1.0) - sig)), Float32(0.0))
                 rP[i] = Float32(cutlass.select_(ok, s * sig, Float32(0.0))).to(self.dtype)
         else:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 s = acc_S[i] * alpha
-                sig = cute.arch.rcp_approx(cute.math.exp2(s * neg_log2e, fastmath=True) + Float32(1.0))
+                sig = self.sigmoid(s)
                 acc_S[i] = sig * (Float32(1.0) + s * (Float32(1.0) - sig))
                 rP[i] = (s * sig).to(self.dtype)
+
+    @cute.jit
+    def sigmoid(self, s: Float32) -> Float32:
+        """1 / (1 + e^-s): by tanh.approx (one MUFU op) with ``tanh_silu``, else by ex2 and rcp."""
+        sig = Float32(0.0)
+        if const_expr(self.cfg.tanh_silu):
+            sig = Float32(0.5) + Float32(0.5) * cute.math.tanh(s * Float32(0.5), approx=True)
+        else:
+            sig = cute.arch.rcp_approx(cute.math.exp2(s * Float32(-LOG2E), fastmath=True) + Float32(1.0))
+        return sig
 
     @cute.jit
     def valid(self, row: Int32, col: Int32, n: Int32, ctx: Int32, w: Int32, m_id: Int32) -> cutlass.Boolean:

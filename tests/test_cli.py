@@ -89,3 +89,29 @@ def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp
     path.write_text("{not json")
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(root))
     assert rc == 1 and "not valid JSON" in text
+
+
+def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_path):
+    """Two runs' files (here: the shipped backward artifact split in halves) merge into the entries of
+    one; a stale file is refused by name before any target is written."""
+    import json
+
+    shipped = art.artifact_path("h100", "hstu_attention_bwd")
+    data = json.loads(shipped.read_text())
+    halves = []
+    for i, part in enumerate((data["entries"][::2], data["entries"][1::2])):
+        p = tmp_path / f"run{i}.json"
+        p.write_text(json.dumps({**data, "entries": part}))
+        halves.append(str(p))
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({**data, "template_hash": {b: "0" * 64 for b in data["template_hash"]}}))
+    root = tmp_path / "artifacts"
+    rc, text = _run(capsys, "merge", *halves, str(stale), "--artifacts", str(root))
+    assert rc == 2 and "stale.json" in text and "stale" in text
+    assert not art.artifact_path("h100", "hstu_attention_bwd", root).exists()
+    rc, text = _run(capsys, "merge", *halves, "--artifacts", str(root))
+    assert rc == 0 and text.count("merged") == 2
+    merged = art.load_artifact(art.artifact_path("h100", "hstu_attention_bwd", root))
+    key = art.entry_key
+    assert sorted(map(key, merged.entries)) == sorted(map(key, data["entries"]))
+    assert {key(e): e for e in merged.entries} == {key(e): e for e in data["entries"]}

@@ -337,6 +337,27 @@ class _RichReporter:
         self.progress.advance(self.tasks_bar)
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    """Fold artifacts written by other runs (another device call, host or checkout) into
+    ``<artifacts>/<gpu>/<kernel>.json``, entry by entry, as a tuning run would have written them: each
+    file must be valid and current (its templates unchanged), and an existing target tuned in another
+    timing environment is replaced, never mixed (``tuner.merge_entries``)."""
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.tuner import merge_entries
+
+    root = Path(args.artifacts or Path(__file__).resolve().parents[2] / "artifacts")
+    loaded = []
+    for f in args.files:  # every file is checked before any target is touched
+        try:
+            loaded.append((f, art.load_artifact(f)))
+        except art.ArtifactError as e:
+            raise CLIError(f"cannot merge {f}: {e}") from None
+    for f, a in loaded:
+        path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment)
+        print(f"merged {len(a.entries)} entries of {f} into {path}")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Print each artifact with the verdict ``autotune.load(root, gpu=<its folder>)`` would act on in this
     process (one function decides both: ``autotune.runtime.artifacts.assess_artifact``). Exit 1 if a file is
@@ -558,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--gpu", default=None, help="GPU (default: all)")
     show.add_argument("--kernel", default=None)
     show.add_argument("--artifacts", default=None)
+    merge = sub.add_parser("merge", help="fold artifacts written by other runs into artifacts/<gpu>/<kernel>.json")
+    merge.add_argument("files", nargs="+", help="artifact JSON files (each: one kernel on one GPU)")
+    merge.add_argument("--artifacts", default=None, help="artifacts root to merge into (default ./artifacts)")
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
     bench.add_argument("--heatmap", action="store_true", help="batch x length heatmaps (TFLOP/s, MFU), CSV + PNG")
@@ -594,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "show":
             return cmd_show(args)
+        if args.command == "merge":
+            return cmd_merge(args)
         if args.command == "status":
             from autotune.tuning.farm_status import cmd_status
 

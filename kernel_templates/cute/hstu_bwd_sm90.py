@@ -599,42 +599,38 @@ class HSTUBwdSm90:
                 cute.autovec_copy(rdS, tdSsdS)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-                if const_expr(self.num_stages == 1):
-                    # Single buffers: free Q (dK) and dO (dV) before dQ so both next loads overlap dQ.
-                    self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                    self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                    self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                    warpgroup.wait_group(2)
-                    pipe_q.consumer_release(st_q)
-                    warpgroup.wait_group(1)
-                    pipe_do.consumer_release(st_do)
-                    warpgroup.wait_group(0)
-                    self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-                elif const_expr(self.do_stages < self.num_stages):
-                    # dO has fewer buffers: free it first; Q has a spare one, so the dQ store overlaps dK.
-                    self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                    self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                    self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                    warpgroup.wait_group(2)
-                    pipe_do.consumer_release(st_do)
-                    warpgroup.wait_group(1)
-                    self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(st_q)
-                else:
-                    self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                    self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                    self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                    warpgroup.wait_group(2)
-                    pipe_q.consumer_release(st_q)
-                    warpgroup.wait_group(1)
-                    self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-                    warpgroup.wait_group(0)
-                    pipe_do.consumer_release(st_do)
+                # Issue dK, dV and dQ in the order that frees the scarcer buffer first, then retire them in
+                # that order: dK frees Q, dV frees dO, dQ goes to the dQ warp.
+                order = self.product_order()
+                for i in cutlass.range_constexpr(3):
+                    if const_expr(order[i] == "dk"):
+                        self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
+                    elif const_expr(order[i] == "dv"):
+                        self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
+                    else:
+                        self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
+                for i in cutlass.range_constexpr(3):
+                    warpgroup.wait_group(2 - i)
+                    if const_expr(order[i] == "dk"):
+                        pipe_q.consumer_release(st_q)
+                    elif const_expr(order[i] == "dv"):
+                        pipe_do.consumer_release(st_do)
+                    else:
+                        self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
                 st_q.advance()
                 st_do.advance()
         self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
         self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
+
+    def product_order(self) -> tuple[str, str, str]:
+        """Issue order of the dK, dV, dQ products (unswapped): with single buffers free Q and dO before dQ
+        so both next loads overlap it; with fewer dO buffers free dO first, so the dQ store overlaps dK;
+        otherwise free Q first, so the dQ store overlaps dV."""
+        if self.num_stages == 1:
+            return ("dk", "dv", "dq")
+        if self.do_stages < self.num_stages:
+            return ("dv", "dq", "dk")
+        return ("dk", "dq", "dv")
 
     @cute.jit
     def step_swapped(

@@ -87,6 +87,7 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, hint: str
     fill = sum(lengths) / (len(lengths) * bucket)
     return {
         "bucket": bucket, "batch": len(lengths), "tokens": sum(lengths), "fill": round(fill, 4), "hint": hint,
+        "fwd_flops": fwd_flops, "bwd_flops": bwd_flops,
         "fwd_p20_ms": tf["p20_ms"], "fwd_ms": tf["p50_ms"], "fwd_p80_ms": tf["p80_ms"],
         "bwd_p20_ms": tb["p20_ms"], "bwd_ms": tb["p50_ms"], "bwd_p80_ms": tb["p80_ms"],
         "fwd_tflops": fwd_flops / (tf["p50_ms"] * 1e-3) / 1e12, "bwd_tflops": bwd_flops / (tb["p50_ms"] * 1e-3) / 1e12,

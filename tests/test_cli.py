@@ -107,7 +107,7 @@ def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_
     stale.write_text(json.dumps({**data, "template_hash": {b: "0" * 64 for b in data["template_hash"]}}))
     root = tmp_path / "artifacts"
     rc, text = _run(capsys, "merge", *halves, str(stale), "--artifacts", str(root))
-    assert rc == 2 and "stale.json" in text and "stale" in text
+    assert rc == 2 and "stale.json" in text and "stale artifact" in text
     assert not art.artifact_path("h100", "hstu_attention_bwd", root).exists()
     rc, text = _run(capsys, "merge", *halves, "--artifacts", str(root))
     assert rc == 0 and text.count("merged") == 2

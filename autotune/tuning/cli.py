@@ -345,7 +345,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from autotune.runtime import artifacts as art
     from autotune.tuning.tuner import merge_entries
 
-    root = Path(args.artifacts or Path(__file__).resolve().parents[2] / "artifacts")
+    root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     loaded = []
     for f in args.files:  # every file is checked before any target is touched
         try:
@@ -365,11 +365,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from autotune.runtime.artifacts import assess_artifact
+    from autotune.runtime.artifacts import DEFAULT_ROOT, assess_artifact
     from autotune.runtime.gpus import running_environment
 
     console = _console()
-    root = Path(args.artifacts or Path(__file__).resolve().parents[2] / "artifacts")
+    root = Path(args.artifacts) if args.artifacts else DEFAULT_ROOT
     gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
     if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")

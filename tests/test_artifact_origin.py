@@ -247,16 +247,24 @@ def test_mask_mismatch_prefers_the_causal_entry_and_warns(tmp_path):
 
 
 def test_length_above_the_largest_bucket_warns_once(tmp_path):
-    dispatch.load(write(tmp_path, "h100", "h100", CPU, [dict(bucket=16384, block_m=64)]), gpu="h100")
+    dispatch.load(write(tmp_path, "h100", "h100", CPU, [dict(bucket=32768, block_m=64)]), gpu="h100")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        inside = dispatch.select(FWD, "bfloat16", 64, 64, 4, 16384, "uniform")
-    with pytest.warns(dispatch.DispatchWarning, match="max_seq_len 20000 is above the largest tuned bucket 16384"):
-        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 20000, "uniform")
+        inside = dispatch.select(FWD, "bfloat16", 64, 64, 4, 32768, "uniform")
+    with pytest.warns(dispatch.DispatchWarning, match="max_seq_len 40000 is above the largest tuned bucket 32768"):
+        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 40000, "uniform")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # another long length: not said again
-        again = dispatch.select(FWD, "bfloat16", 64, 64, 4, 40000, "uniform")
-    assert inside == c == again and (c.bucket, c.source) == (16384, "tuned")
+        again = dispatch.select(FWD, "bfloat16", 64, 64, 4, 70000, "uniform")
+    assert inside == c == again and (c.bucket, c.source) == (32768, "tuned")
+
+
+def test_length_between_16k_and_32k_runs_the_nearest_tuned_bucket(tmp_path):
+    """A 20K call maps to the 32K bucket; with only a 16K entry it runs that one and says so."""
+    dispatch.load(write(tmp_path, "h100", "h100", CPU, [dict(bucket=16384, block_m=64)]), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="bucket"):
+        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 20000, "uniform")
+    assert (c.bucket, c.source) == (16384, "nearest")
 
 
 # ------------------------------------------------------------------------------ show agrees with load

@@ -44,7 +44,7 @@ def test_reads_npy(tmp_path):
         ([0, 0], "no non-zero length"),
         ([5, -1], "negative length -1"),
         ([5, 2.5], "not an integer"),
-        ([5, 20000], "longer than the largest bucket"),
+        ([5, 40000], "longer than the largest bucket"),
         ({"100": -2}, "histogram count"),
         ({"x": 2}, "not an integer length"),
         ({"lengths": [1, 2], "counts": [1]}, "as long as"),

@@ -24,10 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from autotune.runtime.buckets import BUCKETS
+
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO_ROOT / "artifacts"
-BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)  # == autotune.runtime.buckets.BUCKETS (kept import-free)
 DISTRIBUTIONS = ("uniform", "jagged")
 DTYPES = ("bfloat16", "float16", "float32")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS (import-free)

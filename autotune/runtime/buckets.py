@@ -1,6 +1,6 @@
 """Sequence-length buckets and the representative length distributions each bucket is tuned on.
 
-Contract (docs/CONTRACTS.md): buckets are the powers of two 256 .. 16384 and ``bucket_for`` maps a
+Contract (docs/CONTRACTS.md): buckets are the powers of two 256 .. 32768 and ``bucket_for`` maps a
 batch's max_seq_len to the smallest bucket >= it, clamped. A bucket is tuned on a declared length
 distribution, because the best tiles of a skewed jagged batch differ from those of uniform lengths.
 """
@@ -11,13 +11,13 @@ import functools
 import math
 import random
 
-BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384)
+BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 DISTRIBUTIONS: tuple[str, ...] = ("uniform", "jagged")
 JAGGED_EXPONENT = 3.0  # lengths = bucket * u**3: median ~bucket/8, mean ~bucket/4, tail up to bucket
 
 
 def bucket_for(max_seq_len: int) -> int:
-    """The smallest bucket >= max_seq_len, clamped to [256, 16384]."""
+    """The smallest bucket >= max_seq_len, clamped to [BUCKETS[0], BUCKETS[-1]]."""
     for b in BUCKETS:
         if max_seq_len <= b:
             return b

@@ -36,10 +36,11 @@ from typing import Any
 import torch
 
 from autotune import spec
+from autotune.runtime.buckets import BUCKETS, bucket_for
 
 SOURCES = ("tuned", "default", "reference")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS
-LARGEST_BUCKET = 16384  # == autotune.runtime.buckets.BUCKETS[-1]: longer calls run this bucket's config
+LARGEST_BUCKET = BUCKETS[-1]  # longer calls run this bucket's config
 FILL_TOLERANCE = 2.0  # a call's fill within this factor of an entry's may take that entry
 FILL_STEPS = 4  # fill bins per halving (the choice cache key): 2**(-1/4) apart
 
@@ -272,12 +273,6 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _bucket_for(max_seq_len: int) -> int:
-    from autotune.runtime.buckets import bucket_for
-
-    return bucket_for(max_seq_len)
-
-
 def _dtype_name(dtype: torch.dtype | str) -> str:
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
@@ -444,7 +439,7 @@ def _resolve(
         _warn_once(f"{problem}; using the heuristic default config")
         return default_choice(kind, dqk, dv, dtype, num_heads)
     artifact = _STATE.artifacts[kind]
-    bucket = _bucket_for(max_seq_len)
+    bucket = bucket_for(max_seq_len)
     if max_seq_len > LARGEST_BUCKET:
         _warn_once(
             f"{kind}: max_seq_len {max_seq_len} is above the largest tuned bucket {LARGEST_BUCKET}; using that "

@@ -526,7 +526,7 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
         help="kernels, comma-separated: fwd, bwd (attention), layer (the fused layer's other ops) or spec names "
         "(default fwd,bwd)",
     )
-    p.add_argument("--buckets", help="length buckets, e.g. 1K,2K,4K,8K (256..16K)")
+    p.add_argument("--buckets", help="length buckets, e.g. 1K,2K,4K,8K (256..32K)")
     p.add_argument("--dims", help="head dims, e.g. 256,128 or 128x64 (Dqk x Dv)")
     p.add_argument("--heads", type=int, help="number of heads (default 4)")
     p.add_argument("--batch", type=int, help="sequences per representative batch (default 32)")

@@ -9,7 +9,7 @@ records a descriptor of the sample in each entry. Accepted files:
   or ``{"lengths": [...], "counts": [...]}``;
 - text: lengths separated by spaces, commas or newlines (``#`` starts a comment).
 
-Every length must be a non-negative integer no longer than the largest bucket (16384); the sample
+Every length must be a non-negative integer no longer than the largest bucket (32768); the sample
 must hold at least one non-zero length. Errors name the file and the bad value.
 """
 

@@ -17,6 +17,8 @@ import torch
 
 cutlass = pytest.importorskip("cutlass")
 
+from cute_gpu_cases import LENGTHS, MASKS, every_mask_and_dtype  # noqa: E402
+
 from kernel_templates.cute import (  # noqa: E402
     BwdKey,
     HSTUCuteBwdConfig,
@@ -196,16 +198,6 @@ def test_bad_inputs_raise(mutate, match):
 
 # ---------------------------------------------------------------------------------------------- GPU
 
-MASKS = {
-    "causal": dict(ctx=0, targets=False, window=0),
-    "targets": dict(ctx=0, targets=True, window=0),
-    "context": dict(ctx=5, targets=False, window=0),
-    "window": dict(ctx=0, targets=False, window=37),
-    "all": dict(ctx=3, targets=True, window=50),
-}
-# Empty and length-1 sequences, lengths that are not tile multiples, one longer than two tiles.
-LENGTHS = [0, 1, 70, 129, 0, 257, 64, 3, 300]
-
 
 def _ref_grads(inp, do, args, compute_dtype):
     from kernel_templates.hstu_attention.reference import hstu_attention_reference
@@ -235,11 +227,7 @@ def check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0, scal
     return errs
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [128, 256])
+@every_mask_and_dtype((128, 256))
 def test_gpu_matches_reference(mask, dtype, d):
     check_case(LENGTHS, 2, d, dtype, default_cute_bwd_config(d, d), **MASKS[mask])
 
@@ -281,11 +269,7 @@ def test_gpu_configs(cfg, d, mask):
     check_case(LENGTHS, 3, d, torch.bfloat16, cfg, seed=3, **MASKS[mask])
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [64, 128])
+@every_mask_and_dtype((64, 128))
 def test_gpu_tanh_silu_matches_reference(mask, dtype, d):
     """sigmoid by tanh.approx, plain and swapped: within the tolerance of the ex2 + rcp form."""
     for cfg in (
@@ -295,11 +279,7 @@ def test_gpu_tanh_silu_matches_reference(mask, dtype, d):
         check_case(LENGTHS, 2, d, dtype, cfg, seed=8, **MASKS[mask])
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [64, 128])
+@every_mask_and_dtype((64, 128))
 def test_gpu_swapped_sdp_matches_reference(mask, dtype, d):
     """S^T / dP^T with P^T and dS^T as register operands: every mask, both dtypes, and a sequence of
     many query blocks, so both dS^T buffers are reused many times."""

@@ -13,6 +13,8 @@ import torch
 
 cutlass = pytest.importorskip("cutlass")
 
+from cute_gpu_cases import LENGTHS, MASKS, every_mask_and_dtype  # noqa: E402
+
 from kernel_templates.cute import (  # noqa: E402
     FwdKey,
     HSTUCuteFwdConfig,
@@ -131,16 +133,6 @@ def test_search_space_admits_only_valid_configs():
 
 # ---------------------------------------------------------------------------------------------- GPU
 
-MASKS = {
-    "causal": dict(ctx=0, targets=False, window=0),
-    "targets": dict(ctx=0, targets=True, window=0),
-    "context": dict(ctx=5, targets=False, window=0),
-    "window": dict(ctx=0, targets=False, window=37),
-    "all": dict(ctx=3, targets=True, window=50),
-}
-# Empty and length-1 sequences, lengths that are not tile multiples, one longer than two tiles.
-LENGTHS = [0, 1, 70, 129, 0, 257, 64, 3, 300]
-
 
 def _check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0):
     from kernel_templates.hstu_attention.reference import hstu_attention_reference
@@ -158,21 +150,13 @@ def _check_case(lengths, heads, d, dtype, cfg, ctx, targets, window, seed=0):
     check_tolerance("out", out, ref, low, atol=2e-3 * scale + 1e-5)
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [128, 256])
+@every_mask_and_dtype((128, 256))
 def test_gpu_matches_reference(mask, dtype, d):
     cfg = HSTUCuteFwdConfig(128, 64, 2, True)
     _check_case(LENGTHS, 2, d, dtype, cfg, **MASKS[mask])
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@every_mask_and_dtype((64, 128, 256))
 def test_gpu_tanh_silu_matches_reference(mask, dtype, d):
     """SiLU by tanh.approx: within the same tolerance as the ex2 + rcp form on every mask and dtype."""
     cfg = HSTUCuteFwdConfig(128, 64, 2, True, tanh_silu=True)

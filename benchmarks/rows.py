@@ -34,16 +34,23 @@ def environment() -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
     else:
         env["gpu"] = "cpu"
-    env["git_sha"] = os.environ.get("GIT_SHA")  # set by whoever copies a snapshot without .git to a GPU host
-    if not env["git_sha"]:
-        try:
-            root = Path(__file__).resolve().parents[1]
-            sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, timeout=10)  # fmt: skip
-            env["git_sha"] = sha.stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            env["git_sha"] = None
+    env["git_sha"] = os.environ.get("GIT_SHA") or git_sha(Path(__file__).resolve().parents[1])
     return env
+
+
+def git_sha(root: Path) -> str | None:
+    """HEAD's short sha, with "+dirty" when tracked files differ from it: a snapshot copied onto a GPU host
+    over an older .git must not pass for that commit (set ``GIT_SHA`` there to name the real one)."""
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()  # fmt: skip
+        if not sha:
+            return None
+        cmd = ["git", "-C", str(root), "diff", "--quiet", "HEAD", "--"]
+        diff = subprocess.run(cmd, capture_output=True, timeout=30)
+        return sha + ("+dirty" if diff.returncode == 1 else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def time_ms(fn: Callable[[], Any], rep_ms: float = 300.0, min_samples: int = 20) -> dict[str, float]:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from rows import git_sha  # noqa: E402
+from benchmarks.rows import git_sha
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

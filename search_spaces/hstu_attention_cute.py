@@ -126,6 +126,7 @@ BWD_PARAMS: dict[str, tuple] = {
     "compact": (False, True),  # only the real key tiles of a jagged batch, heaviest first (tile_table.py)
     "swap_sdp": (False, True),  # S^T = K Q^T: P^T and dS^T stay in registers for dV and dK
     "tanh_silu": (False, True),  # sigmoid by tanh.approx: one MUFU op per score instead of two
+    "persistent": (False, True),  # one CTA per SM walks the compact table (needs compact)
 }
 
 

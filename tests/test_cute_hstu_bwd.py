@@ -41,12 +41,20 @@ COMPILE_GRID = [
     (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True), 128, "bfloat16", (True, True, True)),
     (HSTUCuteBwdConfig(64, 128, 1, dq_serial=True, swap_sdp=True), 64, "float16", (False, False, False)),
     (HSTUCuteBwdConfig(64, 64, 1, tanh_silu=True), 256, "bfloat16", (True, True, True)),
+    (
+        HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True, compact=True, persistent=True),
+        256,
+        "bfloat16",
+        (True,) * 3,
+    ),
+    (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True, compact=True, persistent=True), 128, "float16", (False,) * 3),
 ]
 
 
 def _cfg_id(c: HSTUCuteBwdConfig) -> str:
     serial = "serial" if c.dq_serial else ""
     flags = ("c" if c.compact else "") + ("t" if c.swap_sdp else "") + ("h" if c.tanh_silu else "")
+    flags += "p" if c.persistent else ""
     return f"{c.block_m}x{c.block_n}s{c.num_stages}do{c.do_stages}{serial}g{c.l2_group}{flags}"
 
 
@@ -86,6 +94,8 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(compact="yes"),
         dict(swap_sdp=None),
         dict(tanh_silu=0),
+        dict(persistent=1),
+        dict(persistent=True, compact=False),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -248,6 +258,9 @@ GPU_CONFIGS = [
     (HSTUCuteBwdConfig(64, 128, 1, dq_serial=True, compact=True, swap_sdp=True), 128),
     (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True, tanh_silu=True), 128),
     (HSTUCuteBwdConfig(64, 64, 1, tanh_silu=True), 256),
+    (HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True, compact=True, persistent=True, tanh_silu=True), 256),
+    (HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True, compact=True, persistent=True), 128),
+    (HSTUCuteBwdConfig(128, 64, 2, l2_group=2, compact=True, persistent=True), 64),
 ]
 
 
@@ -319,3 +332,45 @@ def test_gpu_compact_order_gives_the_grid_result(l2_group):
     torch.testing.assert_close(grads[0][0].float(), grads[1][0].float(), rtol=2e-2, atol=2e-2)
     lpt = HSTUCuteBwdConfig(64, 128, 2, l2_group=0, compact=True)
     check_case(lengths, 3, 128, torch.bfloat16, lpt, seed=12, **MASKS["all"])
+
+
+PERSISTENT = {
+    256: [HSTUCuteBwdConfig(64, 64, 2, do_stages=1, dq_serial=True, l2_group=2, compact=True, persistent=True)],
+    128: [
+        HSTUCuteBwdConfig(64, 128, 2, l2_group=0, compact=True, persistent=True),
+        HSTUCuteBwdConfig(64, 128, 2, swap_sdp=True, l2_group=16, compact=True, persistent=True),
+    ],
+}
+
+
+@every_mask_and_dtype((128, 256))
+def test_gpu_persistent_matches_reference(mask, dtype, d):
+    """One CTA per SM walking the tile table: every mask and dtype, on the short jagged batch (fewer
+    tiles than SMs) and on one of 40 sequences x 3 heads, so each CTA runs several tiles of different
+    sequences and the Q/dO ring, the K/V buffer and the dS^T parity run on across tiles."""
+    lengths = [300, 0, 1, 77, 513] * 8
+    for cfg in PERSISTENT[d]:
+        check_case(LENGTHS, 2, d, dtype, cfg, seed=14, **MASKS[mask])
+        check_case(lengths, 3, d, dtype, cfg, seed=15, **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("d", [128, 256])
+def test_gpu_persistent_gives_the_compact_grid_result(d):
+    """The persistent CTAs run each tile exactly as a compact-grid CTA does: dK and dV bitwise equal on a
+    skewed batch with many more tiles than SMs; dQ (partials summed in another order) by tolerance."""
+    from kernel_templates.hstu_attention.testing import make_jagged_inputs
+
+    lengths = [2000, 0, 3, 130, 0, 64, 1, 257] + [700] * 12 + [17] * 20
+    inp = make_jagged_inputs(lengths, 4, d, d, torch.bfloat16, "cuda", seed=16)
+    do = torch.randn_like(inp.v)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
+    grads = []
+    for cfg in (dataclasses.replace(PERSISTENT[d][0], persistent=False), PERSISTENT[d][0]):
+        bufs = tuple(torch.full_like(t, float("nan")) for t in (inp.q, inp.k, inp.v))
+        grads.append(hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg, out=bufs))
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(g).all() for g in grads[1])
+    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
+    torch.testing.assert_close(grads[0][0].float(), grads[1][0].float(), rtol=2e-2, atol=2e-2)

@@ -40,6 +40,9 @@ class HSTUCuteBwdConfig(JsonConfig):
     the A operands of dV and dK (no P tile in shared memory, no barrier before those products); dS^T
     alone goes to shared memory, double-buffered, for dQ. Needs ``block_n == 64 * mma_warpgroups``.
     ``tanh_silu``: sigmoid(x) = 1/2 + tanh(x/2)/2 (one MUFU op per score instead of ex2 and rcp).
+    ``persistent`` (with ``compact``): one CTA per SM walks the compact table with a stride of the grid,
+    so the Q/dO ring runs on from one key tile into the next and the next tile's K/V load overlaps the
+    dK/dV stores of the last one, instead of every short tile paying a CTA launch and a pipeline fill.
     """
 
     kind: ClassVar[str] = "hstu_attention_bwd_cute"
@@ -54,6 +57,7 @@ class HSTUCuteBwdConfig(JsonConfig):
     compact: bool = False
     swap_sdp: bool = False
     tanh_silu: bool = False
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128):
@@ -79,11 +83,13 @@ class HSTUCuteBwdConfig(JsonConfig):
                 f"HSTUCuteBwdConfig.do_stages must be an int in [1, num_stages={self.num_stages}], "
                 f"got {self.do_stages!r}"
             )
-        for name in ("dq_serial", "compact", "swap_sdp", "tanh_silu"):
+        for name in ("dq_serial", "compact", "swap_sdp", "tanh_silu", "persistent"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteBwdConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.dq_mode not in ("tma",):
             raise ValueError(f"HSTUCuteBwdConfig.dq_mode must be 'tma', got {self.dq_mode!r}")
+        if self.persistent and not self.compact:
+            raise ValueError("HSTUCuteBwdConfig.persistent needs compact=True (the CTAs walk the compact tile table)")
 
 
 def bwd_smem_bytes(config: HSTUCuteBwdConfig, dqk: int, dv: int, elem_bytes: int = 2) -> int:

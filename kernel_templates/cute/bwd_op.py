@@ -7,6 +7,7 @@ machines). With ``tvm_ffi`` installed the kernel takes torch tensors directly; o
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -59,7 +60,9 @@ def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     q, k, v, do = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
     dq_acc = f.jagged(key.dqk, cutlass.Float32, 4)  # the fp32 dQ accumulator of the TMA reduce-add
     dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
-    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, tiles_fake(), *hstu_scalar_fakes(tvm_ffi))
+    *scalars, stream = hstu_scalar_fakes(tvm_ffi)
+    num_ctas = cutlass.Int32(1)  # the persistent grid's CTA count (one per SM)
+    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, tiles_fake(), *scalars, num_ctas, stream)
 
 
 def bwd_key(
@@ -100,6 +103,16 @@ def _validate(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_
         raise ValueError(f"do must be on q's device {q.device}, got {do.device}")
     if q.dtype not in TORCH_DTYPE_NAMES:
         raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (one persistent CTA each), read once per device."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -156,7 +169,8 @@ def hstu_attention_cute_bwd(
     inv_scale = 1.0 / float(scale)
     num_n_blocks = math.ceil(max_seq_len / config.block_n)
     tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_n, num_n_blocks, "bwd", config.compact, config.l2_group)
-    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks)
+    num_ctas = sm_count(q.device) if config.persistent else 1
+    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks, num_ctas)
     tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets, tiles)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)
@@ -177,7 +191,7 @@ def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tu
     """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
 
-    alpha, inv_scale, ctx, w, nnb = scalars
+    alpha, inv_scale, ctx, w, nnb, num_ctas = scalars
     # q, k, v, do, dq_acc, dk, dv are TMA operands (16-byte aligned); offsets and targets are int32.
     wrapped = dlpack_args([(t, 16) for t in tensors[:7]] + [(t, 4) for t in tensors[7:]])
     compiled.fn(
@@ -187,5 +201,6 @@ def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tu
         cutlass.Int32(ctx),
         cutlass.Int32(w),
         cutlass.Int32(nnb),
+        cutlass.Int32(num_ctas),
         current_stream(),
     )

@@ -38,7 +38,7 @@ and targets are clamped to the L rows in the prologue (``hstu_fwd_sm90.seq_bound
 
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -51,14 +51,11 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
+from .hstu_bwd_step import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdSteps
 from .hstu_fwd_sm90 import HSTUFwdSm90, _position_id, seq_bounds
 from .schedule import compact_tile, grouped_block_order
 
-LOG2E = math.log2(math.e)
 PRODUCER_REGS = 24
-# Named barriers (0 is __syncthreads): P/dS tile handoff among MMA threads, dQ buffer full / empty
-# (with dq_serial, warpgroup w uses BAR_DQ_FULL + 2w / BAR_DQ_EMPTY + 2w).
-BAR_PDS, BAR_DQ_FULL, BAR_DQ_EMPTY = 1, 2, 3
 
 
 def _row_major_smem(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int):
@@ -75,7 +72,31 @@ def _transpose(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
 
 
-class HSTUBwdSm90:
+class _TileCtx(NamedTuple):
+    """What maps a tile index to its sequence, head and key block: the batch's offsets and targets, the
+    compact tile table, and the sizes and mask lengths the row ranges need."""
+
+    offsets: cute.Tensor
+    targets: cute.Tensor
+    tiles: cute.Tensor
+    num_heads: Int32
+    num_rows: Int32
+    ctx_len: Int32
+    max_attn_len: Int32
+
+
+@cute.jit
+def compact_tile_at(mTiles: cute.Tensor, t: Int32, num_heads: Int32):
+    """(head, sequence, block, live) of entry ``t`` of the compact order: ``schedule.compact_tile`` for
+    a tile index a persistent CTA walks to, instead of its block index."""
+    p = t // num_heads
+    head = t - p * num_heads
+    seq = Int32(mTiles[2 * p])
+    block = Int32(mTiles[2 * p + 1])
+    return head, cutlass.max(seq, Int32(0)), block, Int32(seq >= 0)
+
+
+class HSTUBwdSm90(BwdSteps):
     """Builds and launches the backward kernel for one (config, dtype, head dims, mask flags)."""
 
     def __init__(
@@ -159,6 +180,7 @@ class HSTUBwdSm90:
         ctx_len: Int32,
         max_attn_len: Int32,
         num_n_blocks: Int32,
+        num_ctas: Int32,
         stream: cuda.CUstream,
     ):
         # (L, H, D) -> (L, D, H): rows and the contiguous head dim first, heads as the batch mode.
@@ -216,11 +238,15 @@ class HSTUBwdSm90:
         # Rows every sequence must stay within: those of Q and of dK, dV (the only non-TMA accesses).
         num_rows = cutlass.min(cute.size(mQ.shape[0]), cutlass.min(cute.size(mdK.shape[0]), cute.size(mdV.shape[0])))
         grid = [num_heads, batch, num_n_blocks]
-        if const_expr(self.cfg.compact):
-            grid = [num_heads * (cute.size(mTiles.shape[0]) // 2), 1, 1]
+        num_tiles = num_heads * (cute.size(mTiles.shape[0]) // 2)  # compact table rows x heads
+        if const_expr(self.cfg.persistent):
+            grid = [cutlass.min(num_tiles, num_ctas), 1, 1]
+        elif const_expr(self.cfg.compact):
+            grid = [num_tiles, 1, 1]
         self.kernel(
             tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
-            mdK, mdV, mOffsets, mTargets, mTiles, num_heads, num_rows, alpha, inv_scale, ctx_len, max_attn_len,
+            mdK, mdV, mOffsets, mTargets, mTiles, num_heads, num_tiles, num_rows, alpha, inv_scale, ctx_len,
+            max_attn_len,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
         ).launch(
@@ -250,6 +276,7 @@ class HSTUBwdSm90:
         mTargets: cute.Tensor,
         mTiles: cute.Tensor,
         num_heads: Int32,
+        num_tiles: Int32,
         num_rows: Int32,
         alpha: Float32,
         inv_scale: Float32,
@@ -268,11 +295,6 @@ class HSTUBwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        if const_expr(self.cfg.compact):
-            head, bid_b, n_block, live = compact_tile(mTiles, num_heads)
-        else:
-            head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
-            live = Int32(1)
         if warp_idx == 0:
             for atom in (tma_atom_q, tma_atom_do, tma_atom_k, tma_atom_v, tma_atom_dq):
                 cpasync.prefetch_descriptor(atom)
@@ -291,40 +313,66 @@ class HSTUBwdSm90:
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sP = sdS if const_expr(self.swap) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        tc = _TileCtx(mOffsets, mTargets, mTiles, num_heads, num_rows, ctx_len, max_attn_len)
 
-        seq_start, n, num_t = seq_bounds(mOffsets, mTargets, bid_b, num_rows, self.has_targets)
-        n = n * live  # a compact-grid CTA past the last real tile has no rows to do
+        # The tiles this CTA runs: [first, num_tiles) with a stride of the grid when persistent, else the
+        # one tile of its block index (range(0, 1): the tile comes from the block index, not t).
+        first, end, step = Int32(0), Int32(1), Int32(1)
+        go = cutlass.Boolean(True)
+        if const_expr(self.cfg.persistent):
+            bid_x, _, _ = cute.arch.block_idx()
+            grid_x, _, _ = cute.arch.grid_dim()
+            first, end, step = Int32(bid_x), num_tiles, Int32(grid_x)
+        else:
+            only = self.tile(tc, first)
+            go = only[3] < only[2]  # start_n < n: a real key tile (an empty CTA exits at once)
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if go:
+            if warp_idx < 4:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+                if warp_idx == 0:
+                    self.load(
+                        tma_atom_q, mQ, tma_atom_do, mdO, tma_atom_k, mK, tma_atom_v, mV, sQ, sdO, sK, sV,
+                        pipe_kv, pipe_q, pipe_do, tc, first, end, step,
+                    )  # fmt: skip
+                if warp_idx == 1:
+                    self.store_dq(tma_atom_dq, mdQ, sdQ, tc, first, end, step)
+            else:
+                cute.arch.setmaxregister_increase(self.mma_regs)
+                self.mma(
+                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+                    sQ, sdO, sK, sV, sP, sdS, sdQ, mdK, mdV, pipe_kv, pipe_q, pipe_do,
+                    tidx - 128, tc, first, end, step, alpha, inv_scale,
+                )  # fmt: skip
+
+    @cute.jit
+    def tile(self, tc: _TileCtx, t: Int32):
+        """(head, seq_start, n, start_n, n_block, blk_lo, blk_full, blk_hi, m_id) of tile ``t`` (persistent)
+        or of this CTA's block index; a tile past the sequence end has an empty query-block range."""
+        if const_expr(self.cfg.persistent):
+            head, bid_b, n_block, live = compact_tile_at(tc.tiles, t, tc.num_heads)
+        elif const_expr(self.cfg.compact):
+            head, bid_b, n_block, live = compact_tile(tc.tiles, tc.num_heads)
+        else:
+            head, bid_b, n_block = grouped_block_order(self.cfg.l2_group)
+            live = Int32(1)
+        seq_start, n, num_t = seq_bounds(tc.offsets, tc.targets, bid_b, tc.num_rows, self.has_targets)
+        n = n * live  # a compact-table entry past the last real tile has no rows to do
         hist_end = n - num_t
-        m_id = n - ctx_len + 1 - num_t
+        m_id = n - tc.ctx_len + 1 - num_t
         start_n = n_block * self.tile_n
-        lo, full_start, hi = self.row_range(start_n, n, hist_end, m_id, ctx_len, max_attn_len)
+        lo, full_start, hi = self.row_range(start_n, n, hist_end, m_id, tc.ctx_len, tc.max_attn_len)
         blk_lo = lo // self.tile_m
         blk_hi = (hi + self.tile_m - 1) // self.tile_m
         blk_full = full_start // self.tile_m
         if start_n + self.tile_n > n:
             # The key tile crosses the sequence end: its last keys belong to the next sequence.
             blk_full = blk_hi
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        if start_n < n:
-            if warp_idx < 4:
-                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
-                if warp_idx == 0:
-                    self.load(
-                        tma_atom_q, mQ, tma_atom_do, mdO, tma_atom_k, mK, tma_atom_v, mV, sQ, sdO, sK, sV,
-                        pipe_kv, pipe_q, pipe_do, seq_start, head, n_block, blk_lo, blk_hi,
-                    )  # fmt: skip
-                if warp_idx == 1:
-                    self.store_dq(tma_atom_dq, mdQ, sdQ, seq_start, head, blk_lo, blk_hi)
-            else:
-                cute.arch.setmaxregister_increase(self.mma_regs)
-                self.mma(
-                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
-                    sQ, sdO, sK, sV, sP, sdS, sdQ, mdK, mdV, pipe_kv, pipe_q, pipe_do,
-                    tidx - 128, seq_start, n, head, n_block, start_n, blk_lo, blk_full, blk_hi,
-                    alpha, inv_scale, ctx_len, max_attn_len, m_id,
-                )  # fmt: skip
+        if start_n >= n:
+            blk_hi = blk_lo
+        return head, seq_start, n, start_n, n_block, blk_lo, blk_full, blk_hi, m_id
 
     @cute.jit
     def row_range(self, start_n: Int32, n: Int32, hist_end: Int32, m_id: Int32, ctx: Int32, w: Int32):
@@ -375,13 +423,53 @@ class HSTUBwdSm90:
         pipe_kv: pipeline.PipelineTmaAsync,
         pipe_q: pipeline.PipelineTmaAsync,
         pipe_do: pipeline.PipelineTmaAsync,
+        tc: _TileCtx,
+        first: Int32,
+        end: Int32,
+        step: Int32,
+    ):
+        """Producer warp, per tile: K and V, and the Q and dO tiles of query blocks [blk_lo, blk_hi).
+        Persistent, K/V go after the first Q/dO pair: that pair loads while the last tile still runs,
+        and K/V wait for the MMA warpgroups to release the last tile's."""
+        st_kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
+        for t in cutlass.range(first, end, step, unroll=1):
+            head, seq_start, _, _, n_block, blk_lo, _, blk_hi, _ = self.tile(tc, t)
+            if blk_lo < blk_hi:
+                st_kv, st_q, st_do = self.load_tile(
+                    tma_atom_q, mQ, tma_atom_do, mdO, tma_atom_k, mK, tma_atom_v, mV, sQ, sdO, sK, sV,
+                    pipe_kv, pipe_q, pipe_do, st_kv, st_q, st_do, seq_start, head, n_block, blk_lo, blk_hi,
+                )  # fmt: skip
+
+    @cute.jit
+    def load_tile(
+        self,
+        tma_atom_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_atom_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_atom_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_atom_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        sQ: cute.Tensor,
+        sdO: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        pipe_kv: pipeline.PipelineTmaAsync,
+        pipe_q: pipeline.PipelineTmaAsync,
+        pipe_do: pipeline.PipelineTmaAsync,
+        st_kv: pipeline.PipelineState,
+        st_q: pipeline.PipelineState,
+        st_do: pipeline.PipelineState,
         seq_start: Int32,
         head: Int32,
         n_block: Int32,
         blk_lo: Int32,
         blk_hi: Int32,
     ):
-        """Producer warp: K and V once, then Q and dO tiles of query blocks [blk_lo, blk_hi)."""
+        """One key tile's loads; returns the advanced (kv, q, do) producer states."""
         one = cute.make_layout(1)
 
         def part(atom, m, s, tile, coord):
@@ -392,24 +480,30 @@ class HSTUBwdSm90:
         tVsV, tVgV = part(tma_atom_v, mV, sV, (self.tile_n, self.dv), (n_block, 0))
         tQsQ, tQgQ = part(tma_atom_q, mQ, sQ, (self.tile_m, self.dqk), (None, 0))
         tOsO, tOgO = part(tma_atom_do, mdO, sdO, (self.tile_m, self.dv), (None, 0))
-        if blk_lo < blk_hi:
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            pipe_kv.producer_acquire(kv_state)
-            bar_kv = pipe_kv.producer_get_barrier(kv_state)
-            cute.copy(tma_atom_k, tKgK, tKsK[None, 0], tma_bar_ptr=bar_kv)
-            cute.copy(tma_atom_v, tVgV, tVsV[None, 0], tma_bar_ptr=bar_kv)
-            st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-            st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
-            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                pipe_q.producer_acquire(st_q)
-                cute.copy(
-                    tma_atom_q, tQgQ[None, blk], tQsQ[None, st_q.index], tma_bar_ptr=pipe_q.producer_get_barrier(st_q)
-                )
-                pipe_do.producer_acquire(st_do)
-                bar_do = pipe_do.producer_get_barrier(st_do)
-                cute.copy(tma_atom_do, tOgO[None, blk], tOsO[None, st_do.index], tma_bar_ptr=bar_do)
-                st_q.advance()
-                st_do.advance()
+        if const_expr(not self.cfg.persistent):
+            self.load_kv(tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_kv, st_kv)
+        for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+            pipe_q.producer_acquire(st_q)
+            bar_q = pipe_q.producer_get_barrier(st_q)
+            cute.copy(tma_atom_q, tQgQ[None, blk], tQsQ[None, st_q.index], tma_bar_ptr=bar_q)
+            pipe_do.producer_acquire(st_do)
+            bar_do = pipe_do.producer_get_barrier(st_do)
+            cute.copy(tma_atom_do, tOgO[None, blk], tOsO[None, st_do.index], tma_bar_ptr=bar_do)
+            if const_expr(self.cfg.persistent):  # noqa: SIM102 (compile-time test around a staged one)
+                if blk == blk_lo:
+                    self.load_kv(tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_kv, st_kv)
+            st_q.advance()
+            st_do.advance()
+        st_kv.advance()
+        return st_kv, st_q, st_do
+
+    @cute.jit
+    def load_kv(self, tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_kv, st_kv):
+        """K and V of the key tile into their one buffer, once the MMA warpgroups released it."""
+        pipe_kv.producer_acquire(st_kv)
+        bar_kv = pipe_kv.producer_get_barrier(st_kv)
+        cute.copy(tma_atom_k, tKgK, tKsK[None, 0], tma_bar_ptr=bar_kv)
+        cute.copy(tma_atom_v, tVgV, tVsV[None, 0], tma_bar_ptr=bar_kv)
 
     @cute.jit
     def store_dq(
@@ -417,60 +511,38 @@ class HSTUBwdSm90:
         tma_atom_dq: cute.CopyAtom,
         mdQ: cute.Tensor,
         sdQ: cute.Tensor,
-        seq_start: Int32,
-        head: Int32,
-        blk_lo: Int32,
-        blk_hi: Int32,
+        tc: _TileCtx,
+        first: Int32,
+        end: Int32,
+        step: Int32,
     ):
         """dQ warp: TMA reduce-add of each dQ partial tile (or of each warpgroup's slice, in turns, with
-        ``dq_serial``) into the fp32 dQ buffer."""
-        gdQ = cute.local_tile(cute.domain_offset((seq_start, 0), mdQ[None, None, head]), self.dq_tile, (None, None))
-        tsdQ, tgdQ = cpasync.tma_partition(
-            tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2)
-        )
-        if const_expr(self.dq_serial):
-            am = self.split_dq[0]
-            sync_wg = 128 + 32
-            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                for w in cutlass.range_constexpr(self.num_wg):
+        ``dq_serial``) into the fp32 dQ buffer, tile after tile in the MMA warpgroups' order."""
+        for t in cutlass.range(first, end, step, unroll=1):
+            head, seq_start, _, _, _, blk_lo, _, blk_hi, _ = self.tile(tc, t)
+            gdQ = cute.local_tile(cute.domain_offset((seq_start, 0), mdQ[None, None, head]), self.dq_tile, (None, None))
+            tsdQ, tgdQ = cpasync.tma_partition(
+                tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2)
+            )
+            if const_expr(self.dq_serial):
+                am = self.split_dq[0]
+                sync_wg = 128 + 32
+                for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                    for w in cutlass.range_constexpr(self.num_wg):
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + 2 * w, number_of_threads=sync_wg)
+                        cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * w, number_of_threads=sync_wg)
+                        cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk * am + w % am, w // am])
+                        cute.arch.cp_async_bulk_commit_group()
+            else:
+                sync_threads = self.num_mma_threads + 32
+                for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + 2 * w, number_of_threads=sync_wg)
-                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * w, number_of_threads=sync_wg)
-                    cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk * am + w % am, w // am])
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_threads)
+                    cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
+                    cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk, 0])
                     cute.arch.cp_async_bulk_commit_group()
-        else:
-            sync_threads = self.num_mma_threads + 32
-            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_threads)
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
-                cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk, 0])
-                cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0)
-
-    @cute.jit
-    def gemm(
-        self,
-        tiled_mma: cute.TiledMma,
-        acc: cute.Tensor,
-        tA: cute.Tensor,
-        tB: cute.Tensor,
-        ia,
-        ib,
-        zero_init: cutlass.Constexpr[bool],
-    ):
-        """acc (+)= A[ia] B[ib] over the k-blocks; commits one wgmma group (no wait).
-
-        A fresh MMA atom per call carries the ACCUMULATE field (off for the first k-block when
-        ``zero_init``): zero-filling the accumulator instead makes ptxas serialise the wgmmas.
-        """
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            cute.gemm(atom, acc, tA[None, None, kb, ia], tB[None, None, kb, ib], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
 
     @cute.jit
     def mma(
@@ -492,21 +564,15 @@ class HSTUBwdSm90:
         pipe_q: pipeline.PipelineTmaAsync,
         pipe_do: pipeline.PipelineTmaAsync,
         tidx: Int32,
-        seq_start: Int32,
-        n: Int32,
-        head: Int32,
-        n_block: Int32,
-        start_n: Int32,
-        blk_lo: Int32,
-        blk_full: Int32,
-        blk_hi: Int32,
+        tc: _TileCtx,
+        first: Int32,
+        end: Int32,
+        step: Int32,
         alpha: Float32,
         inv_scale: Float32,
-        ctx: Int32,
-        w: Int32,
-        m_id: Int32,
     ):
-        """MMA warpgroups: the five products per query block, dK/dV in registers, dQ partials to smem."""
+        """MMA warpgroups: per key tile, the five products per query block, dK/dV in registers, dQ
+        partials to smem, then dK/dV stored from registers."""
         wg = cute.arch.make_warp_uniform(tidx // 128) * 128
         wg_sdp = tiled_mma_sdp.get_slice(wg)
         wg_dk = tiled_mma_dk.get_slice(wg)
@@ -529,8 +595,6 @@ class HSTUBwdSm90:
         acc_dV = cute.make_rmem_tensor(wg_dv.partition_shape_C((self.tile_n, self.dv)), Float32)
         acc_dK = cute.make_rmem_tensor(wg_dk.partition_shape_C((self.tile_n, self.dqk)), Float32)
         acc_dQ = cute.make_rmem_tensor(wg_dq.partition_shape_C((self.tile_m, self.dqk)), Float32)
-        acc_dV.fill(0.0)
-        acc_dK.fill(0.0)
 
         # Thread-level partitions of the P / dS / dQ smem tiles and of the dK / dV outputs.
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
@@ -544,35 +608,12 @@ class HSTUBwdSm90:
             tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ[None, None, 0])
         thr_dk = tiled_mma_dk.get_slice(tidx)
         thr_dv = tiled_mma_dv.get_slice(tidx)
-        gdK = cute.local_tile(
-            cute.domain_offset((seq_start, 0), mdK[None, None, head]), (self.tile_n, self.dqk), (n_block, 0)
-        )
-        gdV = cute.local_tile(
-            cute.domain_offset((seq_start, 0), mdV[None, None, head]), (self.tile_n, self.dv), (n_block, 0)
-        )
-        tdKgdK = thr_dk.partition_C(gdK)
         tdKcdK = thr_dk.partition_C(cute.make_identity_tensor((self.tile_n, self.dqk)))
-        tdVgdV = thr_dv.partition_C(gdV)
         tdVcdV = thr_dv.partition_C(cute.make_identity_tensor((self.tile_n, self.dv)))
-
         dq_scale = alpha * inv_scale
-        if blk_lo < blk_hi:
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            pipe_kv.consumer_wait(kv_state)
-        st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
         if const_expr(self.swap):
             rPt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
             rdSt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
-            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                self.step_swapped(
-                    tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tSrA, tSrB, tPrA, tPrB, tVrdOt, tKrQt,
-                    tQrdS, tQrKt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ, rPt, rdSt, tScS, thr_sdp, sdS, tdQsdQ,
-                    pipe_q, pipe_do, st_q, st_do, blk, blk_lo, blk_full, start_n, n, alpha, dq_scale, ctx, w, m_id,
-                    tidx,
-                )  # fmt: skip
-                st_q.advance()
-                st_do.advance()
         else:
             tPsP = thr_sdp.partition_C(sP[None, None, 0])
             tdSsdS = thr_sdp.partition_C(sdS[None, None, 0])
@@ -580,226 +621,48 @@ class HSTUBwdSm90:
             tKrdSt = tiled_mma_dk.make_fragment_A(wg_dk.partition_A(_transpose(sdS)))
             rP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
             rdS = cute.make_rmem_tensor(acc_S.layout, self.dtype)
-            for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                start_m = blk * self.tile_m
-                masked = (blk < blk_full) | (start_m + self.tile_m > n)
-                pipe_q.consumer_wait(st_q)
-                self.gemm(tiled_mma_sdp, acc_S, tSrA, tSrB, st_q.index, 0, True)
-                pipe_do.consumer_wait(st_do)
-                self.gemm(tiled_mma_sdp, acc_dP, tPrA, tPrB, st_do.index, 0, True)
-                warpgroup.wait_group(1)
-                self.activate(acc_S, rP, tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id)
-                # Every warpgroup has finished the previous block's reads of sP / sdS.
-                cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-                cute.autovec_copy(rP, tPsP)
-                warpgroup.wait_group(0)
-                for i in cutlass.range_constexpr(cute.size(acc_dP)):
-                    acc_dP[i] = acc_dP[i] * acc_S[i]
-                rdS.store(acc_dP.load().to(self.dtype))
-                cute.autovec_copy(rdS, tdSsdS)
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-                # Issue dK, dV and dQ in the order that frees the scarcer buffer first, then retire them in
-                # that order: dK frees Q, dV frees dO, dQ goes to the dQ warp.
-                order = self.product_order()
-                for i in cutlass.range_constexpr(3):
-                    if const_expr(order[i] == "dk"):
-                        self.gemm(tiled_mma_dk, acc_dK, tKrdSt, tKrQt, 0, st_q.index, False)
-                    elif const_expr(order[i] == "dv"):
-                        self.gemm(tiled_mma_dv, acc_dV, tVrPt, tVrdOt, 0, st_do.index, False)
-                    else:
-                        self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, 0, 0, True)
-                for i in cutlass.range_constexpr(3):
-                    warpgroup.wait_group(2 - i)
-                    if const_expr(order[i] == "dk"):
-                        pipe_q.consumer_release(st_q)
-                    elif const_expr(order[i] == "dv"):
-                        pipe_do.consumer_release(st_do)
-                    else:
-                        self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-                st_q.advance()
-                st_do.advance()
-        self.epilogue(acc_dK, tdKgdK, tdKcdK, n, start_n, alpha * inv_scale)
-        self.epilogue(acc_dV, tdVgdV, tdVcdV, n, start_n, inv_scale)
 
-    def product_order(self) -> tuple[str, str, str]:
-        """Issue order of the dK, dV, dQ products (unswapped): with single buffers free Q and dO before dQ
-        so both next loads overlap it; with fewer dO buffers free dO first, so the dQ store overlaps dK;
-        otherwise free Q first, so the dQ store overlaps dV."""
-        if self.num_stages == 1:
-            return ("dk", "dv", "dq")
-        if self.do_stages < self.num_stages:
-            return ("dv", "dq", "dk")
-        return ("dk", "dq", "dv")
-
-    @cute.jit
-    def step_swapped(
-        self,
-        tiled_mma_sdp: cute.TiledMma,
-        tiled_mma_dk: cute.TiledMma,
-        tiled_mma_dv: cute.TiledMma,
-        tiled_mma_dq: cute.TiledMma,
-        tSrK: cute.Tensor,
-        tSrQ: cute.Tensor,
-        tPrV: cute.Tensor,
-        tPrdO: cute.Tensor,
-        tVrdOt: cute.Tensor,
-        tKrQt: cute.Tensor,
-        tQrdS: cute.Tensor,
-        tQrKt: cute.Tensor,
-        acc_S: cute.Tensor,
-        acc_dP: cute.Tensor,
-        acc_dK: cute.Tensor,
-        acc_dV: cute.Tensor,
-        acc_dQ: cute.Tensor,
-        rPt: cute.Tensor,
-        rdSt: cute.Tensor,
-        tScS: cute.Tensor,
-        thr_sdp: cute.TiledMma,
-        sdS: cute.Tensor,
-        tdQsdQ: cute.Tensor,
-        pipe_q: pipeline.PipelineTmaAsync,
-        pipe_do: pipeline.PipelineTmaAsync,
-        st_q: pipeline.PipelineState,
-        st_do: pipeline.PipelineState,
-        blk: Int32,
-        blk_lo: Int32,
-        blk_full: Int32,
-        start_n: Int32,
-        n: Int32,
-        alpha: Float32,
-        dq_scale: Float32,
-        ctx: Int32,
-        w: Int32,
-        m_id: Int32,
-        tidx: Int32,
-    ):
-        """One query block with ``swap_sdp``: S^T, dP^T; dV += P^T dO and dK += dS^T Q from registers;
-        dS^T to buffer (blk - blk_lo) % 2, then dQ. Two buffers: a warpgroup writes buffer b only after
-        the barrier of the previous block, which the other passed after its dQ read of b had retired."""
-        start_m = blk * self.tile_m
-        masked = (blk < blk_full) | (start_m + self.tile_m > n)
-        buf = (blk - blk_lo) % 2
-        pipe_q.consumer_wait(st_q)
-        self.gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ, 0, st_q.index, True)
-        pipe_do.consumer_wait(st_do)
-        self.gemm(tiled_mma_sdp, acc_dP, tPrV, tPrdO, 0, st_do.index, True)
-        warpgroup.wait_group(1)
-        self.activate(
-            acc_S, cute.make_tensor(rPt.iterator, acc_S.layout), tScS, masked, start_m, start_n, n, alpha, ctx, w, m_id
-        )
-        self.gemm_rs(tiled_mma_dv, acc_dV, rPt, tVrdOt, st_do.index)
-        warpgroup.wait_group(1)
-        for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            acc_dP[i] = acc_dP[i] * acc_S[i]
-        rdSt_acc = cute.make_tensor(rdSt.iterator, acc_S.layout)
-        rdSt_acc.store(acc_dP.load().to(self.dtype))
-        self.gemm_rs(tiled_mma_dk, acc_dK, rdSt, tKrQt, st_q.index)
-        cute.autovec_copy(rdSt_acc, thr_sdp.partition_C(sdS[None, None, buf]))
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=BAR_PDS, number_of_threads=self.num_mma_threads)
-        self.gemm(tiled_mma_dq, acc_dQ, tQrdS, tQrKt, buf, 0, True)
-        warpgroup.wait_group(2)
-        pipe_do.consumer_release(st_do)
-        warpgroup.wait_group(1)
-        pipe_q.consumer_release(st_q)
-        warpgroup.wait_group(0)
-        self.stage_dq(acc_dQ, tdQsdQ, dq_scale, tidx)
-
-    @cute.jit
-    def gemm_rs(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor, ib):
-        """acc += A B[ib] with A in registers (16-bit, A-operand layout); commits one wgmma group."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            cute.gemm(atom, acc, tA[None, None, kb], tB[None, None, kb, ib], acc)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def stage_dq(self, acc_dQ: cute.Tensor, tdQsdQ: cute.Tensor, dq_scale: Float32, tidx: Int32):
-        """Scale the dQ partial by alpha/S and hand it to the dQ warp through shared memory (the whole
-        tile at once, or this warpgroup's slice on its own barrier pair with ``dq_serial``)."""
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            acc_dQ[i] = acc_dQ[i] * dq_scale
-        if const_expr(self.dq_serial):
-            wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + 2 * wg_idx, number_of_threads=128 + 32)
-            cute.autovec_copy(acc_dQ, tdQsdQ)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + 2 * wg_idx, number_of_threads=128 + 32)
-        else:
-            sync_dq = self.num_mma_threads + 32
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=sync_dq)
-            cute.autovec_copy(acc_dQ, tdQsdQ)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=sync_dq)
-
-    @cute.jit
-    def activate(
-        self,
-        acc_S: cute.Tensor,
-        rP: cute.Tensor,
-        tScS: cute.Tensor,
-        masked: cutlass.Boolean,
-        start_m: Int32,
-        start_n: Int32,
-        n: Int32,
-        alpha: Float32,
-        ctx: Int32,
-        w: Int32,
-        m_id: Int32,
-    ):
-        """rP = M silu(alpha S) in 16 bit; acc_S becomes M silu'(alpha S) (fp32) for dS = dP * silu'."""
-        if masked:
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                r, c = tScS[i]
-                if const_expr(self.swap):  # S^T: rows are keys, columns queries
-                    r, c = c, r
-                ok = self.valid(start_m + r, start_n + c, n, ctx, w, m_id)
-                s = acc_S[i] * alpha
-                sig = self.sigmoid(s)
-                acc_S[i] = cutlass.select_(ok, sig * (Float32(1.0) + s * (Float32(1.0) - sig)), Float32(0.0))
-                rP[i] = Float32(cutlass.select_(ok, s * sig, Float32(0.0))).to(self.dtype)
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                s = acc_S[i] * alpha
-                sig = self.sigmoid(s)
-                acc_S[i] = sig * (Float32(1.0) + s * (Float32(1.0) - sig))
-                rP[i] = (s * sig).to(self.dtype)
-
-    @cute.jit
-    def sigmoid(self, s: Float32) -> Float32:
-        """1 / (1 + e^-s): by tanh.approx (one MUFU op) with ``tanh_silu``, else by ex2 and rcp."""
-        sig = Float32(0.0)
-        if const_expr(self.cfg.tanh_silu):
-            sig = Float32(0.5) + Float32(0.5) * cute.math.tanh(s * Float32(0.5), approx=True)
-        else:
-            sig = cute.arch.rcp_approx(cute.math.exp2(s * Float32(-LOG2E), fastmath=True) + Float32(1.0))
-        return sig
-
-    @cute.jit
-    def valid(self, row: Int32, col: Int32, n: Int32, ctx: Int32, w: Int32, m_id: Int32) -> cutlass.Boolean:
-        """The HSTU mask M[row, col] (HSTU.md), false for rows or keys past the sequence end."""
-        ok = (col < n) & (row < n)
-        if const_expr(not (self.has_context or self.has_targets or self.has_window)):
-            ok = ok & (col <= row)
-        else:
-            id_i = _position_id(row, ctx, m_id, self.has_context, self.has_targets)
-            id_j = _position_id(col, ctx, m_id, self.has_context, self.has_targets)
-            v = (row == col) | (id_i > id_j)
-            if const_expr(self.has_window):
-                v = v & (id_i - id_j <= w)
-            if const_expr(self.has_context):
-                v = v | ((id_i == 0) & (id_j < m_id))
-            ok = ok & v
-        return ok
-
-    @cute.jit
-    def epilogue(self, acc: cute.Tensor, tg: cute.Tensor, tc: cute.Tensor, n: Int32, start_n: Int32, scale: Float32):
-        """Scale, convert, and store key rows < n straight from registers (no other sequence is touched)."""
-        r = cute.make_rmem_tensor(acc.layout, self.dtype)
-        r.store((acc.load() * scale).to(self.dtype))
-        for i in cutlass.range_constexpr(cute.size(r)):
-            if start_n + tc[i][0] < n:
-                tg[i] = r[i]
+        st_kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
+        # Blocks done so far (mod 2): a persistent CTA's dS^T buffers alternate across its tiles too.
+        parity = Int32(0)
+        for t in cutlass.range(first, end, step, unroll=1):
+            head, seq_start, n, start_n, n_block, blk_lo, blk_full, blk_hi, m_id = self.tile(tc, t)
+            ctx, w = tc.ctx_len, tc.max_attn_len
+            acc_dV.fill(0.0)
+            acc_dK.fill(0.0)
+            if blk_lo < blk_hi:
+                pipe_kv.consumer_wait(st_kv)
+                if const_expr(self.swap):
+                    for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                        self.step_swapped(
+                            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tSrA, tSrB, tPrA, tPrB, tVrdOt,
+                            tKrQt, tQrdS, tQrKt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ, rPt, rdSt, tScS, thr_sdp, sdS,
+                            tdQsdQ, pipe_q, pipe_do, st_q, st_do, blk, blk_lo - parity, blk_full, start_n, n, alpha,
+                            dq_scale, ctx, w, m_id, tidx,
+                        )  # fmt: skip
+                        st_q.advance()
+                        st_do.advance()
+                else:
+                    for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
+                        self.step(
+                            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tSrA, tSrB, tPrA, tPrB, tVrdOt,
+                            tKrQt, tQrdS, tQrKt, tVrPt, tKrdSt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ, rP, rdS, tScS,
+                            tPsP, tdSsdS, tdQsdQ, pipe_q, pipe_do, st_q, st_do, blk, blk_full, start_n, n, alpha,
+                            dq_scale, ctx, w, m_id, tidx,
+                        )  # fmt: skip
+                        st_q.advance()
+                        st_do.advance()
+                if const_expr(self.cfg.persistent):
+                    pipe_kv.consumer_release(st_kv)  # every product of the tile has retired
+                st_kv.advance()
+                parity = (parity + blk_hi - blk_lo) % 2
+            gdK = cute.local_tile(
+                cute.domain_offset((seq_start, 0), mdK[None, None, head]), (self.tile_n, self.dqk), (n_block, 0)
+            )
+            gdV = cute.local_tile(
+                cute.domain_offset((seq_start, 0), mdV[None, None, head]), (self.tile_n, self.dv), (n_block, 0)
+            )
+            self.epilogue(acc_dK, thr_dk.partition_C(gdK), tdKcdK, n, start_n, alpha * inv_scale)
+            self.epilogue(acc_dV, thr_dv.partition_C(gdV), tdVcdV, n, start_n, inv_scale)

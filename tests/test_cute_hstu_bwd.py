@@ -309,27 +309,33 @@ def test_gpu_scaling_seqlen_and_long_sequence():
     check_case([1000, 17, 600], 1, 256, torch.bfloat16, None, ctx=0, targets=False, window=0, seed=9)
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("l2_group", [0, 2, 16])
-def test_gpu_compact_order_gives_the_grid_result(l2_group):
-    """Only the launch order differs: dK and dV (one CTA per key tile) are bitwise equal to the plain
-    grid's on a skewed batch; dQ sums its partials in another order, so it is checked by tolerance."""
+def _same_tiles_same_result(lengths, heads, d, cfg_a, cfg_b, seed):
+    """Two launch orders of the same tiles: dK and dV (one CTA or tile per key block) bitwise equal; dQ,
+    whose fp32 partials add in another order, by tolerance; no NaN left in ``cfg_b``'s outputs."""
     from kernel_templates.hstu_attention.testing import make_jagged_inputs
 
-    lengths = [1000, 0, 3, 130, 0, 64, 1, 257] + [17] * 20
-    inp = make_jagged_inputs(lengths, 3, 128, 128, torch.bfloat16, "cuda", seed=12)
+    inp = make_jagged_inputs(lengths, heads, d, d, torch.bfloat16, "cuda", seed=seed)
     do = torch.randn_like(inp.v)
-    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / 128**0.5, None, 0, 0, None)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
     grads = []
-    for compact in (False, True):
-        cfg = HSTUCuteBwdConfig(64, 128, 2, l2_group=l2_group, compact=compact)
+    for cfg in (cfg_a, cfg_b):
         bufs = tuple(torch.full_like(t, float("nan")) for t in (inp.q, inp.k, inp.v))
         grads.append(hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg, out=bufs))
     torch.cuda.synchronize()
     assert all(torch.isfinite(g).all() for g in grads[1])
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
     torch.testing.assert_close(grads[0][0].float(), grads[1][0].float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("l2_group", [0, 2, 16])
+def test_gpu_compact_order_gives_the_grid_result(l2_group):
+    """Only the launch order differs: dK and dV (one CTA per key tile) are bitwise equal to the plain
+    grid's on a skewed batch; dQ sums its partials in another order, so it is checked by tolerance."""
+    lengths = [1000, 0, 3, 130, 0, 64, 1, 257] + [17] * 20
+    grid = HSTUCuteBwdConfig(64, 128, 2, l2_group=l2_group)
+    _same_tiles_same_result(lengths, 3, 128, grid, dataclasses.replace(grid, compact=True), seed=12)
     lpt = HSTUCuteBwdConfig(64, 128, 2, l2_group=0, compact=True)
     check_case(lengths, 3, 128, torch.bfloat16, lpt, seed=12, **MASKS["all"])
 
@@ -360,17 +366,6 @@ def test_gpu_persistent_matches_reference(mask, dtype, d):
 def test_gpu_persistent_gives_the_compact_grid_result(d):
     """The persistent CTAs run each tile exactly as a compact-grid CTA does: dK and dV bitwise equal on a
     skewed batch with many more tiles than SMs; dQ (partials summed in another order) by tolerance."""
-    from kernel_templates.hstu_attention.testing import make_jagged_inputs
-
     lengths = [2000, 0, 3, 130, 0, 64, 1, 257] + [700] * 12 + [17] * 20
-    inp = make_jagged_inputs(lengths, 4, d, d, torch.bfloat16, "cuda", seed=16)
-    do = torch.randn_like(inp.v)
-    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
-    grads = []
-    for cfg in (dataclasses.replace(PERSISTENT[d][0], persistent=False), PERSISTENT[d][0]):
-        bufs = tuple(torch.full_like(t, float("nan")) for t in (inp.q, inp.k, inp.v))
-        grads.append(hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg, out=bufs))
-    torch.cuda.synchronize()
-    assert all(torch.isfinite(g).all() for g in grads[1])
-    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
-    torch.testing.assert_close(grads[0][0].float(), grads[1][0].float(), rtol=2e-2, atol=2e-2)
+    cfg = PERSISTENT[d][0]
+    _same_tiles_same_result(lengths, 4, d, dataclasses.replace(cfg, persistent=False), cfg, seed=16)

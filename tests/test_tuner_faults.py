@@ -20,7 +20,7 @@ import pytest
 from autotune.runtime import artifacts as art
 from autotune.tuning.registry import load_plugins
 from autotune.tuning.tasks import Task
-from autotune.tuning.tuner import TuneOptions, compare_verdict, make_storage, run_tasks
+from autotune.tuning.tuner import TuneOptions, compare_extended, compare_verdict, make_storage, run_tasks
 
 load_plugins(["autotune.tuning.fake"])
 REPO = Path(__file__).resolve().parents[1]
@@ -205,6 +205,39 @@ def test_compare_verdict_needs_a_gain_beyond_the_spread():
     noisy = compare_verdict([1.0] * 6, [0.9, 1.3, 0.95, 1.25, 1.0, 1.2])
     assert noisy["speedup"] > 1.0 and not noisy["beats"]  # a median gain inside the noise is not kept
     assert not compare_verdict([1.0] * 6, [0.95] * 6)["beats"]
+
+
+def test_a_close_comparison_is_settled_by_more_rounds():
+    """A gain inside the spread of the first rounds (one outlier) gets more rounds before the verdict;
+    a loss or a clear gain does not, and more rounds never turn a steady tie into a win."""
+    calls: list[int] = []
+
+    def worker(first_b: list[float], more_b: float):
+        def request(n: int) -> dict:
+            calls.append(n)
+            b = first_b if len(calls) == 1 else [more_b] * n
+            return {"status": "ok", "a_ms": [1.0] * n, "b_ms": b[:n]}
+
+        return request
+
+    close = [1.09, 0.85, 1.30, 0.90, 1.25, 1.10]  # median gain 1.095, spread wider than the gain
+    assert compare_verdict([1.0] * 6, close)["speedup"] > 1.0 and not compare_verdict([1.0] * 6, close)["beats"]
+    reply, verdict = compare_extended(worker(close, 1.09), 6, 18)
+    assert calls == [6, 12] and verdict["beats"] and verdict["rounds"] == 18 and reply["status"] == "ok"
+    calls.clear()
+    _, verdict = compare_extended(worker(close, 1.0), 6, 18)
+    assert calls == [6, 12] and not verdict["beats"]  # the extra rounds say tie: the default stays
+    calls.clear()
+    _, verdict = compare_extended(worker([0.95] * 6, 1.2), 6, 18)
+    assert calls == [6] and not verdict["beats"]  # a loss is not re-timed
+    calls.clear()
+    _, verdict = compare_extended(worker([1.2] * 6, 1.0), 6, 18)
+    assert calls == [6] and verdict["beats"] and verdict["rounds"] == 6
+    calls.clear()
+    _, verdict = compare_extended(worker(close, 1.09), 6, 6)
+    assert calls == [6] and not verdict["beats"]  # no extension asked
+    failed, verdict = compare_extended(lambda n: {"status": "incorrect", "side": "b"}, 6, 18)
+    assert verdict is None and failed["side"] == "b"
 
 
 def test_autotune_run_exits_nonzero_naming_the_failed_task(tmp_path, monkeypatch, capsys):

@@ -225,6 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         interpret=args.interpret,
         verify=args.verify,
         compare_rounds=args.compare_rounds,
+        compare_max_rounds=args.compare_max_rounds,
     )
     mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
     console.print(
@@ -573,6 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
         "quick = the task's own mask and dtype on short/long shapes",
     )
     run.add_argument("--compare-rounds", type=int, default=6, help="interleaved winner/default timing rounds")
+    run.add_argument(
+        "--compare-max-rounds",
+        type=int,
+        default=18,
+        help="rounds a close comparison (a gain inside the spread of the first rounds) extends to",
+    )
     run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
     run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")
     show = sub.add_parser("show", help="print what artifacts hold")

@@ -85,6 +85,7 @@ FARM_KNOBS = (
     "verify",
     "max_verify",
     "compare_rounds",
+    "compare_max_rounds",
     "interpret",
     "plugins",
 )

@@ -23,6 +23,7 @@ import itertools
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class TuneOptions:
     verify_timeout_s: float = 900.0  # the re-check compiles every mask and dtype variant
     max_verify: int = 4  # candidates re-checked before falling back to the default
     compare_rounds: int = 6  # interleaved winner/default timing rounds
+    compare_max_rounds: int = 18  # rounds an inconclusive comparison (a gain inside the spread) extends to
     setup_retries: int = 3
     setup_backoff_s: float = 1.0
 
@@ -312,6 +314,25 @@ def compare_verdict(a_ms: list[float], b_ms: list[float]) -> dict[str, Any]:
         "spread": spread,
         "beats": speedup - 1.0 > spread and speedup > 1.0,
     }
+
+
+def compare_extended(
+    request: Callable[[int], dict[str, Any]], rounds: int, max_rounds: int
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Interleaved comparison that settles a close call: when the first ``rounds`` show a median gain
+    inside their spread, ``max_rounds - rounds`` more rounds are timed and the verdict is taken over all
+    of them (the spread of a few rounds is set by one or two outliers). Returns the worker's reply to the
+    first request and the verdict (None when that reply is not ok)."""
+    first = request(rounds)
+    if first["status"] != "ok":
+        return first, None
+    a_ms, b_ms = list(first["a_ms"]), list(first["b_ms"])
+    verdict = compare_verdict(a_ms, b_ms)
+    if not verdict["beats"] and (verdict["speedup"] or 0.0) > 1.0 and max_rounds > rounds:
+        more = request(max_rounds - rounds)
+        if more["status"] == "ok":
+            verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
+    return first, verdict
 
 
 class _Study:
@@ -589,16 +610,20 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
         if not default_ok:
             result.verified = v.get("checked", [])
             return cand
-        msg = {"cmd": "compare", "rounds": s.opts.compare_rounds}
-        msg["a"] = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
-        msg["b"] = {"backend": s.default_backend.name, "config": s.default_values}
-        cmp = s.request(msg, timeout=max(s.opts.eval_timeout_s, s.opts.verify_timeout_s))
-        if cmp["status"] != "ok":
+        a = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
+        b = {"backend": s.default_backend.name, "config": s.default_values}
+        timeout = max(s.opts.eval_timeout_s, s.opts.verify_timeout_s)
+        cmp, verdict = compare_extended(
+            lambda n, a=a, b=b, t=timeout: s.request({"cmd": "compare", "rounds": n, "a": a, "b": b}, timeout=t),
+            s.opts.compare_rounds,
+            s.opts.compare_max_rounds,
+        )
+        if verdict is None:
             if cmp.get("side") == "b":
                 break  # the default went wrong on the timed batch: keep the measured default decision below
             s.reject(cand, f"{cmp['status']} in the final comparison: {cmp.get('error')}")
             continue
-        result.comparison = compare_verdict(cmp["a_ms"], cmp["b_ms"])
+        result.comparison = verdict
         if result.comparison["beats"]:
             result.verified = v.get("checked", [])
             return cand

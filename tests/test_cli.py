@@ -64,9 +64,10 @@ def test_dry_run_lists_tasks_and_space_sizes_without_a_gpu(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run")
     assert rc == 0
-    assert text.count("hstu_attention_fwd bfloat16") == 16 and text.count("hstu_attention_bwd bfloat16") == 16
+    # 2 kernels x 2 head dims x 4 buckets x 3 length laws
+    assert text.count("hstu_attention_fwd bfloat16") == 24 and text.count("hstu_attention_bwd bfloat16") == 24
     assert "triton 640 -> 260" in text  # fwd d256 on h100: full space -> feasible
-    assert "d128/128" in text and "8K jagged" in text
+    assert "d128/128" in text and "8K jagged" in text and "2K sparse" in text
 
 
 def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp_path):

@@ -212,6 +212,38 @@ def test_fill_ratio_picks_the_entry_tuned_on_the_nearest_fill(tmp_path):
     assert _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=jagged_fill)) == 128
 
 
+def test_three_laws_each_take_the_calls_nearest_their_fill(tmp_path):
+    """With a sparse entry beside the uniform and jagged ones (fills from their synthetic laws, not
+    recorded), a call near the sparse law's fill and every call more skewed than it runs the sparse
+    entry; a call near the jagged law's fill still runs the jagged one."""
+    from autotune.runtime.buckets import law_fill
+
+    sparse = _entry(4096, 16, FWD, distribution="sparse")
+    dispatch.load(write_artifacts(tmp_path, extra=[sparse]), gpu="h100")
+    jagged_fill, sparse_fill = law_fill(4096), law_fill(4096, "sparse")
+    assert sparse_fill < jagged_fill / 3  # the laws are far enough apart for the fill to tell them apart
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        picks = [
+            _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=f))
+            for f in (1.0, jagged_fill, sparse_fill * 1.3, sparse_fill / 8)
+        ]
+        hinted = _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "sparse"))
+    assert picks == [128, 64, 16, 16] and hinted == 16
+    # The backward has no sparse entry here: the same skewed call falls back to its lowest-fill entry.
+    assert _block_m(dispatch.select(BWD, "bfloat16", 64, 64, 4, 4096, None, fill=sparse_fill)) == 64
+
+
+def test_sparse_law_has_one_full_sequence_among_short_ones():
+    from autotune.runtime.buckets import SPARSE_DIVISOR, sequence_lengths
+
+    for n, b, seed in ((1024, 32, 0), (8192, 16, 3), (256, 2, 1)):
+        lengths = sequence_lengths(n, b, "sparse", seed)
+        assert len(lengths) == b and lengths.count(n) >= 1 and min(lengths) >= 1
+        assert sorted(lengths)[-2] <= -(-n // SPARSE_DIVISOR)  # the others are at most n / 8 long
+    assert sequence_lengths(2048, 32, "sparse", 0) == sequence_lengths(2048, 32, "sparse", 0)
+
+
 def test_fill_helpers():
     assert dispatch.call_fill(300, 4, 100) == 0.75
     assert dispatch.call_fill(500, 4, 100) == 1.0  # clamped: rows beyond B x N say the call is full

@@ -106,10 +106,10 @@ def test_module_factory_masks_dims_and_hints(factory_module, tmp_path):
         (64, 32, 2, 3000, "window", None, 3),
     ]
     tasks = gt.build_tasks(graph, "h100")
-    # the hinted call gives one distribution, the unhinted one both; bwd read from the joint graph
+    # the hinted call gives one distribution, the unhinted one every law; bwd read from the joint graph
     assert sorted((g.task.kernel, g.task.bucket, g.task.distribution) for g in tasks) == sorted(
         [(k, 1024, "jagged") for k in (gt.FWD, gt.BWD)]
-        + [(k, 4096, d) for k in (gt.FWD, gt.BWD) for d in ("jagged", "uniform")]
+        + [(k, 4096, d) for k in (gt.FWD, gt.BWD) for d in ("jagged", "sparse", "uniform")]
     )
     uniform = tmp_path / "lengths.txt"
     uniform.write_text("# one batch per line\n512 512 512 512\n300, 300\n")

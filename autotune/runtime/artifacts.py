@@ -24,12 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autotune.runtime.buckets import BUCKETS
+from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO_ROOT / "artifacts"
-DISTRIBUTIONS = ("uniform", "jagged")
 DTYPES = ("bfloat16", "float16", "float32")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS (import-free)
 # Versions whose drift is worth a warning (configs may no longer be the fastest), not a rejection.

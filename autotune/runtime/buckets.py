@@ -12,8 +12,9 @@ import math
 import random
 
 BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-DISTRIBUTIONS: tuple[str, ...] = ("uniform", "jagged")
+DISTRIBUTIONS: tuple[str, ...] = ("uniform", "jagged", "sparse")
 JAGGED_EXPONENT = 3.0  # lengths = bucket * u**3: median ~bucket/8, mean ~bucket/4, tail up to bucket
+SPARSE_DIVISOR = 8  # sparse: the jagged law's lengths / 8 beside one full-length sequence
 
 
 def bucket_for(max_seq_len: int) -> int:
@@ -50,7 +51,10 @@ def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> 
     """Deterministic lengths of a representative batch whose longest sequence is exactly ``max_len``.
 
     ``uniform``: every length = max_len. ``jagged``: heavy-tailed, ``ceil(max_len * u**3)`` with
-    u ~ U(0, 1) from ``seed``, and one sequence (at a seeded position) of length max_len.
+    u ~ U(0, 1) from ``seed``, and one sequence (at a seeded position) of length max_len. ``sparse``:
+    the same law with lengths divided by ``SPARSE_DIVISOR`` beside the one full-length sequence, so
+    the batch's work is mostly that sequence's (fill ~0.06 at batch 32, against ~0.25 for ``jagged``):
+    tiles there are bound by the longest sequence's critical path, not by the batch's total work.
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown length distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
@@ -59,7 +63,8 @@ def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> 
     if distribution == "uniform":
         return [max_len] * batch
     rng = random.Random(f"{seed}:{max_len}:{batch}")
-    lengths = [max(1, min(max_len, math.ceil(max_len * rng.random() ** JAGGED_EXPONENT))) for _ in range(batch)]
+    scale = max_len / (SPARSE_DIVISOR if distribution == "sparse" else 1)
+    lengths = [max(1, min(max_len, math.ceil(scale * rng.random() ** JAGGED_EXPONENT))) for _ in range(batch)]
     lengths[rng.randrange(batch)] = max_len
     return lengths
 
@@ -70,9 +75,9 @@ def batch_fill(lengths: list[int], max_len: int) -> float:
 
 
 @functools.cache
-def law_fill(bucket: int, batch: int = 32, seed: int = 0) -> float:
-    """The fill of the synthetic jagged law's representative batch (the tuner's default batch and seed)."""
-    return batch_fill(sequence_lengths(bucket, batch, "jagged", seed), bucket)
+def law_fill(bucket: int, distribution: str = "jagged", batch: int = 32, seed: int = 0) -> float:
+    """The fill of a synthetic law's representative batch (the tuner's default batch and seed)."""
+    return batch_fill(sequence_lengths(bucket, batch, distribution, seed), bucket)
 
 
 def sample_lengths(sample: tuple[int, ...] | list[int], max_len: int, batch: int, seed: int) -> list[int]:

@@ -365,7 +365,7 @@ def fill_bin(fill: float | None) -> int | None:
 
 def entry_fill(entry: Any) -> float:
     """The fill ratio of the batch an entry was tuned on: recorded by the tuner (``fill``, or the
-    lengths sample's ``batch_fill``), else 1 for 'uniform' and the synthetic jagged law's batch."""
+    lengths sample's ``batch_fill``), else 1 for 'uniform' and the fill of its synthetic law's batch."""
     recorded = _get(entry, "fill") or (_get(entry, "lengths") or {}).get("batch_fill")
     if recorded:
         return float(recorded)
@@ -373,7 +373,7 @@ def entry_fill(entry: Any) -> float:
         return 1.0
     from autotune.runtime.buckets import law_fill
 
-    return law_fill(int(_get(entry, "bucket")))
+    return law_fill(int(_get(entry, "bucket")), _get(entry, "distribution"))
 
 
 def _same_task_but_distribution(e: Any, dtype: str, dqk: int, dv: int, bucket: int, heads: int, mask: str) -> bool:
@@ -488,7 +488,8 @@ def select(
     """The (backend, config) for one call; cached, deterministic, never times anything.
 
     ``source``: "tuned" (loaded artifacts, with fallbacks), "default" (heuristic), "reference".
-    ``distribution``: "uniform" (full lengths) or "jagged" when the caller knows it, else None.
+    ``distribution``: "uniform" (full lengths), "jagged" or "sparse" (``buckets.sequence_lengths``)
+    when the caller knows it, else None.
     ``mask``: the call's mask name (``mask_of``); entries are keyed by it and by ``num_heads``.
     ``fill``: the call's L / (B x max_seq_len) (``call_fill``), used when ``distribution`` is None.
     """

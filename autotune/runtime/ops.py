@@ -281,7 +281,7 @@ def hstu_attention(
 
     q, k, v must share one dtype (cast before calling under autocast). ``source`` is "tuned"
     (artifacts from ``autotune.load``, with fallbacks), "default" (heuristic) or "reference".
-    ``distribution`` ("uniform" / "jagged") picks the entries tuned on that length distribution;
+    ``distribution`` ("uniform" / "jagged" / "sparse") picks the entries tuned on that length distribution;
     None (default) lets dispatch match the batch's fill ratio L / (B x max_seq_len) to the fill each
     entry was tuned on (shapes only, no sync); when none is close, the lowest-fill entry for a call
     more skewed than every tuned batch, else the uniform entry.

@@ -27,9 +27,9 @@ GPU_DEFAULTS: dict[str, Any] = {
     "heads": 4,
     "batch": 32,
     "dtype": "bfloat16",
-    "distributions": "uniform,jagged",
+    "distributions": "uniform,jagged,sparse",
     "trials": 16,
-    "time_budget": "27m",  # 32 tasks; compile ~1-3 s per new config, shared across buckets
+    "time_budget": "40m",  # 48 tasks; compile ~1-3 s per new config, shared across buckets
 }
 INTERPRET_DEFAULTS: dict[str, Any] = {
     "kernel": "fwd,bwd",
@@ -532,7 +532,9 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, help="number of heads (default 4)")
     p.add_argument("--batch", type=int, help="sequences per representative batch (default 32)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
-    p.add_argument("--distributions", help="uniform,jagged (default both)")
+    p.add_argument(
+        "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"
+    )
     p.add_argument("--masks", default="causal", help="mask features: causal, targets, context, window, ...")
     p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
     p.add_argument(
@@ -547,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="tune and write artifacts/<gpu>/<kernel>.json")
     _add_task_args(run)
     run.add_argument("--trials", type=int, help="measured trials per task (default 16; 3 with --interpret)")
-    run.add_argument("--time-budget", help="wall-clock budget for the whole run, e.g. 6m (default 27m)")
+    run.add_argument("--time-budget", help="wall-clock budget for the whole run, e.g. 6m (default 40m)")
     run.add_argument(
         "--storage",
         help="Optuna storage: postgresql://USER@HOST:PORT/DB runs a tuning farm (many workers and hosts on one "

@@ -441,8 +441,8 @@ def build_tasks(
 ) -> list[GraphTask]:
     """Tasks of the ops, identical ones merged (with counts and node names), in the CLI's order.
 
-    Distribution: the call's hint, else the lengths file's, else both. Batch: the graph's, else the
-    lengths file's largest batch, else ``default_batch``.
+    Distribution: the call's hint, else the lengths file's, else every synthetic law (``DISTRIBUTIONS``).
+    Batch: the graph's, else the lengths file's largest batch, else ``default_batch``.
     """
     merged: dict[Task, GraphTask] = {}
     longest = max((max(b) for b in lengths), default=0) if lengths else 0

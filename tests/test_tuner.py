@@ -175,6 +175,33 @@ def test_warm_starts_read_winners_written_before_a_new_tunable(tmp_path):
     assert warm_starts_for(task, artifact_winners([task], tmp_path))[0] == ("cute", entry["config"])
 
 
+def test_a_new_law_warm_starts_from_the_same_buckets_winners_on_the_other_laws(tmp_path):
+    """A sparse study with no sparse entry yet measures the jagged and uniform winners of its bucket
+    (after its own family's), each once; the other buckets' winners of other laws are not hints."""
+    import shutil
+
+    from autotune.tuning.tuner import artifact_winners, warm_starts_for
+
+    path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
+    path.parent.mkdir(parents=True)
+    shutil.copy(art.artifact_path("h100", "hstu_attention_fwd"), path)
+    entries = art.load_artifact(path, check_stale=False).entries
+    by_law = {
+        e["distribution"]: (e["backend"], e["config"])
+        for e in entries
+        if (e["dqk"], e["num_heads"], e["bucket"], e["mask"]) == (256, 4, 4096, "causal")
+    }
+    assert {"uniform", "jagged"} <= by_law.keys()
+    sparse = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 4, 4096, "sparse")
+    winners = artifact_winners([sparse], tmp_path)
+    winners.pop(sparse.family, None)  # as before any sparse entry was tuned
+    starts = warm_starts_for(sparse, winners)
+    assert starts == [by_law["uniform"], by_law["jagged"]] or starts == [by_law["uniform"]] == [by_law["jagged"]]
+    jagged = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 4, 4096, "jagged")
+    own = warm_starts_for(jagged, artifact_winners([jagged], tmp_path))
+    assert own[0] == by_law["jagged"] and by_law["uniform"] in own and len(own) == len({str(s) for s in own})
+
+
 def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     """What ``autotune bench`` and the perf regression checks time: the default, and the bucket's entry."""
     from autotune.tuning.tuner import bench_launches

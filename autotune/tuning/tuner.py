@@ -32,7 +32,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.buckets import batch_fill, bucket_for, neighbours
+from autotune.runtime.buckets import DISTRIBUTIONS, batch_fill, bucket_for, neighbours
 from autotune.runtime.gpus import environment
 from autotune.tuning.measure import quantile
 from autotune.tuning.registry import Backend, backends_for, get_op
@@ -762,9 +762,20 @@ def completed_hints(values: dict[str, Any], choices: dict[str, tuple], cap: int 
 
 
 def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:
-    """The bucket's own last winner (a re-tune starts from it), then its neighbours' winners."""
+    """The bucket's own last winner (a re-tune starts from it), its neighbours' winners, then the same
+    bucket's winners on the other length laws: a study of a skewed law then measures what dispatch ran
+    on such batches before it, so its entry is at least as fast on its own law."""
     fam = winners.get(task.family, {})
-    return [fam[b] for b in (task.bucket, *neighbours(task.bucket)) if b in fam]
+    hints = [fam.get(b) for b in (task.bucket, *neighbours(task.bucket))]
+    law = task.family.index(task.distribution)
+    for other in DISTRIBUTIONS:
+        if other != task.distribution:
+            hints.append(winners.get((*task.family[:law], other, *task.family[law + 1 :]), {}).get(task.bucket))
+    starts: list[tuple[str, dict]] = []
+    for hint in hints:
+        if hint is not None and hint not in starts:
+            starts.append(hint)
+    return starts
 
 
 def artifact_winners(tasks: list[Task], root: Path) -> dict[tuple, dict[int, tuple[str, dict]]]:

@@ -145,7 +145,8 @@ def measure_grid(
 
     ``fwd`` times the forward, ``bwd`` the backward alone (gradients of a kept graph), ``both`` the
     two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, or out of memory, are
-    left out. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2 flush, median).
+    left out. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2 flush, median), after
+    ``measure.warm_gpu`` brings the clocks up.
     """
     import torch
 
@@ -154,6 +155,7 @@ def measure_grid(
     from kernel_templates.hstu_attention import hstu_attention_flops
 
     rows: list[dict[str, Any]] = []
+    measure.warm_gpu()
     for d in dims:
         for h in heads:
             for b in batches:

@@ -174,9 +174,14 @@ def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _estimate_ms(fn: Callable[[], Any]) -> float:
-    """One warm launch timed with CUDA events (sizes the sample count of the real measurement)."""
+    """One warm launch timed with CUDA events (sizes the sample count of the real measurement). A first
+    call that takes over a second compiled something while the GPU idled: its clocks are brought back
+    up (``warm_gpu``) before anything is timed."""
+    t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
+    if time.perf_counter() - t0 > 1.0:
+        warm_gpu(0.3)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -196,8 +201,8 @@ def quantile(xs: Sequence[float], q: float) -> float:
 
 
 def warm_gpu(seconds: float = 0.5) -> None:
-    """Keep the GPU busy for ``seconds`` (bf16 matmuls) so its clocks are up before the first timing:
-    a grid's first cell, timed from idle, measured 4x slow once (H100, d128 1K: 65 vs 311 TFLOP/s)."""
+    """Keep the GPU busy for ``seconds`` (bf16 matmuls) so its clocks are up before timing: a heatmap's
+    first cells, timed from idle or right after a compile, measured 2-4x slow (H100, d128 1K)."""
     if device() != "cuda":
         return
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)

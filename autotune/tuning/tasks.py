@@ -25,6 +25,13 @@ MASKS: dict[str, tuple[int, float, float]] = {
 }
 
 
+def family_key(
+    kernel: str, gpu: str, dtype: str, dqk: int, dv: int, num_heads: int, distribution: str, mask: str
+) -> tuple:
+    """Key of a task family (everything but the bucket), for tasks and for artifact entries alike."""
+    return (kernel, gpu, dtype, dqk, dv, num_heads, distribution, mask)
+
+
 @dataclass(frozen=True)
 class Task:
     """One tuning task. ``seq_cap`` (tests/CI only) caps the real lengths below the bucket."""
@@ -85,7 +92,11 @@ class Task:
     @property
     def family(self) -> tuple:
         """Everything but the bucket: tasks of one family warm-start each other."""
-        return (self.kernel, self.gpu, self.dtype, self.dqk, self.dv, self.num_heads, self.distribution, self.mask)
+        return self.family_on(self.distribution)
+
+    def family_on(self, distribution: str) -> tuple:
+        """The family of this task's shape tuned on another length law (``family_key``)."""
+        return family_key(self.kernel, self.gpu, self.dtype, self.dqk, self.dv, self.num_heads, distribution, self.mask)
 
     @property
     def study_name(self) -> str:

@@ -36,7 +36,7 @@ from autotune.runtime.buckets import DISTRIBUTIONS, batch_fill, bucket_for, neig
 from autotune.runtime.gpus import environment
 from autotune.tuning.measure import quantile
 from autotune.tuning.registry import Backend, backends_for, get_op
-from autotune.tuning.tasks import Task, space_context
+from autotune.tuning.tasks import Task, family_key, space_context
 from autotune.tuning.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
 
@@ -767,10 +767,9 @@ def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]
     on such batches before it, so its entry is at least as fast on its own law."""
     fam = winners.get(task.family, {})
     hints = [fam.get(b) for b in (task.bucket, *neighbours(task.bucket))]
-    law = task.family.index(task.distribution)
     for other in DISTRIBUTIONS:
         if other != task.distribution:
-            hints.append(winners.get((*task.family[:law], other, *task.family[law + 1 :]), {}).get(task.bucket))
+            hints.append(winners.get(task.family_on(other), {}).get(task.bucket))
     starts: list[tuple[str, dict]] = []
     for hint in hints:
         if hint is not None and hint not in starts:
@@ -789,7 +788,7 @@ def artifact_winners(tasks: list[Task], root: Path) -> dict[tuple, dict[int, tup
     for kernel, gpu in sorted({(t.kernel, t.gpu) for t in tasks}):
         a = art.load_artifact_or_none(art.artifact_path(gpu, kernel, root), check_stale=False, check_configs=False)
         for e in a.entries if a else []:
-            fam = (kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["distribution"], e["mask"])
+            fam = family_key(kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["distribution"], e["mask"])
             out.setdefault(fam, {})[e["bucket"]] = (e["backend"], dict(e["config"]))
     return out
 

@@ -38,6 +38,7 @@ FWD_PARAMS: dict[str, tuple] = {
     "l2_group": (0, 2, 8, 16),  # sequence-heads launched together (L2 reuse); 0 = all
     "compact": (False, True),  # only the real tiles of a jagged batch, heaviest first (tile_table.py)
     "tanh_silu": (False, True),  # silu by tanh.approx: one MUFU op per score instead of two
+    "split_heavy": (1, 2, 4),  # most parts a heavy query tile's key range is cut into (needs compact)
 }
 # setmaxnreg budget of each MMA thread, by number of MMA warpgroups (one producer warpgroup besides).
 MMA_REGS = {1: 256, 2: 240, 3: 160}
@@ -109,7 +110,15 @@ def _default(ctx: SpaceContext) -> HSTUCuteFwdConfig:
     return default_cute_fwd_config(ctx.dqk, ctx.dv)
 
 
-FWD_RULES = (hopper_only, head_dims_supported, wgmma_shapes, tile_fits_length, fits_smem, fits_registers, pipelined)
+FWD_RULES = (
+    hopper_only,
+    head_dims_supported,
+    wgmma_shapes,
+    tile_fits_length,
+    fits_smem,
+    fits_registers,
+    pipelined,
+)
 HSTU_FWD_CUTE = SearchSpace("hstu_attention_fwd/cute", HSTUCuteFwdConfig, FWD_PARAMS, FWD_RULES, _default)
 
 

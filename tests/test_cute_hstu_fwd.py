@@ -33,6 +33,7 @@ COMPILE_GRID = [
     (HSTUCuteFwdConfig(192, 64, 2, True), 64, "bfloat16", (True, False, True)),
     (HSTUCuteFwdConfig(128, 64, 2, True, l2_group=0, compact=True), 256, "bfloat16", (False, True, False)),
     (HSTUCuteFwdConfig(128, 128, 2, True, tanh_silu=True), 128, "bfloat16", (True, True, True)),
+    (HSTUCuteFwdConfig(128, 64, 2, True, l2_group=0, compact=True, split_heavy=4), 256, "bfloat16", (True, True, True)),
 ]
 
 
@@ -59,6 +60,8 @@ def test_compiles_with_tma_and_wgmma(case):
         dict(l2_group=5),
         dict(compact=1),
         dict(tanh_silu="yes"),
+        dict(split_heavy=5),
+        dict(split_heavy=2, compact=False),
     ],
 )
 def test_config_rejects_bad_fields(kwargs):
@@ -302,3 +305,94 @@ def test_gpu_compact_order_under_cuda_graph_capture():
             torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=name)
         else:
             assert torch.equal(a, b), name
+
+
+# One long sequence among short and empty ones: its heaviest query tiles are cut into parts.
+SKEWED = [1000, 0, 3, 130, 0, 64, 1, 257] + [17] * 20
+SPLIT = HSTUCuteFwdConfig(128, 64, 2, True, l2_group=0, compact=True, split_heavy=4)
+
+
+def _counters_zero() -> bool:
+    from kernel_templates.cute.op import _SPLIT_BUFFERS
+
+    return bool(_SPLIT_BUFFERS) and all(int(sem.abs().sum()) == 0 for _, sem in _SPLIT_BUFFERS.values())
+
+
+@every_mask_and_dtype((128, 256))
+def test_gpu_split_heavy_matches_reference(mask, dtype, d):
+    """Heavy tiles cut into parts whose fp32 partials the last part to finish adds: within the tolerance
+    on every mask and dtype, and every counter is left zero for the next launch."""
+    from kernel_templates.cute import tile_table as tt
+    from kernel_templates.hstu_attention.testing import offsets_from_lengths
+
+    off = offsets_from_lengths(SKEWED).to(torch.int32)
+    table = tt.split_tile_table(off, sum(SKEWED), 128, 64, 8, 0, 3, 132, 4)
+    assert (table[:, 2] >= 512).any()  # the case does cut tiles
+    _check_case(SKEWED, 3, d, dtype, SPLIT, seed=13, **MASKS[mask])
+    _check_case(LENGTHS, 2, d, dtype, SPLIT, seed=14, **MASKS[mask])
+    assert _counters_zero()
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_gpu_split_heavy_on_random_batches_and_sm_counts():
+    """Back-to-back launches with different tables (so counters are reused) and SM counts that cut more or
+    fewer tiles: each output within the tolerance of the reference."""
+    import random
+
+    rng = random.Random(5)
+    for i in range(6):
+        n = rng.randint(200, 3000)
+        lengths = [n] + [rng.choice([0, 1, rng.randint(1, n // 4)]) for _ in range(rng.randint(0, 12))]
+        parts = rng.choice([2, 4])
+        cfg = HSTUCuteFwdConfig(rng.choice([64, 128]), 64, 2, True, l2_group=0, compact=True, split_heavy=parts)
+        _check_split_case(lengths, cfg, sm_count=rng.choice([8, 132]), seed=i)
+    assert _counters_zero()
+
+
+def _check_split_case(lengths, cfg, sm_count, seed):
+    from kernel_templates.hstu_attention.reference import hstu_attention_reference
+    from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+    inp = make_jagged_inputs(lengths, 2, 128, 128, torch.bfloat16, "cuda", seed=seed)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / 128**0.5, None, 0, 0, None)
+    out = torch.full_like(inp.v, float("nan"))
+    hstu_attention_cute_fwd(inp.q, inp.k, inp.v, *args, cfg, out=out, sm_count=sm_count)
+    torch.cuda.synchronize()
+    ref = hstu_attention_reference(inp.q, inp.k, inp.v, *args).float()
+    low = hstu_attention_reference(inp.q, inp.k, inp.v, *args, compute_dtype=torch.bfloat16)
+    assert torch.isfinite(out).all()
+    check_tolerance("out", out, ref, low, atol=2e-3 * ref.abs().max().item() + 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_gpu_split_heavy_under_cuda_graph_capture():
+    """Captured on one batch and replayed on another (same L and B): the split table is rebuilt inside the
+    graph and the replay matches an eager call on the new offsets (partials add in arrival order)."""
+    from kernel_templates.hstu_attention.testing import offsets_from_lengths
+
+    h, d, max_len = 2, 128, 1500
+    first, second = [1500, 0, 5, 300, 1, 130], [64, 129, 1500, 3, 0, 240]
+    g = torch.Generator(device="cuda").manual_seed(8)
+    q, k, v = (torch.randn(sum(first), h, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+    off = offsets_from_lengths(first).to(device="cuda", dtype=torch.int32)
+
+    def step(offsets):
+        return hstu_attention_cute_fwd(q, k, v, offsets, max_len, 1.0 / d**0.5, None, 0, 0, None, SPLIT)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(off)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(off)
+    for _ in range(2):  # a second replay finds its counters zero again
+        off.copy_(offsets_from_lengths(second).to(device="cuda", dtype=torch.int32))
+        graph.replay()
+    torch.cuda.synchronize()
+    eager = step(offsets_from_lengths(second).to(device="cuda", dtype=torch.int32))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured.float(), eager.float(), rtol=1e-2, atol=1e-2)

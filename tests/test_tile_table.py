@@ -122,3 +122,66 @@ def test_plain_grid_passes_the_offsets_as_placeholder():
     assert tt.tiles_arg(off, off, 12, 2, 64, 1, "fwd", False, 8) is off
     flat = tt.tiles_arg(off, off, 12, 2, 64, 1, "fwd", True, 8)
     assert flat.dim() == 1 and flat.tolist() == [0, 0, 1, 0]
+
+
+def _parts_by_tile(table: list[tuple[int, int, int, int]]) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    tiles: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for s, b, code, slot in table:
+        if s >= 0:
+            tiles.setdefault((s, b), []).append((code // 256, code % 256, slot))
+    return tiles
+
+
+@pytest.mark.parametrize("heads", [1, 4, 8])
+@pytest.mark.parametrize("group", [0, 1, 3])
+def test_split_table_cuts_each_real_tile_into_parts_that_cover_it_once(heads, group):
+    rng = random.Random(11)
+    for _ in range(60):
+        block_m, block_n = rng.choice([(64, 64), (128, 64), (128, 128), (192, 96)])
+        max_len = rng.randint(1, 6000)
+        lengths = [rng.choice([0, 1, max_len, rng.randint(0, max_len // 8 + 1)]) for _ in range(rng.randint(1, 24))]
+        rows, max_blocks, sm, max_parts = sum(lengths), -(-max_len // block_m), rng.choice([8, 132]), rng.choice([2, 4])
+        args = (rows, block_m, block_n, max_blocks, group, heads, sm, max_parts)
+        got = [tuple(r) for r in tt.split_tile_table(_offsets(lengths), *args).tolist()]
+        assert got == tt.split_order_reference(lengths, *args)
+        assert len(got) == tt.tile_bound(rows, len(lengths), block_m, max_blocks) + tt.split_extra_rows(sm, heads)
+        tiles = _parts_by_tile(got)
+        assert sorted(tiles) == sorted(_real_tiles(lengths, block_m))  # every real tile, and only those
+        slots = []
+        for parts in tiles.values():
+            p = parts[0][0]
+            assert 1 <= p <= max_parts and sorted(i for _, i, _ in parts) == list(range(p))
+            assert {(pp, sl) for pp, _, sl in parts} == {(p, parts[0][2])}  # one part count and slot per tile
+            slots += [parts[0][2] + i for i in range(p - 1)]
+        assert sorted(slots) == list(range(len(slots)))  # cut tiles own disjoint partial slots
+        assert len(slots) < tt.split_extra_rows(sm, heads)  # the launcher's partial buffer holds them all
+        live = sum(s >= 0 for s, *_ in got)
+        assert all(r == (-1, 0, 256, 0) for r in got[live:])
+
+
+def test_split_table_cuts_only_a_batch_carried_by_one_sequence():
+    """One 2K sequence among short ones: its heaviest tiles are cut, the heaviest parts run first; a uniform
+    batch has enough tiles for every SM and nothing is cut."""
+    one_long = [2048] + [40] * 31
+    table = tt.split_order_reference(one_long, sum(one_long), 128, 64, 16, 0, 4, 132, 4)
+    tiles = _parts_by_tile(table)
+    assert tiles[(0, 15)][0][0] == 3 and tiles[(0, 0)][0][0] == 1  # 32 key blocks, per-SM share ~9
+    work = [-(-2 * (b + 1) // (code // 256)) for s, b, code, _ in table if s >= 0]  # each part's key blocks
+    assert work == sorted(work, reverse=True)
+    uniform = [2048] * 32
+    table = tt.split_order_reference(uniform, sum(uniform), 128, 64, 16, 1, 4, 132, 4)
+    assert all(code == 256 for _, _, code, _ in table)
+
+
+def test_split_tables_are_memoised_by_their_own_key():
+    tt._TABLES.clear()
+    off = _offsets([700, 3, 0, 64])
+    a = tt.tiles_arg(off, off, 767, 2, 128, 6, "fwd", True, 0, split=(64, 132, 4))
+    assert a.numel() == 4 * (tt.tile_bound(767, 4, 128, 6) + tt.split_extra_rows(132, 2))
+    assert tt.tiles_arg(off, off, 767, 2, 128, 6, "fwd", True, 0, split=(64, 132, 4)).data_ptr() == a.data_ptr()
+    assert tt.tiles_arg(off, off, 767, 2, 128, 6, "fwd", True, 0, split=(64, 132, 2)).data_ptr() != a.data_ptr()
+    tt._TABLES.clear()
+    with pytest.raises(ValueError, match="max_parts"):
+        tt.split_tile_table(off, 767, 128, 64, 6, 0, 2, 132, 0)
+    with pytest.raises(ValueError, match="sm_count"):
+        tt.split_extra_rows(0, 4)

@@ -62,7 +62,24 @@ def _compile_args(key: BwdKey, tvm_ffi: bool) -> tuple:
     dk, dv = f.jagged(key.dqk), f.jagged(key.dv)
     *scalars, stream = hstu_scalar_fakes(tvm_ffi)
     num_ctas = cutlass.Int32(1)  # the persistent grid's CTA count (one per SM)
-    return (kernel, q, k, v, do, dq_acc, dk, dv, f.offsets, f.targets, tiles_fake(), *scalars, num_ctas, stream)
+    counter = tiles_fake()  # int32 (its own dynamic length): the persistent kernel's tile counter
+    return (
+        kernel,
+        q,
+        k,
+        v,
+        do,
+        dq_acc,
+        dk,
+        dv,
+        f.offsets,
+        f.targets,
+        tiles_fake(),
+        counter,
+        *scalars,
+        num_ctas,
+        stream,
+    )
 
 
 def bwd_key(
@@ -162,7 +179,10 @@ def hstu_attention_cute_bwd(
     q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
     dk_buf, dv_buf = (_tma_ready(t) for t in (dk, dv))
     offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
-    dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
+    # One zero-fill for the fp32 dQ accumulator and, behind it, the persistent kernel's tile counter.
+    flat = torch.zeros(L * H * dqk + 4, dtype=torch.float32, device=q.device)
+    dq_acc = flat[: L * H * dqk].view(L, H, dqk)
+    counter = flat[L * H * dqk :].view(torch.int32)[:1]
     compiled = compile_bwd(key)
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
@@ -171,7 +191,7 @@ def hstu_attention_cute_bwd(
     tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_n, num_n_blocks, "bwd", config.compact, config.l2_group)
     num_ctas = sm_count(q.device) if config.persistent else 1
     scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks, num_ctas)
-    tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets, tiles)
+    tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets, tiles, counter)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)
     else:
@@ -193,7 +213,7 @@ def _launch_dlpack(compiled: CompiledKernel[BwdKey], tensors: tuple, scalars: tu
 
     alpha, inv_scale, ctx, w, nnb, num_ctas = scalars
     # q, k, v, do, dq_acc, dk, dv are TMA operands (16-byte aligned); offsets and targets are int32.
-    wrapped = dlpack_args([(t, 16) for t in tensors[:7]] + [(t, 4) for t in tensors[7:]])
+    wrapped = dlpack_args([(t, 16) for t in tensors[:7]] + [(t, 4) for t in tensors[7:]])  # offsets .. counter
     compiled.fn(
         *wrapped,
         cutlass.Float32(alpha),

@@ -16,6 +16,7 @@ CUTE_HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES_SM90 = 227 * 1024
 # Bytes the kernel keeps in shared memory besides the Q/K/V tiles (mbarriers, alignment padding).
 SMEM_RESERVED_BYTES = 2048
+SPLIT_PARTS = (1, 2, 3, 4)  # most parts a heavy query tile's key range is cut into (1: never cut)
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,10 @@ class HSTUCuteFwdConfig(JsonConfig):
     together so their K/V is re-read from L2 (see ``schedule.py``). ``compact`` launches only the real
     tiles of a jagged batch, heaviest first, from a table built on the device (``tile_table.py``;
     ``l2_group`` then counts whole sequences' heads). ``tanh_silu`` computes silu(x) = h + h tanh(h), h = x/2,
-    with one MUFU op (tanh.approx) per score instead of two (ex2, rcp).
+    with one MUFU op (tanh.approx) per score instead of two (ex2, rcp). ``split_heavy`` > 1 (with
+    ``compact``) cuts a query tile's key range into up to that many parts on separate CTAs when the
+    batch's causal work is carried by a few long sequences (``tile_table.split_tile_table``); the last
+    part to finish adds the others' fp32 partial outputs.
     """
 
     kind: ClassVar[str] = "hstu_attention_fwd_cute"
@@ -40,6 +44,7 @@ class HSTUCuteFwdConfig(JsonConfig):
     l2_group: int = 8
     compact: bool = False
     tanh_silu: bool = False
+    split_heavy: int = 1
 
     def __post_init__(self) -> None:
         if self.block_m not in (64, 128, 192):
@@ -54,6 +59,10 @@ class HSTUCuteFwdConfig(JsonConfig):
             raise ValueError(f"HSTUCuteFwdConfig.num_stages must be an int in [1, 6], got {self.num_stages!r}")
         if self.l2_group not in L2_GROUPS:
             raise ValueError(f"HSTUCuteFwdConfig.l2_group must be one of {L2_GROUPS}, got {self.l2_group!r}")
+        if self.split_heavy not in SPLIT_PARTS:
+            raise ValueError(f"HSTUCuteFwdConfig.split_heavy must be one of {SPLIT_PARTS}, got {self.split_heavy!r}")
+        if self.split_heavy > 1 and not self.compact:
+            raise ValueError("HSTUCuteFwdConfig.split_heavy > 1 needs compact=True (the split table is a compact one)")
         for name in ("intra_wg_overlap", "compact", "tanh_silu"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"HSTUCuteFwdConfig.{name} must be a bool, got {getattr(self, name)!r}")

@@ -51,11 +51,12 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
-from .hstu_bwd_step import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdSteps
+from .hstu_bwd_step import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdSteps, _Frags, _Mmas, _Row
 from .hstu_fwd_sm90 import HSTUFwdSm90, _position_id, seq_bounds
 from .schedule import compact_tile, grouped_block_order
 
 PRODUCER_REGS = 24
+SCHED_STAGES = 2  # slots of the persistent tile ring (producer warp -> MMA warpgroups and dQ warp)
 
 
 def _row_major_smem(dtype: type[cutlass.Numeric], rows: int, cols: int, stages: int):
@@ -83,6 +84,30 @@ class _TileCtx(NamedTuple):
     num_rows: Int32
     ctx_len: Int32
     max_attn_len: Int32
+    # Persistent only (None otherwise): the tile ring's pipeline and slots, and the device tile counter.
+    sched_pipe: object
+    sched_smem: object
+    counter: object
+
+
+class _Operand(NamedTuple):
+    """One TMA-loaded operand: its copy atom, the (rows, dim, heads) global view and the smem stages."""
+
+    atom: cute.CopyAtom
+    gmem: cute.Tensor
+    smem: cute.Tensor
+
+
+class _Loads(NamedTuple):
+    """What the producer warp loads (Q, dO, K, V) and the rings it fills."""
+
+    q: _Operand
+    do: _Operand
+    k: _Operand
+    v: _Operand
+    pipe_kv: pipeline.PipelineTmaAsync
+    pipe_q: pipeline.PipelineTmaAsync
+    pipe_do: pipeline.PipelineTmaAsync
 
 
 @cute.jit
@@ -175,6 +200,7 @@ class HSTUBwdSm90(BwdSteps):
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
         mTiles: cute.Tensor,
+        mCounter: cute.Tensor,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
@@ -231,6 +257,9 @@ class HSTUBwdSm90(BwdSteps):
                 sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sPdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            if const_expr(self.cfg.persistent):
+                mbar_sched: cute.struct.MemRange[cutlass.Int64, SCHED_STAGES * 2]
+                sched: cute.struct.MemRange[Int32, SCHED_STAGES]
 
         self.shared_storage = SharedStorage
         num_heads = cute.size(mQ.shape[2])
@@ -245,7 +274,7 @@ class HSTUBwdSm90(BwdSteps):
             grid = [num_tiles, 1, 1]
         self.kernel(
             tma_atom_q, tma_q, tma_atom_do, tma_do, tma_atom_k, tma_k, tma_atom_v, tma_v, tma_atom_dq, tma_dq,
-            mdK, mdV, mOffsets, mTargets, mTiles, num_heads, num_tiles, num_rows, alpha, inv_scale, ctx_len,
+            mdK, mdV, mOffsets, mTargets, mTiles, mCounter, num_heads, num_tiles, num_rows, alpha, inv_scale, ctx_len,
             max_attn_len,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
@@ -275,6 +304,7 @@ class HSTUBwdSm90(BwdSteps):
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
         mTiles: cute.Tensor,
+        mCounter: cute.Tensor,
         num_heads: Int32,
         num_tiles: Int32,
         num_rows: Int32,
@@ -304,6 +334,16 @@ class HSTUBwdSm90(BwdSteps):
         pipe_kv = tma_pipeline(storage.mbar_kv, 1, groups, self.kv_bytes)
         pipe_q = tma_pipeline(storage.mbar_q, self.num_stages, groups, self.q_bytes)
         pipe_do = tma_pipeline(storage.mbar_do, self.do_stages, groups, self.do_bytes)
+        sched_pipe, sched_smem = None, None
+        if const_expr(self.cfg.persistent):
+            sched_pipe = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_sched.data_ptr(),
+                num_stages=SCHED_STAGES,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads + 32),
+                defer_sync=True,
+            )
+            sched_smem = storage.sched.get_tensor(cute.make_layout(SCHED_STAGES))
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -313,7 +353,9 @@ class HSTUBwdSm90(BwdSteps):
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sP = sdS if const_expr(self.swap) else storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        tc = _TileCtx(mOffsets, mTargets, mTiles, num_heads, num_rows, ctx_len, max_attn_len)
+        tc = _TileCtx(
+            mOffsets, mTargets, mTiles, num_heads, num_rows, ctx_len, max_attn_len, sched_pipe, sched_smem, mCounter
+        )
 
         # The tiles this CTA runs: [first, num_tiles) with a stride of the grid when persistent, else the
         # one tile of its block index (range(0, 1): the tile comes from the block index, not t).
@@ -333,10 +375,11 @@ class HSTUBwdSm90(BwdSteps):
             if warp_idx < 4:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGS)
                 if warp_idx == 0:
-                    self.load(
-                        tma_atom_q, mQ, tma_atom_do, mdO, tma_atom_k, mK, tma_atom_v, mV, sQ, sdO, sK, sV,
-                        pipe_kv, pipe_q, pipe_do, tc, first, end, step,
+                    loads = _Loads(
+                        _Operand(tma_atom_q, mQ, sQ), _Operand(tma_atom_do, mdO, sdO), _Operand(tma_atom_k, mK, sK),
+                        _Operand(tma_atom_v, mV, sV), pipe_kv, pipe_q, pipe_do,
                     )  # fmt: skip
+                    self.load(loads, tc, first, end, step)
                 if warp_idx == 1:
                     self.store_dq(tma_atom_dq, mdQ, sdQ, tc, first, end, step)
             else:
@@ -375,6 +418,59 @@ class HSTUBwdSm90(BwdSteps):
         return head, seq_start, n, start_n, n_block, blk_lo, blk_full, blk_hi, m_id
 
     @cute.jit
+    def first_tile(self, tc: _TileCtx, first: Int32, producer: cutlass.Constexpr[bool]):
+        """(first tile, scheduler-ring state) of this role. Persistent: the producer warp publishes its
+        block index as the first tile, the other roles take tiles from the ring."""
+        kind = pipeline.PipelineUserType.Producer if const_expr(producer) else pipeline.PipelineUserType.Consumer
+        st = pipeline.make_pipeline_state(kind, SCHED_STAGES)
+        t = first
+        if const_expr(self.cfg.persistent):
+            if const_expr(producer):
+                st = self.publish(tc, st, t)
+            else:
+                t, st = self.take(tc, st)
+        return t, st
+
+    @cute.jit
+    def next_tile(
+        self, tc: _TileCtx, t: Int32, step: Int32, st: pipeline.PipelineState, producer: cutlass.Constexpr[bool]
+    ):
+        """The role's next tile: t + step on a plain grid; persistent, the producer draws the next table
+        entry from the device counter (grid + the count of earlier draws) and publishes it, the others
+        take it from the ring. A tile >= num_tiles ends every role's loop."""
+        nxt = t + step
+        if const_expr(self.cfg.persistent):
+            if const_expr(producer):
+                lane = cute.arch.lane_idx()
+                drawn = Int32(0)
+                if lane == 0:
+                    drawn = cute.arch.atomic_add(tc.counter.iterator, Int32(1))
+                nxt = step + cute.arch.shuffle_sync(drawn, 0)
+                st = self.publish(tc, st, nxt)
+            else:
+                nxt, st = self.take(tc, st)
+        return nxt, st
+
+    @cute.jit
+    def publish(self, tc: _TileCtx, st: pipeline.PipelineState, t: Int32):
+        """Producer warp: tile ``t`` into the next ring slot (lane 0 writes and arrives)."""
+        tc.sched_pipe.producer_acquire(st)
+        if cute.arch.lane_idx() == 0:
+            tc.sched_smem[st.index] = t
+            tc.sched_pipe.producer_commit(st)
+        st.advance()
+        return st
+
+    @cute.jit
+    def take(self, tc: _TileCtx, st: pipeline.PipelineState):
+        """MMA or dQ thread: the next tile from the ring (every thread reads, then arrives on empty)."""
+        tc.sched_pipe.consumer_wait(st)
+        t = Int32(tc.sched_smem[st.index])
+        tc.sched_pipe.consumer_release(st)
+        st.advance()
+        return t, st
+
+    @cute.jit
     def row_range(self, start_n: Int32, n: Int32, hist_end: Int32, m_id: Int32, ctx: Int32, w: Int32):
         """Rows that may see keys [start_n, start_n + block_n): (lo, full_start, hi), as in triton_common.
 
@@ -406,60 +502,24 @@ class HSTUBwdSm90(BwdSteps):
         return lo, full_start, hi
 
     @cute.jit
-    def load(
-        self,
-        tma_atom_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_atom_do: cute.CopyAtom,
-        mdO: cute.Tensor,
-        tma_atom_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_atom_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        sQ: cute.Tensor,
-        sdO: cute.Tensor,
-        sK: cute.Tensor,
-        sV: cute.Tensor,
-        pipe_kv: pipeline.PipelineTmaAsync,
-        pipe_q: pipeline.PipelineTmaAsync,
-        pipe_do: pipeline.PipelineTmaAsync,
-        tc: _TileCtx,
-        first: Int32,
-        end: Int32,
-        step: Int32,
-    ):
+    def load(self, ld: _Loads, tc: _TileCtx, first: Int32, end: Int32, step: Int32):
         """Producer warp, per tile: K and V, and the Q and dO tiles of query blocks [blk_lo, blk_hi).
         Persistent, K/V go after the first Q/dO pair: that pair loads while the last tile still runs,
         and K/V wait for the MMA warpgroups to release the last tile's."""
         st_kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
-        for t in cutlass.range(first, end, step, unroll=1):
+        t, st_s = self.first_tile(tc, first, True)
+        while t < end:
             head, seq_start, _, _, n_block, blk_lo, _, blk_hi, _ = self.tile(tc, t)
             if blk_lo < blk_hi:
-                st_kv, st_q, st_do = self.load_tile(
-                    tma_atom_q, mQ, tma_atom_do, mdO, tma_atom_k, mK, tma_atom_v, mV, sQ, sdO, sK, sV,
-                    pipe_kv, pipe_q, pipe_do, st_kv, st_q, st_do, seq_start, head, n_block, blk_lo, blk_hi,
-                )  # fmt: skip
+                st_kv, st_q, st_do = self.load_tile(ld, st_kv, st_q, st_do, seq_start, head, n_block, blk_lo, blk_hi)
+            t, st_s = self.next_tile(tc, t, step, st_s, True)
 
     @cute.jit
     def load_tile(
         self,
-        tma_atom_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_atom_do: cute.CopyAtom,
-        mdO: cute.Tensor,
-        tma_atom_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_atom_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        sQ: cute.Tensor,
-        sdO: cute.Tensor,
-        sK: cute.Tensor,
-        sV: cute.Tensor,
-        pipe_kv: pipeline.PipelineTmaAsync,
-        pipe_q: pipeline.PipelineTmaAsync,
-        pipe_do: pipeline.PipelineTmaAsync,
+        ld: _Loads,
         st_kv: pipeline.PipelineState,
         st_q: pipeline.PipelineState,
         st_do: pipeline.PipelineState,
@@ -472,14 +532,16 @@ class HSTUBwdSm90(BwdSteps):
         """One key tile's loads; returns the advanced (kv, q, do) producer states."""
         one = cute.make_layout(1)
 
-        def part(atom, m, s, tile, coord):
-            g = cute.local_tile(cute.domain_offset((seq_start, 0), m[None, None, head]), tile, coord)
-            return cpasync.tma_partition(atom, 0, one, cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
+        def part(op: _Operand, tile, coord):
+            g = cute.local_tile(cute.domain_offset((seq_start, 0), op.gmem[None, None, head]), tile, coord)
+            return cpasync.tma_partition(op.atom, 0, one, cute.group_modes(op.smem, 0, 2), cute.group_modes(g, 0, 2))
 
-        tKsK, tKgK = part(tma_atom_k, mK, sK, (self.tile_n, self.dqk), (n_block, 0))
-        tVsV, tVgV = part(tma_atom_v, mV, sV, (self.tile_n, self.dv), (n_block, 0))
-        tQsQ, tQgQ = part(tma_atom_q, mQ, sQ, (self.tile_m, self.dqk), (None, 0))
-        tOsO, tOgO = part(tma_atom_do, mdO, sdO, (self.tile_m, self.dv), (None, 0))
+        pipe_kv, pipe_q, pipe_do = ld.pipe_kv, ld.pipe_q, ld.pipe_do
+        tma_atom_k, tma_atom_v, tma_atom_q, tma_atom_do = ld.k.atom, ld.v.atom, ld.q.atom, ld.do.atom
+        tKsK, tKgK = part(ld.k, (self.tile_n, self.dqk), (n_block, 0))
+        tVsV, tVgV = part(ld.v, (self.tile_n, self.dv), (n_block, 0))
+        tQsQ, tQgQ = part(ld.q, (self.tile_m, self.dqk), (None, 0))
+        tOsO, tOgO = part(ld.do, (self.tile_m, self.dv), (None, 0))
         if const_expr(not self.cfg.persistent):
             self.load_kv(tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_kv, st_kv)
         for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
@@ -518,7 +580,8 @@ class HSTUBwdSm90(BwdSteps):
     ):
         """dQ warp: TMA reduce-add of each dQ partial tile (or of each warpgroup's slice, in turns, with
         ``dq_serial``) into the fp32 dQ buffer, tile after tile in the MMA warpgroups' order."""
-        for t in cutlass.range(first, end, step, unroll=1):
+        t, st_s = self.first_tile(tc, first, False)
+        while t < end:
             head, seq_start, _, _, _, blk_lo, _, blk_hi, _ = self.tile(tc, t)
             gdQ = cute.local_tile(cute.domain_offset((seq_start, 0), mdQ[None, None, head]), self.dq_tile, (None, None))
             tsdQ, tgdQ = cpasync.tma_partition(
@@ -542,6 +605,7 @@ class HSTUBwdSm90(BwdSteps):
                     cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
                     cute.copy(tma_atom_dq, tsdQ[None, 0], tgdQ[None, blk, 0])
                     cute.arch.cp_async_bulk_commit_group()
+            t, st_s = self.next_tile(tc, t, step, st_s, False)
         cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
@@ -612,8 +676,10 @@ class HSTUBwdSm90(BwdSteps):
         tdVcdV = thr_dv.partition_C(cute.make_identity_tensor((self.tile_n, self.dv)))
         dq_scale = alpha * inv_scale
         if const_expr(self.swap):
-            rPt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
-            rdSt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
+            # P^T and dS^T as register A operands of dV and dK; dS^T goes to smem through thr_sdp.
+            tVrPt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
+            tKrdSt = cute.make_rmem_tensor(HSTUFwdSm90._acc_as_operand_a(acc_S.layout), self.dtype)
+            rP, rdS, tPsP, tdSsdS = None, None, None, None
         else:
             tPsP = thr_sdp.partition_C(sP[None, None, 0])
             tdSsdS = thr_sdp.partition_C(sdS[None, None, 0])
@@ -621,37 +687,33 @@ class HSTUBwdSm90(BwdSteps):
             tKrdSt = tiled_mma_dk.make_fragment_A(wg_dk.partition_A(_transpose(sdS)))
             rP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
             rdS = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        mm = _Mmas(tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq)
+        f = _Frags(
+            tSrA, tSrB, tPrA, tPrB, tVrPt, tVrdOt, tKrdSt, tKrQt, tQrdS, tQrKt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ,
+            rP, rdS, tScS, tPsP, tdSsdS, tdQsdQ, thr_sdp, sdS,
+        )  # fmt: skip
 
         st_kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         st_q = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         st_do = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
         # Blocks done so far (mod 2): a persistent CTA's dS^T buffers alternate across its tiles too.
         parity = Int32(0)
-        for t in cutlass.range(first, end, step, unroll=1):
+        t, st_s = self.first_tile(tc, first, False)
+        while t < end:
             head, seq_start, n, start_n, n_block, blk_lo, blk_full, blk_hi, m_id = self.tile(tc, t)
-            ctx, w = tc.ctx_len, tc.max_attn_len
+            row = _Row(start_n, n, blk_full, m_id, tc.ctx_len, tc.max_attn_len, alpha, dq_scale, tidx)
             acc_dV.fill(0.0)
             acc_dK.fill(0.0)
             if blk_lo < blk_hi:
                 pipe_kv.consumer_wait(st_kv)
                 if const_expr(self.swap):
                     for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                        self.step_swapped(
-                            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tSrA, tSrB, tPrA, tPrB, tVrdOt,
-                            tKrQt, tQrdS, tQrKt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ, rPt, rdSt, tScS, thr_sdp, sdS,
-                            tdQsdQ, pipe_q, pipe_do, st_q, st_do, blk, blk_lo - parity, blk_full, start_n, n, alpha,
-                            dq_scale, ctx, w, m_id, tidx,
-                        )  # fmt: skip
+                        self.step_swapped(mm, f, row, pipe_q, pipe_do, st_q, st_do, blk, blk_lo - parity)
                         st_q.advance()
                         st_do.advance()
                 else:
                     for blk in cutlass.range(blk_lo, blk_hi, unroll=1):
-                        self.step(
-                            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq, tSrA, tSrB, tPrA, tPrB, tVrdOt,
-                            tKrQt, tQrdS, tQrKt, tVrPt, tKrdSt, acc_S, acc_dP, acc_dK, acc_dV, acc_dQ, rP, rdS, tScS,
-                            tPsP, tdSsdS, tdQsdQ, pipe_q, pipe_do, st_q, st_do, blk, blk_full, start_n, n, alpha,
-                            dq_scale, ctx, w, m_id, tidx,
-                        )  # fmt: skip
+                        self.step(mm, f, row, pipe_q, pipe_do, st_q, st_do, blk)
                         st_q.advance()
                         st_do.advance()
                 if const_expr(self.cfg.persistent):
@@ -666,3 +728,4 @@ class HSTUBwdSm90(BwdSteps):
             )
             self.epilogue(acc_dK, thr_dk.partition_C(gdK), tdKcdK, n, start_n, alpha * inv_scale)
             self.epilogue(acc_dV, thr_dv.partition_C(gdV), tdVcdV, n, start_n, inv_scale)
+            t, st_s = self.next_tile(tc, t, step, st_s, False)

@@ -3,7 +3,9 @@
 One CTA per (head, sequence, query block); query blocks of a sequence-head launch from the last
 (heaviest under causal masks) to the first, so long tiles start early, and ``l2_group``
 sequence-heads run together so their K/V stay in L2 (``schedule.grouped_block_order``). With
-``compact`` only the real tiles launch, heaviest first over the batch (``tile_table.py``). Warpgroup 0 is the producer:
+``compact`` only the real tiles launch, heaviest first over the batch (``tile_table.py``); with ``split_heavy`` the
+heaviest tiles' key ranges are cut into parts on separate CTAs, and the last part to finish adds the
+others' fp32 partials (HSTU has no softmax state, so partial outputs simply add). Warpgroup 0 is the producer:
 one warp issues TMA loads (cp.async.bulk.tensor) of the Q tile and of K/V tiles into a multi-stage
 shared-memory ring guarded by mbarriers. The other ``block_m // 64`` warpgroups compute
 S = Q K^T with wgmma (operands in shared memory), apply SiLU and the HSTU mask on the fp32
@@ -33,7 +35,7 @@ from cutlass.tensor_utils import LayoutEnum
 from kernel_templates.cute_sm90 import pipeline_groups, stage_bytes, tma_load, tma_pipeline
 
 from .config import HSTUCuteFwdConfig
-from .schedule import compact_tile, grouped_block_order
+from .schedule import compact_tile, grouped_block_order, split_tile
 
 LOG2E = math.log2(math.e)
 # (MMA warpgroups) -> (registers per MMA thread, registers per producer thread) after setmaxnreg.
@@ -93,6 +95,7 @@ class HSTUFwdSm90:
         self.num_threads = 128 * (self.num_wg + 1)
         self.mma_regs, self.producer_regs = _REGS[self.num_wg]
         self.overlap = config.intra_wg_overlap
+        self.split = config.split_heavy > 1
 
     # ------------------------------------------------------------------ host side (tracing)
     @cute.jit
@@ -105,6 +108,8 @@ class HSTUFwdSm90:
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
         mTiles: cute.Tensor,
+        mWs: cute.Tensor,
+        mSem: cute.Tensor,
         alpha: Float32,
         inv_scale: Float32,
         ctx_len: Int32,
@@ -159,6 +164,7 @@ class HSTUFwdSm90:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            ticket: cute.struct.MemRange[Int32, 2]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -170,7 +176,7 @@ class HSTUFwdSm90:
         num_rows = cutlass.min(cute.size(mQ.shape[0]), cute.size(mO.shape[0]))
         grid = [num_heads, batch, num_m_blocks]
         if const_expr(self.cfg.compact):
-            grid = [num_heads * (cute.size(mTiles.shape[0]) // 2), 1, 1]
+            grid = [num_heads * (cute.size(mTiles.shape[0]) // (4 if self.split else 2)), 1, 1]
         self.kernel(
             tma_atom_q,
             tma_q,
@@ -182,6 +188,8 @@ class HSTUFwdSm90:
             mOffsets,
             mTargets,
             mTiles,
+            mWs,
+            mSem,
             num_heads,
             num_rows,
             alpha,
@@ -215,6 +223,8 @@ class HSTUFwdSm90:
         mOffsets: cute.Tensor,
         mTargets: cute.Tensor,
         mTiles: cute.Tensor,
+        mWs: cute.Tensor,
+        mSem: cute.Tensor,
         num_heads: Int32,
         num_rows: Int32,
         alpha: Float32,
@@ -230,7 +240,10 @@ class HSTUFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        if const_expr(self.cfg.compact):
+        part, parts, slot = Int32(0), Int32(1), Int32(0)
+        if const_expr(self.split):
+            head, bid_b, m_block, live, part, parts, slot = split_tile(mTiles, num_heads)
+        elif const_expr(self.cfg.compact):
             head, bid_b, m_block, live = compact_tile(mTiles, num_heads)
         else:
             head, bid_b, bid_m = grouped_block_order(self.cfg.l2_group)
@@ -261,6 +274,13 @@ class HSTUFwdSm90:
         blk_lo = lo // self.tile_n
         blk_full = full_end // self.tile_n
         blk_hi = (hi + self.tile_n - 1) // self.tile_n
+        if const_expr(self.split):  # this part's share of the key blocks; masked ones stay last
+            nb = blk_hi - blk_lo
+            first = blk_lo + nb * part // parts
+            blk_hi = blk_lo + nb * (part + 1) // parts
+            blk_lo = first
+            blk_full = cutlass.min(cutlass.max(blk_full, blk_lo), blk_hi)
+        sTicket = storage.ticket.get_tensor(cute.make_layout(2))
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
@@ -277,7 +297,7 @@ class HSTUFwdSm90:
                 self.mma(
                     tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, mO, pipe_q, pipe_k, pipe_v,
                     tidx - 128, seq_start, n, head, m_block, start_m, blk_lo, blk_full, blk_hi,
-                    alpha, inv_scale, ctx_len, max_attn_len, m_id,
+                    alpha, inv_scale, ctx_len, max_attn_len, m_id, (mWs, mSem, sTicket, num_heads, parts, slot),
                 )  # fmt: skip
 
     @cute.jit
@@ -375,8 +395,11 @@ class HSTUFwdSm90:
         ctx: Int32,
         w: Int32,
         m_id: Int32,
+        split: tuple,
     ):
-        """MMA warpgroups: S = Q K^T, P = mask * silu(alpha S), O += P V, then the predicated store."""
+        """MMA warpgroups: S = Q K^T, P = mask * silu(alpha S), O += P V, then the predicated store
+        (of a cut tile: by its last part, after adding the others' partials; ``split`` is what
+        ``combine`` needs)."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_idx * 128)
         wg_mma_pv = tiled_mma_pv.get_slice(wg_idx * 128)
@@ -437,7 +460,62 @@ class HSTUFwdSm90:
                 self.pv_gemm(tiled_mma_pv, acc_O, tOrP, tOrV, pipe_v, kv_state)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv_state)
-        self.epilogue(acc_O, tOgO, tOcO, n, start_m, inv_scale)
+        if const_expr(self.split):
+            if self.combine(acc_O, tidx, head, *split):
+                self.epilogue(acc_O, tOgO, tOcO, n, start_m, inv_scale)
+        else:
+            self.epilogue(acc_O, tOgO, tOcO, n, start_m, inv_scale)
+
+    @cute.jit
+    def combine(
+        self,
+        acc_O: cute.Tensor,
+        tidx: Int32,
+        head: Int32,
+        mWs: cute.Tensor,
+        mSem: cute.Tensor,
+        sTicket: cute.Tensor,
+        num_heads: Int32,
+        parts: Int32,
+        slot: Int32,
+    ) -> cutlass.Boolean:
+        """Whether this CTA stores the tile. A cut tile's parts take tickets in the order they finish; all
+        but the last write their fp32 partial to slot ``slot + ticket`` and count it written; the last
+        waits for those counts (their CTAs are already past their main loops, so the wait is short and
+        cannot deadlock), adds the partials and resets both counters for the next launch."""
+        last = cutlass.Boolean(True)
+        if parts > 1:
+            nthr = self.num_mma_threads
+            frag = cute.size(acc_O)
+            cell = 2 * (slot * num_heads + head)  # (arrived, written) counters of this tile-head
+            if tidx == 0:
+                sTicket[0] = cute.arch.atomic_add(mSem.iterator + cell, Int32(1), sem="acq_rel", scope="gpu")
+            cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+            ticket = sTicket[0]
+            if ticket < parts - 1:
+                last = cutlass.Boolean(False)
+                base = ((slot + ticket) * num_heads + head) * (frag * nthr) + tidx
+                for i in cutlass.range_constexpr(frag):
+                    mWs[base + i * nthr] = acc_O[i]
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+                if tidx == 0:
+                    cute.arch.atomic_add(mSem.iterator + cell + 1, Int32(1), sem="release", scope="gpu")
+            else:
+                if tidx == 0:
+                    done = cute.arch.load(mSem.iterator + cell + 1, Int32, sem="acquire", scope="gpu")
+                    while done < parts - 1:
+                        done = cute.arch.load(mSem.iterator + cell + 1, Int32, sem="acquire", scope="gpu")
+                cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+                cute.arch.fence_acq_rel_gpu()
+                for t in cutlass.range(parts - 1, unroll=1):
+                    base = ((slot + t) * num_heads + head) * (frag * nthr) + tidx
+                    for i in cutlass.range_constexpr(frag):
+                        acc_O[i] = acc_O[i] + cute.arch.load(mWs.iterator + (base + i * nthr), Float32, cop="cg")
+                if tidx == 0:
+                    mSem[cell] = Int32(0)
+                    mSem[cell + 1] = Int32(0)
+        return last
 
     @cute.jit
     def qk_gemm(

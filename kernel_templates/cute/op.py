@@ -27,8 +27,9 @@ from kernel_templates.cute_runtime import (
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
 from .bwd_op import hstu_attention_cute_bwd
+from .bwd_op import sm_count as device_sm_count
 from .config import HSTUCuteFwdConfig, check_fwd_config
-from .tile_table import tiles_arg, tiles_fake
+from .tile_table import split_extra_rows, tiles_arg, tiles_fake
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,57 @@ def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledKernel[FwdKey]:
 
 def _compile_args(key: FwdKey, tvm_ffi: bool) -> tuple:
     """Arguments of ``cute.compile``: fake tensors with dynamic L, H, B and row strides."""
+    import cutlass
+
     from .hstu_fwd_sm90 import HSTUFwdSm90
 
     f = jagged_fakes(key.dtype)
     kernel = HSTUFwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
     q, k, v, out = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
-    return (kernel, q, k, v, out, f.offsets, f.targets, tiles_fake(), *hstu_scalar_fakes(tvm_ffi))
+    ws, sem = _flat_fake(cutlass.Float32), _flat_fake(cutlass.Int32)
+    return (kernel, q, k, v, out, f.offsets, f.targets, tiles_fake(), ws, sem, *hstu_scalar_fakes(tvm_ffi))
+
+
+def _flat_fake(dtype):
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(dtype, (cute.sym_int(),), stride=(1,), assumed_align=4)
+
+
+# (device, stream) -> (fp32 partials, int32 zero counters) of the split forward. Launches on one stream
+# run in order and each leaves its counters zero again (the last part of a cut tile resets its pair), so
+# one pair per stream serves every launch on it; two streams never share one.
+_SPLIT_BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_PLACEHOLDERS: dict[int, torch.Tensor] = {}
+
+
+def split_buffers(q: torch.Tensor, heads: int, block_m: int, dv: int, sm: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partial outputs, zeroed counters) of a split launch: one block_m x dv partial and two counters
+    per (slot, head), ``split_extra_rows`` slots (the most partials a split table can name)."""
+    cells = split_extra_rows(sm, heads) * heads
+    if torch.cuda.is_current_stream_capturing():  # a graph owns its buffers; a captured memset zeroes them
+        ws = torch.empty(cells * block_m * dv, dtype=torch.float32, device=q.device)
+        return ws, torch.zeros(2 * cells, dtype=torch.int32, device=q.device)
+    key = (q.device.index or 0, torch.cuda.current_stream(q.device).cuda_stream)
+    bufs = _SPLIT_BUFFERS.get(key)
+    if bufs is None or bufs[0].numel() < cells * block_m * dv or bufs[1].numel() < 2 * cells:
+        n_ws = max(cells * block_m * dv, bufs[0].numel() if bufs else 0)
+        n_sem = max(2 * cells, bufs[1].numel() if bufs else 0)
+        bufs = _SPLIT_BUFFERS[key] = (
+            torch.empty(n_ws, dtype=torch.float32, device=q.device),
+            torch.zeros(n_sem, dtype=torch.int32, device=q.device),
+        )
+    return bufs
+
+
+def _placeholder(q: torch.Tensor) -> torch.Tensor:
+    """A one-element fp32 tensor standing in for the partials of a launch that never reads them."""
+    idx = q.device.index or 0
+    t = _PLACEHOLDERS.get(idx)
+    if t is None:
+        t = _PLACEHOLDERS[idx] = torch.zeros(1, dtype=torch.float32, device=q.device)
+    return t
 
 
 def fwd_key(
@@ -103,10 +149,9 @@ def hstu_attention_cute_fwd(
 ) -> torch.Tensor:
     """Launch the CuTe forward (same argument order as the Triton launcher). Inputs are assumed validated.
 
-    ``sm_count`` is accepted for interface parity with persistent schedulers; this kernel launches one
-    CTA per tile and does not need it. Rows of ``out`` outside every sequence are left untouched.
+    ``sm_count`` (default: the device's) sizes the split of heavy tiles (``split_heavy``); other configs
+    do not read it. Rows of ``out`` outside every sequence are left untouched.
     """
-    del sm_count
     key = fwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config)
     L, H, _ = q.shape
     if out is None:
@@ -122,21 +167,32 @@ def hstu_attention_cute_fwd(
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
     num_m_blocks = math.ceil(max_seq_len / config.block_m)
-    tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_m, num_m_blocks, "fwd", config.compact, config.l2_group)
+    split = None
+    ws, sem = _placeholder(q), offsets
+    if config.split_heavy > 1:
+        sm = sm_count or device_sm_count(q.device)
+        split = (config.block_n, sm, config.split_heavy)
+        ws, sem = split_buffers(q, H, config.block_m, key.dv, sm)
+    tiles = tiles_arg(
+        seq_offsets, offsets, L, H, config.block_m, num_m_blocks, "fwd", config.compact, config.l2_group, split
+    )
     scalars = (float(alpha), 1.0 / float(scale), int(contextual_seq_len), int(max_attn_len), num_m_blocks)
     if compiled.tvm_ffi:
-        compiled.fn(q, k, v, out, offsets, targets, tiles, *scalars)
+        compiled.fn(q, k, v, out, offsets, targets, tiles, ws, sem, *scalars)
     else:
-        _launch_dlpack(compiled, q, k, v, out, offsets, targets, tiles, scalars)
+        _launch_dlpack(compiled, q, k, v, out, offsets, targets, (tiles, ws, sem), scalars)
     return out
 
 
-def _launch_dlpack(compiled: CompiledKernel[FwdKey], q, k, v, out, offsets, targets, tiles, scalars) -> None:
+def _launch_dlpack(compiled: CompiledKernel[FwdKey], q, k, v, out, offsets, targets, tables, scalars) -> None:
     """Fallback without TVM FFI: DLPack views with dynamic rows and heads, torch's current stream."""
     import cutlass
 
     alpha, inv_scale, ctx, w, nmb = scalars
-    tensors = dlpack_args([(q, 16), (k, 16), (v, 16), (out, 16), (offsets, 4), (targets, 4), (tiles, 4)])
+    tiles, ws, sem = tables
+    tensors = dlpack_args(
+        [(q, 16), (k, 16), (v, 16), (out, 16), (offsets, 4), (targets, 4), (tiles, 4), (ws, 4), (sem, 4)]
+    )
     compiled.fn(
         *tensors,
         cutlass.Float32(alpha),

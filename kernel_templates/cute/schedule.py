@@ -5,7 +5,8 @@ the CTAs in flight are every sequence-head at one block index, and none of them 
 or Q/dO (backward), so each re-reads its operands from HBM. With ``l2_group == g`` all blocks of g
 sequence-heads launch before the next g, and the CTAs in flight re-read the same operands from L2.
 Within a sequence-head, block index 0 launches first (callers map it to the heaviest block).
-``compact_tile`` is the other order: only the real tiles of the batch, from a device-side table.
+``compact_tile`` is the other order: only the real tiles of the batch, from a device-side table;
+``split_tile`` reads the split table, whose rows also name a part of a tile's key range.
 """
 
 from __future__ import annotations
@@ -49,3 +50,18 @@ def compact_tile(mTiles: cute.Tensor, num_heads: Int32):
     block = Int32(mTiles[2 * p + 1])
     live = Int32(seq >= 0)
     return head, cutlass.max(seq, Int32(0)), block, live
+
+
+@cute.jit
+def split_tile(mTiles: cute.Tensor, num_heads: Int32):
+    """(head, sequence, block, live, part, parts, slot) of this CTA in a split table (``split_tile_table``):
+    four ints per row, CTA t runs row t // num_heads for head t % num_heads."""
+    bid_x, _, _ = cute.arch.block_idx()
+    t = Int32(bid_x)
+    p = t // num_heads
+    head = t - p * num_heads
+    seq = Int32(mTiles[4 * p])
+    code = Int32(mTiles[4 * p + 2])
+    parts = code // 256
+    live = Int32(seq >= 0)
+    return head, cutlass.max(seq, Int32(0)), Int32(mTiles[4 * p + 1]), live, code - parts * 256, parts, Int32(mTiles[4 * p + 3])

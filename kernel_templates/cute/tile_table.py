@@ -13,7 +13,12 @@ the offsets (sequence ``-1``: past the last real tile, the CTA exits). The table
   query block ``m`` walks ``m + 1`` key blocks, a backward key block ``j`` of a sequence of ``nb``
   blocks walks ``nb - j`` query blocks; within a round, by sequence rank.
 
-``tile_order_reference`` is the same order in plain Python, for tests.
+``split_tile_table`` (forward, ``split_heavy > 1``) also cuts the heaviest query tiles' key range into
+parts that run on separate CTAs, when the batch's causal work is carried by a few long sequences (a
+part walks about the per-SM share of the batch's work); the parts' fp32 outputs are added by the last
+one to finish (``hstu_fwd_sm90.py``). Groups are kept; within a group, parts run heaviest first.
+
+``tile_order_reference`` and ``split_order_reference`` are the same orders in plain Python, for tests.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from kernel_templates.tensor_memo import MISS, TensorMemo, capturing
 
 DIRECTIONS = ("fwd", "bwd")
 _TABLES = TensorMemo()
+# A split part walks at least this many key blocks: each part reloads its Q tile and the parts but the
+# last write (and the last reads) an fp32 tile of partial output.
+MIN_PART_BLOCKS = 4
+SPLIT_ROW = 4  # ints per row of a split table: sequence, block, parts * 256 + part, partial slot
 
 
 def tile_bound(rows: int, batch: int, block: int, max_blocks: int) -> int:
@@ -80,14 +89,113 @@ def launch_tile_table(
 ) -> torch.Tensor:
     """``tile_table`` once per unchanged offsets tensor: the layers of a step share one table per block
     size. Under CUDA-graph capture it is always built, so replays rebuild it from the offsets they get."""
+    return _memo(offsets, (rows, block, max_blocks, direction, group), tile_table)
+
+
+def _memo(offsets: torch.Tensor, key: tuple, build) -> torch.Tensor:
     if capturing() or type(offsets) is not torch.Tensor:
-        return tile_table(offsets, rows, block, max_blocks, direction, group)
-    key = (rows, block, max_blocks, direction, group)
+        return build(offsets, *key)
     table = _TABLES.get(offsets, key)
     if table is MISS:
-        table = tile_table(offsets, rows, block, max_blocks, direction, group)
+        table = build(offsets, *key)
         _TABLES.put(offsets, table, key)
     return table
+
+
+def split_extra_rows(sm_count: int, heads: int) -> int:
+    """Rows a split adds to the table, at most: a tile is cut into p parts only if each part walks at
+    least the per-SM share of the batch's causal work, so the parts of all cut tiles number at most
+    ``sm_count / heads``; host-known, no sync."""
+    if sm_count < 1 or heads < 1:
+        raise ValueError(f"split_extra_rows needs sm_count and heads >= 1, got {sm_count}, {heads}")
+    return sm_count // heads + 1
+
+
+def _split_parts(work: torch.Tensor, heads: int, sm_count: int, max_parts: int) -> torch.Tensor:
+    """Parts per tile: work / share rounded to nearest, share = max(the per-SM share of all heads' work,
+    MIN_PART_BLOCKS), clamped to [1, max_parts]. Rounding keeps parts - 1 < work / share, so the parts of
+    all cut tiles add at most sm_count / heads rows (``split_extra_rows``). Dead rows (work 0) stay one."""
+    total = work.sum() * heads
+    share = torch.clamp(total, min=MIN_PART_BLOCKS * sm_count)  # share x sm_count, kept integral
+    return torch.clamp((2 * work * sm_count + share) // (2 * share), 1, max_parts)
+
+
+def _sequence_groups(offsets: torch.Tensor, block: int, max_blocks: int, group: int) -> torch.Tensor:
+    """The launch group of each sequence in ``tile_table``'s order (rank by block count // group)."""
+    off = offsets.to(torch.int64)
+    nb = ((off[1:] - off[:-1]).clamp(0, max_blocks * block) + block - 1) // block
+    _, perm = torch.sort(nb, descending=True, stable=True)
+    rank = torch.empty_like(perm)
+    rank[perm] = torch.arange(perm.numel(), device=perm.device)
+    return rank // (perm.numel() if group <= 0 else group)
+
+
+def split_tile_table(
+    offsets: torch.Tensor, rows: int, block_m: int, block_n: int, max_blocks: int, group: int, heads: int,
+    sm_count: int, max_parts: int,
+) -> torch.Tensor:  # fmt: skip
+    """(tile_bound + split_extra_rows, 4) int32 rows (sequence, block, parts * 256 + part, slot). A query
+    tile walking ``w`` key blocks of ``block_n`` (causal: ``ceil((block + 1) block_m / block_n)``) is cut
+    into ``_split_parts`` parts; ``slot`` numbers the cut tiles' partial outputs (a cut tile owns slots
+    [slot, slot + parts - 1)). Order: ``tile_table``'s groups of ``group`` sequences (L2 reuse), heaviest
+    part first within a group. Rows past the real parts hold (-1, 0, 256, 0). Sync-free, like ``tile_table``.
+    """
+    if not 1 <= max_parts <= 255:
+        raise ValueError(f"max_parts must be in [1, 255], got {max_parts}")
+    base = tile_table(offsets, rows, block_m, max_blocks, "fwd", group).to(torch.int64)
+    dev = base.device
+    seq, blk = base[:, 0], base[:, 1]
+    live = seq >= 0
+    work = torch.where(live, ((blk + 1) * block_m + block_n - 1) // block_n, 0)
+    parts = _split_parts(work, heads, sm_count, max_parts)
+    cut = parts > 1
+    slot = torch.cumsum(parts - 1, 0) - (parts - 1)  # first partial slot of each cut tile
+    grp = _sequence_groups(offsets, block_m, max_blocks, group)[seq.clamp(min=0)]
+    size = base.shape[0] + split_extra_rows(sm_count, heads)
+    ends = torch.cumsum(parts, 0)
+    j = torch.arange(size, device=dev)
+    src = torch.searchsorted(ends, j, right=True).clamp(max=base.shape[0] - 1)  # base row of output row j
+    part = j - (ends[src] - parts[src])
+    real = (j < ends[-1]) & live[src]
+    span = max_blocks * block_m // block_n + 2  # above any part's work
+    part_work = (work[src] + parts[src] - 1) // parts[src]
+    key = torch.where(real, grp[src] * span + span - 1 - part_work, torch.iinfo(torch.int64).max)
+    order = torch.argsort(key, stable=True)
+    src, part, real = src[order], part[order], real[order]
+    table = torch.stack(
+        (
+            torch.where(real, seq[src], -1),
+            torch.where(real, blk[src], 0),
+            torch.where(real, parts[src] * 256 + part, 256),
+            torch.where(real & cut[src], slot[src], 0),
+        ),
+        dim=1,
+    )
+    return table.to(torch.int32).contiguous()
+
+
+def split_order_reference(
+    lengths: list[int], rows: int, block_m: int, block_n: int, max_blocks: int, group: int, heads: int,
+    sm_count: int, max_parts: int,
+) -> list[tuple[int, int, int, int]]:  # fmt: skip
+    """The table of ``split_tile_table`` for host lengths, in plain Python."""
+    base = [t for t in tile_order_reference(lengths, rows, block_m, max_blocks, "fwd", group) if t[0] >= 0]
+    nb = [(min(max(n, 0), max_blocks * block_m) + block_m - 1) // block_m for n in lengths]
+    ranked = sorted(range(len(lengths)), key=lambda s: -nb[s])
+    per_group = len(lengths) if group <= 0 else group
+    grp = {s: r // per_group for r, s in enumerate(ranked)}
+    work = [-(-(b + 1) * block_m // block_n) for _, b in base]
+    share = max(sum(work) * heads, MIN_PART_BLOCKS * sm_count)
+    parts = [min(max((2 * w * sm_count + share) // (2 * share), 1), max_parts) for w in work]
+    rows_out, slot = [], 0
+    for (s, b), w, p in zip(base, work, parts, strict=True):
+        for i in range(p):
+            rows_out.append(((grp[s], -(-w // p)), (s, b, p * 256 + i, slot if p > 1 else 0)))
+        slot += p - 1
+    rows_out.sort(key=lambda r: (r[0][0], -r[0][1]))  # stable
+    size = tile_bound(rows, len(lengths), block_m, max_blocks) + split_extra_rows(sm_count, heads)
+    out = [r[1] for r in rows_out]
+    return out + [(-1, 0, 256, 0)] * (size - len(out))
 
 
 def tiles_fake():
@@ -110,9 +218,14 @@ def tiles_arg(
     direction: str,
     compact: bool,
     l2_group: int,
+    split: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
-    """The table a launch passes: the compact order's (sequence, block) pairs, flat, or the int32 offsets
-    as a placeholder the plain grid never reads."""
+    """The table a launch passes: the compact order's (sequence, block) pairs, flat, the split table's rows
+    when ``split`` = (block_n, sm_count, max_parts) is given, or the int32 offsets as a placeholder the
+    plain grid never reads."""
+    if split is not None:
+        key = (rows, block, split[0], max_blocks, seqs_per_group(l2_group, heads), heads, split[1], split[2])
+        return _memo(seq_offsets, key, split_tile_table).view(-1)
     if not compact:
         return offsets
     group = seqs_per_group(l2_group, heads)

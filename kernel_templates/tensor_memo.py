@@ -16,8 +16,11 @@ MISS = object()
 
 
 def capturing() -> bool:
-    """Whether a CUDA graph is being captured on this thread's stream (no per-tensor caches then)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """Whether a CUDA graph is being captured on this thread's stream (no per-tensor caches then).
+
+    A capture needs an initialised CUDA context, so that flag is tested first: ``torch.cuda.is_available``
+    (environment and NVML queries) cost about as much as the rest of this check, on every launch."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 class TensorMemo:

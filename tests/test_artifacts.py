@@ -81,7 +81,8 @@ def test_upsert_replaces_the_same_key():
             lambda d: d["entries"][0].update(
                 backend="cute", config=dict(block_m=128, block_n=64, num_stages=2, intra_wg_overlap=True)
             ),
-            r"HSTUCuteFwdConfig: missing fields \['compact', 'l2_group', 'tanh_silu'\]",  # never filled with a default
+            # never filled with a default
+            r"HSTUCuteFwdConfig: missing fields \['compact', 'l2_group', 'split_heavy', 'tanh_silu'\]",
         ),
         (
             lambda d: d["entries"][0].update(
@@ -94,6 +95,7 @@ def test_upsert_replaces_the_same_key():
                     l2_group=8,
                     compact=False,
                     tanh_silu=False,
+                    split_heavy=1,
                 ),
             ),
             "no template_hash",

@@ -313,9 +313,9 @@ SPLIT = HSTUCuteFwdConfig(128, 64, 2, True, l2_group=0, compact=True, split_heav
 
 
 def _counters_zero() -> bool:
-    from kernel_templates.cute.op import _SPLIT_BUFFERS
+    from kernel_templates.cute.op import _COUNTERS
 
-    return bool(_SPLIT_BUFFERS) and all(int(sem.abs().sum()) == 0 for _, sem in _SPLIT_BUFFERS.values())
+    return bool(_COUNTERS) and all(int(sem.abs().sum()) == 0 for sem in _COUNTERS.values())
 
 
 @every_mask_and_dtype((128, 256))

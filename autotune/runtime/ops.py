@@ -157,9 +157,7 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
-    launcher = dispatch.launcher(backend, FWD)
-    cfg = dispatch.decode_config(backend, FWD, config)
-    index = dispatch.index_dtype(backend, FWD)
+    launcher, cfg, index = dispatch.runner(backend, FWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
@@ -202,9 +200,7 @@ def _bwd_impl(
     _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
-    launcher = dispatch.launcher(backend, BWD)
-    cfg = dispatch.decode_config(backend, BWD, config)
-    index = dispatch.index_dtype(backend, BWD)
+    launcher, cfg, index = dispatch.runner(backend, BWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv

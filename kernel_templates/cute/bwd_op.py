@@ -7,8 +7,6 @@ machines). With ``tvm_ffi`` installed the kernel takes torch tensors directly; o
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +22,7 @@ from kernel_templates.cute_runtime import (
 )
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
+from .launch import LaunchCache, sm_count, tma_rows_ok
 from .tile_table import tiles_arg, tiles_fake
 
 
@@ -41,6 +40,7 @@ class BwdKey:
 
 
 _CACHE: KernelCache[BwdKey] = KernelCache()
+_LAUNCH = LaunchCache()
 
 
 def compile_bwd(key: BwdKey, keep_ptx: bool = False) -> CompiledKernel[BwdKey]:
@@ -122,20 +122,9 @@ def _validate(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_
         raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device`` (one persistent CTA each), read once per device."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """(L, H, D) with contiguous heads and 16-byte aligned rows, as TMA needs (copies otherwise)."""
-    ok = t.stride(2) == 1 and t.stride(1) == t.shape[2] and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
-    return t if ok else t.contiguous()
+    """``t`` as the TMA loads need it (``tma_rows_ok``), copied only when it is not."""
+    return t if tma_rows_ok(t) else t.contiguous()
 
 
 def hstu_attention_cute_bwd(
@@ -168,29 +157,33 @@ def hstu_attention_cute_bwd(
             do, q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets,
         )  # fmt: skip
-    config = config or default_cute_bwd_config(q.shape[2], v.shape[2])
-    key = bwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config)
-    check_bwd_config(config, key.dtype, key.dqk, key.dv)
     L, H, dqk = q.shape
-    batch = seq_offsets.numel() - 1
+    dv_dim = v.shape[2]
+    config = config or default_cute_bwd_config(dqk, dv_dim)
+    signature = (q.dtype, dqk, dv_dim, contextual_seq_len > 0, num_targets is not None, max_attn_len > 0)
+    compiled = _LAUNCH.get(
+        config, signature, lambda: compile_bwd(bwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config))
+    )
+    batch = seq_offsets.shape[0] - 1
     dq_out, dk, dv = out if out is not None else (None, torch.empty_like(k), torch.empty_like(v))
     if L == 0 or batch == 0 or max_seq_len == 0:
         return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
     q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
-    dk_buf, dv_buf = (_tma_ready(t) for t in (dk, dv))
+    dk_buf, dv_buf = _tma_ready(dk), _tma_ready(dv)
     offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
-    # One zero-fill for the fp32 dQ accumulator and, behind it, the persistent kernel's tile counter.
-    flat = torch.zeros(L * H * dqk + 4, dtype=torch.float32, device=q.device)
-    dq_acc = flat[: L * H * dqk].view(L, H, dqk)
-    counter = flat[L * H * dqk :].view(torch.int32)[:1]
-    compiled = compile_bwd(key)
+    if config.persistent:  # one zero-fill for the fp32 dQ accumulator and, behind it, the tile counter
+        flat = torch.zeros(L * H * dqk + 4, dtype=torch.float32, device=q.device)
+        dq_acc = flat[: L * H * dqk].view(L, H, dqk)
+        counter = flat[L * H * dqk :].view(torch.int32)[:1]
+    else:  # the kernel never reads the counter: the offsets stand in for it
+        dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
+        counter = offsets
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
-    inv_scale = 1.0 / float(scale)
-    num_n_blocks = math.ceil(max_seq_len / config.block_n)
+    num_n_blocks = -(-max_seq_len // config.block_n)
     tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_n, num_n_blocks, "bwd", config.compact, config.l2_group)
     num_ctas = sm_count(q.device) if config.persistent else 1
-    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks, num_ctas)
+    scalars = (float(alpha), 1.0 / float(scale), int(contextual_seq_len), int(max_attn_len), num_n_blocks, num_ctas)
     tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets, tiles, counter)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)

@@ -53,7 +53,7 @@ from kernel_templates.cute_sm90 import FIRST_STAGE, pipeline_groups, stage_bytes
 from .bwd_config import BWD_MMA_REGS, HSTUCuteBwdConfig, wgmma_split
 from .hstu_bwd_step import BAR_DQ_EMPTY, BAR_DQ_FULL, BwdSteps, _Frags, _Mmas, _Row
 from .hstu_fwd_sm90 import HSTUFwdSm90, _position_id, seq_bounds
-from .schedule import compact_tile, grouped_block_order
+from .schedule import compact_tile, compact_tile_at, grouped_block_order
 
 PRODUCER_REGS = 24
 SCHED_STAGES = 2  # slots of the persistent tile ring (producer warp -> MMA warpgroups and dQ warp)
@@ -108,17 +108,6 @@ class _Loads(NamedTuple):
     pipe_kv: pipeline.PipelineTmaAsync
     pipe_q: pipeline.PipelineTmaAsync
     pipe_do: pipeline.PipelineTmaAsync
-
-
-@cute.jit
-def compact_tile_at(mTiles: cute.Tensor, t: Int32, num_heads: Int32):
-    """(head, sequence, block, live) of entry ``t`` of the compact order: ``schedule.compact_tile`` for
-    a tile index a persistent CTA walks to, instead of its block index."""
-    p = t // num_heads
-    head = t - p * num_heads
-    seq = Int32(mTiles[2 * p])
-    block = Int32(mTiles[2 * p + 1])
-    return head, cutlass.max(seq, Int32(0)), block, Int32(seq >= 0)
 
 
 class HSTUBwdSm90(BwdSteps):

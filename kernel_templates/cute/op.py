@@ -24,11 +24,13 @@ from kernel_templates.cute_runtime import (
     hstu_scalar_fakes,
     jagged_fakes,
 )
+from kernel_templates.tensor_memo import capturing
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
 from .bwd_op import hstu_attention_cute_bwd
-from .bwd_op import sm_count as device_sm_count
 from .config import HSTUCuteFwdConfig, check_fwd_config
+from .launch import LaunchCache, tma_rows_ok
+from .launch import sm_count as device_sm_count
 from .tile_table import split_extra_rows, tiles_arg, tiles_fake
 
 
@@ -46,6 +48,7 @@ class FwdKey:
 
 
 _CACHE: KernelCache[FwdKey] = KernelCache()
+_LAUNCH = LaunchCache()
 
 
 def compile_fwd(key: FwdKey, keep_ptx: bool = False) -> CompiledKernel[FwdKey]:
@@ -65,41 +68,30 @@ def _compile_args(key: FwdKey, tvm_ffi: bool) -> tuple:
     f = jagged_fakes(key.dtype)
     kernel = HSTUFwdSm90(key.config, f.dtype, key.dqk, key.dv, key.has_context, key.has_targets, key.has_window)
     q, k, v, out = f.jagged(key.dqk), f.jagged(key.dqk), f.jagged(key.dv), f.jagged(key.dv)
-    ws, sem = _flat_fake(cutlass.Float32), _flat_fake(cutlass.Int32)
+    ws, sem = tiles_fake(cutlass.Float32), tiles_fake()  # the split's fp32 partials and int32 counters
     return (kernel, q, k, v, out, f.offsets, f.targets, tiles_fake(), ws, sem, *hstu_scalar_fakes(tvm_ffi))
 
 
-def _flat_fake(dtype):
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    return make_fake_tensor(dtype, (cute.sym_int(),), stride=(1,), assumed_align=4)
-
-
-# (device, stream) -> (fp32 partials, int32 zero counters) of the split forward. Launches on one stream
+# (device, stream) -> int32 counters of the split forward, zero between launches: launches on one stream
 # run in order and each leaves its counters zero again (the last part of a cut tile resets its pair), so
-# one pair per stream serves every launch on it; two streams never share one.
-_SPLIT_BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+# one array per stream serves every launch on it; two streams never share one.
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 _PLACEHOLDERS: dict[int, torch.Tensor] = {}
 
 
 def split_buffers(q: torch.Tensor, heads: int, block_m: int, dv: int, sm: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 partial outputs, zeroed counters) of a split launch: one block_m x dv partial and two counters
-    per (slot, head), ``split_extra_rows`` slots (the most partials a split table can name)."""
+    per (slot, head), ``split_extra_rows`` slots (the most partials a split table can name). The partials
+    come from the caching allocator per launch (every one read is written first in the same launch)."""
     cells = split_extra_rows(sm, heads) * heads
-    if torch.cuda.is_current_stream_capturing():  # a graph owns its buffers; a captured memset zeroes them
-        ws = torch.empty(cells * block_m * dv, dtype=torch.float32, device=q.device)
+    ws = torch.empty(cells * block_m * dv, dtype=torch.float32, device=q.device)
+    if capturing():  # a graph owns its counters; a captured memset zeroes them
         return ws, torch.zeros(2 * cells, dtype=torch.int32, device=q.device)
     key = (q.device.index or 0, torch.cuda.current_stream(q.device).cuda_stream)
-    bufs = _SPLIT_BUFFERS.get(key)
-    if bufs is None or bufs[0].numel() < cells * block_m * dv or bufs[1].numel() < 2 * cells:
-        n_ws = max(cells * block_m * dv, bufs[0].numel() if bufs else 0)
-        n_sem = max(2 * cells, bufs[1].numel() if bufs else 0)
-        bufs = _SPLIT_BUFFERS[key] = (
-            torch.empty(n_ws, dtype=torch.float32, device=q.device),
-            torch.zeros(n_sem, dtype=torch.int32, device=q.device),
-        )
-    return bufs
+    sem = _COUNTERS.get(key)
+    if sem is None or sem.numel() < 2 * cells:
+        sem = _COUNTERS[key] = torch.zeros(2 * cells, dtype=torch.int32, device=q.device)
+    return ws, sem
 
 
 def _placeholder(q: torch.Tensor) -> torch.Tensor:
@@ -152,27 +144,30 @@ def hstu_attention_cute_fwd(
     ``sm_count`` (default: the device's) sizes the split of heavy tiles (``split_heavy``); other configs
     do not read it. Rows of ``out`` outside every sequence are left untouched.
     """
-    key = fwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config)
-    L, H, _ = q.shape
+    L, H, dqk = q.shape
+    dv = v.shape[2]
     if out is None:
-        out = torch.empty((L, H, key.dv), dtype=q.dtype, device=q.device)
-    batch = seq_offsets.numel() - 1
+        out = torch.empty((L, H, dv), dtype=q.dtype, device=q.device)
+    batch = seq_offsets.shape[0] - 1
     if L == 0 or batch == 0 or max_seq_len == 0:
         return out.zero_()
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
-        if t.stride(2) != 1 or t.stride(1) != t.shape[2] or t.stride(0) % 8 or t.data_ptr() % 16:
+        if not tma_rows_ok(t):
             raise ValueError(f"{name} must be (L, H, D) with contiguous heads and 16-byte aligned rows for TMA")
-    compiled = compile_fwd(key)
+    signature = (q.dtype, dqk, dv, contextual_seq_len > 0, num_targets is not None, max_attn_len > 0)
+    compiled = _LAUNCH.get(
+        config, signature, lambda: compile_fwd(fwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config))
+    )
     offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
     targets = offsets if num_targets is None else num_targets.to(torch.int32)
     scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
-    num_m_blocks = math.ceil(max_seq_len / config.block_m)
+    num_m_blocks = -(-max_seq_len // config.block_m)
     split = None
     ws, sem = _placeholder(q), offsets
     if config.split_heavy > 1:
         sm = sm_count or device_sm_count(q.device)
         split = (config.block_n, sm, config.split_heavy)
-        ws, sem = split_buffers(q, H, config.block_m, key.dv, sm)
+        ws, sem = split_buffers(q, H, config.block_m, dv, sm)
     tiles = tiles_arg(
         seq_offsets, offsets, L, H, config.block_m, num_m_blocks, "fwd", config.compact, config.l2_group, split
     )

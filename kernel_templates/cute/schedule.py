@@ -39,29 +39,37 @@ def grouped_block_order(l2_group: cutlass.Constexpr):
 
 
 @cute.jit
-def compact_tile(mTiles: cute.Tensor, num_heads: Int32):
-    """(head, sequence, block, live) of this CTA in the compact order (``tile_table.py``): CTA t runs
-    tile t // num_heads of the table for head t % num_heads; ``live`` is 0 past the last real tile."""
-    bid_x, _, _ = cute.arch.block_idx()
-    t = Int32(bid_x)
+def _table_row(t: Int32, num_heads: Int32, width: cutlass.Constexpr):
+    """(head, first int of the row) of launch entry ``t``: entry t runs table row t // num_heads for
+    head t % num_heads; rows are ``width`` ints."""
     p = t // num_heads
-    head = t - p * num_heads
-    seq = Int32(mTiles[2 * p])
-    block = Int32(mTiles[2 * p + 1])
-    live = Int32(seq >= 0)
-    return head, cutlass.max(seq, Int32(0)), block, live
+    return t - p * num_heads, p * width
+
+
+@cute.jit
+def compact_tile_at(mTiles: cute.Tensor, t: Int32, num_heads: Int32):
+    """(head, sequence, block, live) of entry ``t`` of the compact order (``tile_table.py``): two ints per
+    row; ``live`` is 0 past the last real tile. A persistent CTA walks entries by index."""
+    head, r = _table_row(t, num_heads, 2)
+    seq = Int32(mTiles[r])
+    return head, cutlass.max(seq, Int32(0)), Int32(mTiles[r + 1]), Int32(seq >= 0)
+
+
+@cute.jit
+def compact_tile(mTiles: cute.Tensor, num_heads: Int32):
+    """``compact_tile_at`` of this CTA's block index."""
+    bid_x, _, _ = cute.arch.block_idx()
+    return compact_tile_at(mTiles, Int32(bid_x), num_heads)
 
 
 @cute.jit
 def split_tile(mTiles: cute.Tensor, num_heads: Int32):
     """(head, sequence, block, live, part, parts, slot) of this CTA in a split table (``split_tile_table``):
-    four ints per row, CTA t runs row t // num_heads for head t % num_heads."""
+    four ints per row (sequence, block, parts * 256 + part, slot)."""
     bid_x, _, _ = cute.arch.block_idx()
-    t = Int32(bid_x)
-    p = t // num_heads
-    head = t - p * num_heads
-    seq = Int32(mTiles[4 * p])
-    code = Int32(mTiles[4 * p + 2])
+    head, r = _table_row(Int32(bid_x), num_heads, 4)
+    seq = Int32(mTiles[r])
+    code = Int32(mTiles[r + 2])
     parts = code // 256
-    live = Int32(seq >= 0)
-    return head, cutlass.max(seq, Int32(0)), Int32(mTiles[4 * p + 1]), live, code - parts * 256, parts, Int32(mTiles[4 * p + 3])
+    block, slot = Int32(mTiles[r + 1]), Int32(mTiles[r + 3])
+    return head, cutlass.max(seq, Int32(0)), block, Int32(seq >= 0), code - parts * 256, parts, slot

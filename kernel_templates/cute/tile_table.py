@@ -57,6 +57,13 @@ def tile_table(
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    return _tile_rows(offsets, rows, block, max_blocks, direction, group)[0].to(torch.int32).contiguous()
+
+
+def _tile_rows(
+    offsets: torch.Tensor, rows: int, block: int, max_blocks: int, direction: str, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tile_table``'s rows as int64, and the launch group of each row (that of its sequence)."""
     dev = offsets.device
     batch = offsets.numel() - 1
     bound = tile_bound(rows, batch, block, max_blocks)
@@ -80,8 +87,7 @@ def tile_table(
     r, b = order // max_blocks, order % max_blocks
     live = real.flatten()[order]
     seq = torch.where(live, perm[r], -1)
-    table = torch.stack((seq, torch.where(live, b, 0)), dim=1)
-    return table.to(torch.int32).contiguous()
+    return torch.stack((seq, torch.where(live, b, 0)), dim=1), r // per_group
 
 
 def launch_tile_table(
@@ -120,16 +126,6 @@ def _split_parts(work: torch.Tensor, heads: int, sm_count: int, max_parts: int) 
     return torch.clamp((2 * work * sm_count + share) // (2 * share), 1, max_parts)
 
 
-def _sequence_groups(offsets: torch.Tensor, block: int, max_blocks: int, group: int) -> torch.Tensor:
-    """The launch group of each sequence in ``tile_table``'s order (rank by block count // group)."""
-    off = offsets.to(torch.int64)
-    nb = ((off[1:] - off[:-1]).clamp(0, max_blocks * block) + block - 1) // block
-    _, perm = torch.sort(nb, descending=True, stable=True)
-    rank = torch.empty_like(perm)
-    rank[perm] = torch.arange(perm.numel(), device=perm.device)
-    return rank // (perm.numel() if group <= 0 else group)
-
-
 def split_tile_table(
     offsets: torch.Tensor, rows: int, block_m: int, block_n: int, max_blocks: int, group: int, heads: int,
     sm_count: int, max_parts: int,
@@ -142,7 +138,7 @@ def split_tile_table(
     """
     if not 1 <= max_parts <= 255:
         raise ValueError(f"max_parts must be in [1, 255], got {max_parts}")
-    base = tile_table(offsets, rows, block_m, max_blocks, "fwd", group).to(torch.int64)
+    base, grp = _tile_rows(offsets, rows, block_m, max_blocks, "fwd", group)
     dev = base.device
     seq, blk = base[:, 0], base[:, 1]
     live = seq >= 0
@@ -150,7 +146,6 @@ def split_tile_table(
     parts = _split_parts(work, heads, sm_count, max_parts)
     cut = parts > 1
     slot = torch.cumsum(parts - 1, 0) - (parts - 1)  # first partial slot of each cut tile
-    grp = _sequence_groups(offsets, block_m, max_blocks, group)[seq.clamp(min=0)]
     size = base.shape[0] + split_extra_rows(sm_count, heads)
     ends = torch.cumsum(parts, 0)
     j = torch.arange(size, device=dev)
@@ -180,8 +175,7 @@ def split_order_reference(
 ) -> list[tuple[int, int, int, int]]:  # fmt: skip
     """The table of ``split_tile_table`` for host lengths, in plain Python."""
     base = [t for t in tile_order_reference(lengths, rows, block_m, max_blocks, "fwd", group) if t[0] >= 0]
-    nb = [(min(max(n, 0), max_blocks * block_m) + block_m - 1) // block_m for n in lengths]
-    ranked = sorted(range(len(lengths)), key=lambda s: -nb[s])
+    _, ranked = _ranked_reference(lengths, block_m, max_blocks)
     per_group = len(lengths) if group <= 0 else group
     grp = {s: r // per_group for r, s in enumerate(ranked)}
     work = [-(-(b + 1) * block_m // block_n) for _, b in base]
@@ -198,14 +192,14 @@ def split_order_reference(
     return out + [(-1, 0, 256, 0)] * (size - len(out))
 
 
-def tiles_fake():
-    """Fake of the compact tile table (flat int32 pairs, dynamic length); the offsets stand in for it
-    when the config launches the plain grid."""
+def tiles_fake(dtype=None):
+    """Fake of a flat 1-D launch array of dynamic length: the compact tile table (int32, the default; the
+    offsets stand in for it when the config launches the plain grid), or another flat array of ``dtype``."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    return make_fake_tensor(dtype or cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
 
 
 def tiles_arg(
@@ -237,8 +231,7 @@ def tile_order_reference(
 ) -> list[tuple[int, int]]:
     """The table of ``tile_table`` for host lengths, in plain Python (the order a test checks)."""
     batch = len(lengths)
-    nb = [(min(max(n, 0), max_blocks * block) + block - 1) // block for n in lengths]
-    ranked = sorted(range(batch), key=lambda s: -nb[s])  # stable: ties keep sequence order
+    nb, ranked = _ranked_reference(lengths, block, max_blocks)
     per_group = batch if group <= 0 else group
     tiles = []
     for r, s in enumerate(ranked):
@@ -250,3 +243,10 @@ def tile_order_reference(
     out = [t[1] for t in tiles]
     bound = tile_bound(rows, batch, block, max_blocks)
     return (out + [(-1, 0)] * bound)[:bound]
+
+
+def _ranked_reference(lengths: list[int], block: int, max_blocks: int) -> tuple[list[int], list[int]]:
+    """(blocks per sequence, sequences by block count, longest first) of host lengths, clamped as the
+    device tables clamp them; stable, so ties keep sequence order."""
+    nb = [(min(max(n, 0), max_blocks * block) + block - 1) // block for n in lengths]
+    return nb, sorted(range(len(lengths)), key=lambda s: -nb[s])

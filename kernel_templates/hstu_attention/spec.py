@@ -12,10 +12,10 @@ _TRITON_COMMON = (
     *(f"{_T.replace('.', '/')}/{f}" for f in ("config.py", "triton_common.py")),
 )
 _CUTE_SHARED = ("kernel_templates/cute_runtime.py", "kernel_templates/cute_sm90.py", "kernel_templates/config_base.py")
-_CUTE_FWD = ("config.py", "schedule.py", "tile_table.py", "hstu_fwd_sm90.py", "op.py")
+_CUTE_FWD = ("config.py", "schedule.py", "tile_table.py", "launch.py", "hstu_fwd_sm90.py", "op.py")
 _CUTE_BWD = (
-    "config.py", "schedule.py", "tile_table.py", "hstu_fwd_sm90.py", "bwd_config.py", "hstu_bwd_sm90.py",
-    "hstu_bwd_step.py", "bwd_op.py",
+    "config.py", "schedule.py", "tile_table.py", "launch.py", "hstu_fwd_sm90.py", "bwd_config.py",
+    "hstu_bwd_sm90.py", "hstu_bwd_step.py", "bwd_op.py",
 )  # fmt: skip
 
 

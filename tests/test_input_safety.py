@@ -125,6 +125,17 @@ def test_custom_op_called_directly_checks_offsets():
         torch.ops.hstu.attention_bwd(v, q, k, v, bad, None, MAX_LEN, 0.25, 0, 0, None, "triton", "{}")
 
 
+def test_custom_op_backward_called_directly_checks_do():
+    """A direct backward call checks the gradient it is given (no launcher does): shape, dtype, named."""
+    q, k, v = _qkv()
+    good = torch.tensor(GOOD_OFFSETS)
+    bwd_cfg = dispatch.select(ops.BWD, q.dtype, D, D, H, MAX_LEN, None, "default").config
+    with pytest.raises(ValueError, match="do must have shape"):
+        torch.ops.hstu.attention_bwd(v[:-1], q, k, v, good, None, MAX_LEN, 0.25, 0, 0, None, "triton", bwd_cfg)
+    with pytest.raises(ValueError, match="do must have q's dtype"):
+        torch.ops.hstu.attention_bwd(v.double(), q, k, v, good, None, MAX_LEN, 0.25, 0, 0, None, "triton", bwd_cfg)
+
+
 # ------------------------------------------------------------------------------------------------
 # Good inputs still pass and match the reference.
 # ------------------------------------------------------------------------------------------------

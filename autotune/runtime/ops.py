@@ -198,12 +198,28 @@ def _bwd_impl(
     do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate
 ):
     _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
+    if validate_mode(validate) != "none":  # the autograd backward passes "none": its forward checked these
+        _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend)
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher, cfg, index = dispatch.runner(backend, BWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
+
+
+def _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend) -> None:
+    """Shapes, dtypes and devices of a direct backward call (no launcher checks them), naming the argument."""
+    validate_hstu_inputs(
+        q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling,
+        check_offsets=False, check_head_dims=backend != "reference",
+    )  # fmt: skip
+    if not isinstance(do, torch.Tensor):
+        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
+    if tuple(do.shape) != (q.shape[0], q.shape[1], v.shape[2]):
+        raise ValueError(f"do must have shape {(q.shape[0], q.shape[1], v.shape[2])}, got {tuple(do.shape)}")
+    if do.dtype != q.dtype or do.device != q.device:
+        raise ValueError(f"do must have q's dtype and device ({q.dtype}, {q.device}), got ({do.dtype}, {do.device})")
 
 
 @attention_bwd.register_fake

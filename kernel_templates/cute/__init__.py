@@ -12,6 +12,18 @@ from .op import (
     hstu_attention_cute_fwd,
 )
 
+
+def hstu_attention_cute_bwd_validated(
+    do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config
+):
+    """``hstu_attention_cute_bwd`` as dispatch launches it: like every runtime launcher it takes inputs its
+    caller (``autotune.runtime.ops``) has validated, so the call does not check them a second time."""
+    return hstu_attention_cute_bwd(
+        do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+        scaling_seqlen, config=config, validate=False,
+    )  # fmt: skip
+
+
 __all__ = [
     "CUTE_HEAD_DIMS",
     "BwdKey",
@@ -29,6 +41,7 @@ __all__ = [
     "fwd_key",
     "hstu_attention_cute",
     "hstu_attention_cute_bwd",
+    "hstu_attention_cute_bwd_validated",
     "hstu_attention_cute_fwd",
     "smem_bytes",
 ]

@@ -14,13 +14,15 @@ from .op import (
 
 
 def hstu_attention_cute_bwd_validated(
-    do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config
-):
+    do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config,
+    out=None,
+):  # fmt: skip
     """``hstu_attention_cute_bwd`` as dispatch launches it: like every runtime launcher it takes inputs its
-    caller (``autotune.runtime.ops``) has validated, so the call does not check them a second time."""
+    caller (``autotune.runtime.ops``, the fused layer) has validated, so the call does not check them a second
+    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices)."""
     return hstu_attention_cute_bwd(
         do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
-        scaling_seqlen, config=config, validate=False,
+        scaling_seqlen, config=config, out=out, validate=False,
     )  # fmt: skip
 
 

@@ -394,6 +394,16 @@ class _AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, *([None] * 12)
 
 
+def backward_call(out: torch.Tensor, do: torch.Tensor):
+    """A callable running the backward of ``out`` (an eager ``hstu_attention`` output) for ``do`` directly,
+    not through the autograd engine: the kernels a ``backward()`` launches for this call, in the caller's
+    thread and stream, so a benchmark can capture them in a CUDA graph. Returns (dq, dk, dv)."""
+    node = out.grad_fn
+    if node is None or not isinstance(node, _AttentionFunction._backward_cls):
+        raise ValueError("out must be the output of an eager hstu_attention call that requires grad")
+    return lambda: node.apply(do)[:3]
+
+
 class HSTUAttention(nn.Module):
     """Drop-in jagged HSTU attention module: ``(q, k, v, seq_offsets, max_seq_len) -> out``.
 

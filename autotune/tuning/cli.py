@@ -456,6 +456,7 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
                 lengths=[parse_bucket(n) if n[-1] in "kK" else int(n) for n in _split(args.heatmap_lengths)],
                 directions=_split(args.directions),
                 peak_tflops=get_gpu(gpu).peak_bf16_tflops,
+                cuda_graph=args.cuda_graph,
             )
         files = heatmap.write_report(rows, args.out, reference)
     except ValueError as e:
@@ -594,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
     bench.add_argument("--heatmap", action="store_true", help="batch x length heatmaps (TFLOP/s, MFU), CSV + PNG")
+    bench.add_argument(
+        "--cuda-graph", action="store_true", help="heatmap: time CUDA-graph replays of each call (no host time)"
+    )
     bench.add_argument("--heatmap-batches", default="1,2,4,8,16,32,64,128")
     bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K")
     bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8")

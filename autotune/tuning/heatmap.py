@@ -140,17 +140,18 @@ def measure_grid(
     sources: Sequence[str] = ("tuned", "default"),
     peak_tflops: float | None = None,
     max_tokens: int = 1 << 20,
+    cuda_graph: bool = False,
 ) -> list[dict[str, Any]]:
     """Time every cell on the GPU through the public call (bf16, causal, uniform lengths).
 
     ``fwd`` times the forward, ``bwd`` the backward alone (gradients of a kept graph), ``both`` the
     two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, or out of memory, are
     left out. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2 flush, median), after
-    ``measure.warm_gpu`` brings the clocks up.
+    ``measure.warm_gpu`` brings the clocks up. ``cuda_graph`` times CUDA-graph replays of the same calls,
+    which leave the host's time out (the backward then runs its autograd node directly, without the engine).
     """
     import torch
 
-    from autotune.runtime import ops
     from autotune.tuning import measure
     from kernel_templates.hstu_attention import hstu_attention_flops
 
@@ -167,7 +168,7 @@ def measure_grid(
                     flops = {"fwd": fwd_f, "bwd": bwd_f, "both": fwd_f + bwd_f}
                     for source in sources:
                         try:
-                            times = _time_cell(b * n, h, d, off, n, source, directions, ops, measure)
+                            times = _time_cell(b * n, h, d, off, n, source, directions, measure, cuda_graph)
                         except torch.cuda.OutOfMemoryError:
                             torch.cuda.empty_cache()
                             continue
@@ -180,24 +181,26 @@ def measure_grid(
     return rows
 
 
-def _time_cell(rows: int, h: int, d: int, off, n: int, source: str, directions, ops, measure) -> dict[str, float]:
+def _time_cell(rows: int, h: int, d: int, off, n: int, source: str, directions, measure, graph: bool) -> dict:
     import torch
+
+    from autotune.runtime.ops import backward_call, hstu_attention
 
     q, k, v = (torch.randn(rows, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(rows, h, d, device="cuda", dtype=torch.bfloat16)
 
     def fwd():
-        return ops.hstu_attention(q, k, v, off, n, source=source)
+        return hstu_attention(q, k, v, off, n, source=source)
 
     out = fwd()
     times: dict[str, float] = {}
     if "fwd" in directions:
         with torch.no_grad():
-            times["fwd"] = measure.bench(fwd, quick=False).median_ms
+            times["fwd"] = measure.bench(fwd, quick=False, cuda_graph=graph).median_ms
     if "bwd" in directions:
-        times["bwd"] = measure.bench(
-            lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), False
-        ).median_ms
+        bwd = backward_call(out, do) if graph else lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        times["bwd"] = measure.bench(bwd, quick=False, cuda_graph=graph).median_ms
     if "both" in directions:
-        times["both"] = measure.bench(lambda: torch.autograd.grad(fwd(), (q, k, v), do), quick=False).median_ms
+        both = lambda: torch.autograd.grad(fwd(), (q, k, v), do)  # noqa: E731
+        times["both"] = measure.bench(both, quick=False, cuda_graph=graph).median_ms
     return times

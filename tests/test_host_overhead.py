@@ -8,8 +8,11 @@ timed in the same run, so a noisy or slow machine does not fail the test; a rati
 ``SLOWER`` times the one in ``host_overhead_baseline.json`` fails. Re-record the baseline with
 ``HOST_OVERHEAD_RECORD=1 pytest tests/test_host_overhead.py`` after a deliberate change.
 
-On a GPU host the same file runs unchanged (the stub keeps kernels out of the timing); the kernels'
-own launch cost is measured by ``benchmarks/bench_validation.py``.
+``test_cute_launch_path_host_overhead`` goes one step further for the CuTe backend: the real launchers
+run (key lookup, layout checks, output and dQ-accumulator allocation, the compact tile table's memo), with
+only the compiled kernel's own call replaced by a no-op, for a forward call and for a training step
+(forward and backward through autograd). On a GPU host the same file runs unchanged (the stubs keep kernels
+out of the timing); ``benchmarks/bench_call_host.py`` measures the whole call with its kernels there.
 """
 
 from __future__ import annotations
@@ -73,9 +76,59 @@ def test_public_call_host_overhead(benchmark, stubbed, validate, backend, monkey
     call = lambda: ops.hstu_attention(q, k, v, offsets, 32, validate=validate)  # noqa: E731
     call()
     benchmark.pedantic(call, rounds=2000, iterations=1, warmup_rounds=200)
+    _check_against_baseline(benchmark, f"{backend}/{validate}")
+
+
+@pytest.fixture
+def cute_no_kernel(monkeypatch):
+    """The real CuTe launchers with every compiled kernel a no-op (nothing compiled, nothing launched), and
+    dispatch choosing CuTe configs like the tuned ones (compact tile order); bf16 inputs at d64."""
+    from kernel_templates.cute import bwd_op
+    from kernel_templates.cute import op as fwd_op
+    from kernel_templates.cute.bwd_config import default_cute_bwd_config
+    from kernel_templates.cute.op import default_cute_fwd_config
+    from kernel_templates.cute_runtime import CompiledKernel
+
+    def no_kernel(key):
+        return CompiledKernel(key, lambda *args: None, True, None)
+
+    monkeypatch.setattr(fwd_op, "compile_fwd", no_kernel)
+    monkeypatch.setattr(bwd_op, "compile_bwd", no_kernel)
+    fwd_op._LAUNCH.clear()
+    bwd_op._LAUNCH.clear()
+    fwd_cfg = json.dumps({**default_cute_fwd_config(64, 64).to_dict(), "compact": True})
+    bwd_cfg = json.dumps({**default_cute_bwd_config(64, 64).to_dict(), "compact": True})
+    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: ("cute", fwd_cfg, "cute", bwd_cfg))
+    dispatch.reset()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(64, 2, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+    offsets = torch.tensor([0, 32, 64], dtype=torch.int32, device=device)
+    yield q, k, v, offsets
+    fwd_op._LAUNCH.clear()
+    bwd_op._LAUNCH.clear()
+    dispatch.reset()
+
+
+@pytest.mark.parametrize("case", ["forward", "step"])
+def test_cute_launch_path_host_overhead(benchmark, cute_no_kernel, case):
+    q, k, v, offsets = cute_no_kernel
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    do = torch.randn_like(v)
+
+    def step():
+        qg.grad = kg.grad = vg.grad = None
+        ops.hstu_attention(qg, kg, vg, offsets, 32).backward(do)
+
+    call = (lambda: ops.hstu_attention(q, k, v, offsets, 32)) if case == "forward" else step
+    call()
+    benchmark.pedantic(call, rounds=1000, iterations=1, warmup_rounds=100)
+    _check_against_baseline(benchmark, f"cute-launch/{case}")
+
+
+def _check_against_baseline(benchmark, key: str) -> None:
+    """Record ``key``'s ratio to a plain call, or fail when it is ``SLOWER`` times its baseline."""
     us = benchmark.stats.stats.median * 1e6
     ratio = us / _plain_call_us()
-    key = f"{backend}/{validate}"
     benchmark.extra_info.update({"us_per_call": us, "ratio_to_plain_call": ratio})
     if os.environ.get("HOST_OVERHEAD_RECORD") == "1":
         data = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}

@@ -118,7 +118,8 @@ def test_edited_template_starts_a_fresh_study(monkeypatch):
 def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp_path, monkeypatch):
     """An edited template makes the artifact stale (dispatch refuses it), but its winner is still the
     best first guess: the fresh study measures it right after the default."""
-    from autotune.tuning.tuner import artifact_winners, study_name, warm_starts_for
+    from autotune.tuning.artifact_io import artifact_winners, warm_starts_for
+    from autotune.tuning.tuner import study_name
 
     task = _fake_task()
     (first,) = run_tasks([task], _opts(tmp_path))
@@ -141,7 +142,7 @@ def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp
 def test_warm_start_from_before_a_new_tunable_tries_it_both_ways():
     """An artifact's winner written before a tunable existed is completed once per choice of it (so the
     new knob is measured on the known-good config), capped; complete hints pass unchanged."""
-    from autotune.tuning.tuner import completed_hints
+    from autotune.tuning.artifact_io import completed_hints
 
     choices = {"block_m": (64, 128), "l2_group": (0, 8), "compact": (False, True)}
     old = {"block_m": 128, "l2_group": 8}
@@ -157,7 +158,7 @@ def test_warm_starts_read_winners_written_before_a_new_tunable(tmp_path):
     import json
     import shutil
 
-    from autotune.tuning.tuner import artifact_winners, warm_starts_for
+    from autotune.tuning.artifact_io import artifact_winners, warm_starts_for
 
     shipped = art.artifact_path("h100", "hstu_attention_bwd")
     path = art.artifact_path("h100", "hstu_attention_bwd", tmp_path)
@@ -180,7 +181,7 @@ def test_a_new_law_warm_starts_from_the_same_buckets_winners_on_the_other_laws(t
     (after its own family's), each once; the other buckets' winners of other laws are not hints."""
     import shutil
 
-    from autotune.tuning.tuner import artifact_winners, warm_starts_for
+    from autotune.tuning.artifact_io import artifact_winners, warm_starts_for
 
     path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
     path.parent.mkdir(parents=True)

@@ -342,9 +342,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     """Fold artifacts written by other runs (another device call, host or checkout) into
     ``<artifacts>/<gpu>/<kernel>.json``, entry by entry, as a tuning run would have written them: each
     file must be valid and current (its templates unchanged), and an existing target tuned in another
-    timing environment is replaced, never mixed (``tuner.merge_entries``)."""
+    timing environment is replaced, never mixed (``artifact_io.merge_entries``)."""
     from autotune.runtime import artifacts as art
-    from autotune.tuning.tuner import merge_entries
+    from autotune.tuning.artifact_io import merge_entries
 
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     loaded = []

@@ -17,7 +17,7 @@ command against the same storage. The engine is Optuna's, nothing home-made:
   versions, template and search-space hashes); a worker with another key refuses to join.
 - Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
   A worker merges its entry into the local artifact when it finishes a task and every host merges
-  all of the farm's entries at the end (``tuner.merge_entries``: file lock, re-read, validated).
+  all of the farm's entries at the end (``artifact_io.merge_entries``: file lock, re-read, validated).
 
 Knobs for tests and slow networks (environment): ``AUTOTUNE_FARM_HEARTBEAT`` (s, default 10),
 ``AUTOTUNE_FARM_GRACE`` (s without heartbeat before a worker counts as dead, default 60),
@@ -52,22 +52,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.runtime import artifacts as art
 from autotune.runtime import gpus
-from autotune.tuning.registry import backends_for, load_plugins, plugin_modules
-from autotune.tuning.tasks import Task
-from autotune.tuning.tuner import (
+from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
-    InfraError,
-    Reporter,
-    TaskResult,
-    TuneOptions,
     artifact_winners,
     merge_entries,
-    rdb_url,
     search_space_hash,
-    tune_task,
-    update_artifact,
     warm_starts_for,
 )
+from autotune.tuning.registry import backends_for, load_plugins, plugin_modules
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import InfraError, Reporter, TaskResult, TuneOptions, rdb_url, tune_task, update_artifact
 from autotune.tuning.worker import Worker, WorkerError
 
 FARM_PREFIX = "farm|"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
 import math
 import time
 import warnings
@@ -32,11 +31,19 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.buckets import DISTRIBUTIONS, batch_fill, bucket_for, neighbours
+from autotune.runtime.buckets import batch_fill, bucket_for
 from autotune.runtime.gpus import environment
+from autotune.tuning.artifact_io import (
+    TIMING_ENV_KEYS,
+    artifact_winners,
+    completed_hints,
+    merge_entries,
+    search_space_hash,
+    warm_starts_for,
+)
 from autotune.tuning.measure import quantile
 from autotune.tuning.registry import Backend, backends_for, get_op
-from autotune.tuning.tasks import Task, family_key, space_context
+from autotune.tuning.tasks import Task, space_context
 from autotune.tuning.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
 
@@ -237,10 +244,6 @@ def study_name(task: Task, backends: list[str]) -> str:
     return f"{task.study_name}|src{digest}|{task.gpu}|env{environment_digest()}"
 
 
-# What makes two timings comparable besides the code: the device and the software stack that ran it.
-TIMING_ENV_KEYS = ("gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "cutlass_dsl")
-
-
 @functools.lru_cache(maxsize=1)
 def _environment_cached() -> tuple[tuple[str, Any], ...]:
     env = environment()
@@ -251,12 +254,6 @@ def environment_digest() -> str:
     """Digest of this process's timing environment (GPU model, SMs, driver, CUDA, torch, Triton, CuTe DSL):
     studies and farms of different digests never share trials, as their timings do not compare."""
     return hashlib.sha256(repr(_environment_cached()).encode()).hexdigest()[:10]
-
-
-def search_space_hash(kernel: str) -> str:
-    """One hash over every registered backend's space of ``kernel``."""
-    parts = [f"{b.name}:{b.space.hash()}" for b in backends_for(kernel, available_only=False)]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _choices(backend: Backend, ctx: SpaceContext, default_values: dict[str, Any]) -> dict[str, tuple]:
@@ -713,84 +710,6 @@ def update_artifact(result: TaskResult, opts: TuneOptions, env: dict[str, Any]) 
         return None
     t = result.task
     return merge_entries(t.kernel, t.gpu, [result.entry()], opts.artifacts_root, env)
-
-
-def merge_entries(kernel: str, gpu: str, entries: list[dict[str, Any]], root: Path, env: dict[str, Any]) -> Path:
-    """Upsert ``entries`` into artifacts/<gpu>/<kernel>.json without lost updates.
-
-    Many tuners (farm workers, two runs) write one file: under an exclusive ``fcntl`` lock the file is
-    re-read, merged and replaced atomically, so no writer overwrites another's entries. Entries of an
-    artifact written in another timing environment (GPU, SMs, driver, versions) are dropped with a
-    warning instead of being relabelled with this one; stale or invalid files are replaced as before.
-    """
-    import fcntl
-
-    path = art.artifact_path(gpu, kernel, root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        existing = None
-        if path.exists():
-            try:
-                existing = art.load_artifact(path)
-            except art.ArtifactError as e:
-                warnings.warn(f"replacing unusable artifact: {e}", RuntimeWarning, stacklevel=3)
-        hashes = {b.name: art.current_template_hash(kernel, b.name) for b in backends_for(kernel, available_only=False)}
-        artifact = art.Artifact(kernel, gpu, env, hashes, search_space_hash(kernel))
-        if existing is not None:
-            differ = [k for k in TIMING_ENV_KEYS if existing.environment.get(k) != env.get(k)]
-            if differ and existing.entries:
-                warnings.warn(
-                    f"dropping {len(existing.entries)} entries of {path} tuned in another environment "
-                    f"({', '.join(f'{k} {existing.environment.get(k)!r} != {env.get(k)!r}' for k in differ)})",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            else:
-                artifact.entries = list(existing.entries)
-        for entry in entries:
-            artifact.upsert(entry)
-        return art.save_artifact(artifact, path)
-
-
-def completed_hints(values: dict[str, Any], choices: dict[str, tuple], cap: int = 4) -> list[dict[str, Any]]:
-    """A warm start from before some tunables existed, completed once per choice of the missing ones (the
-    old winner under each value of the new knob, at most ``cap``); a complete one is returned as it is."""
-    missing = [p for p in choices if p not in values]
-    combos = itertools.islice(itertools.product(*(choices[p] for p in missing)), cap)
-    return [{**values, **dict(zip(missing, c, strict=True))} for c in combos]
-
-
-def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:
-    """The bucket's own last winner (a re-tune starts from it), its neighbours' winners, then the same
-    bucket's winners on the other length laws: a study of a skewed law then measures what dispatch ran
-    on such batches before it, so its entry is at least as fast on its own law."""
-    fam = winners.get(task.family, {})
-    hints = [fam.get(b) for b in (task.bucket, *neighbours(task.bucket))]
-    for other in DISTRIBUTIONS:
-        if other != task.distribution:
-            hints.append(winners.get(task.family_on(other), {}).get(task.bucket))
-    starts: list[tuple[str, dict]] = []
-    for hint in hints:
-        if hint is not None and hint not in starts:
-            starts.append(hint)
-    return starts
-
-
-def artifact_winners(tasks: list[Task], root: Path) -> dict[tuple, dict[int, tuple[str, dict]]]:
-    """Winners recorded in existing artifacts, keyed by task family then bucket (warm starts).
-
-    Stale artifacts count too: their configs are only hints, enqueued and re-measured on the current
-    templates (configs the current space rejects are dropped by ``_Study.enqueue``), and a re-tune after
-    a template edit is exactly when the last winners are the best first guesses. Configs are read as
-    written, so a winner from before a new tunable is completed by ``completed_hints``, not dropped."""
-    out: dict[tuple, dict[int, tuple[str, dict]]] = {}
-    for kernel, gpu in sorted({(t.kernel, t.gpu) for t in tasks}):
-        a = art.load_artifact_or_none(art.artifact_path(gpu, kernel, root), check_stale=False, check_configs=False)
-        for e in a.entries if a else []:
-            fam = family_key(kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["distribution"], e["mask"])
-            out.setdefault(fam, {})[e["bucket"]] = (e["backend"], dict(e["config"]))
-    return out
 
 
 def run_tasks(

@@ -4,6 +4,8 @@ tensor's contents, so the graph must record the check and the cast)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -108,6 +110,20 @@ def test_backends_declare_their_index_dtype(monkeypatch):
         ops._fwd_impl(q, q, q, off, nt, 4, 1.0, 0, 0, None, "triton", "{}", "none")
     (a1, b1), (a2, b2) = ((args[3], args[6]) for args in seen)
     assert a1.dtype == b1.dtype == torch.int32 and a1 is a2 and b1 is b2
+
+
+def test_dispatch_runner_follows_replaced_resolvers(monkeypatch):
+    """The cached (launcher, config, index dtype) of a choice is resolved again when a resolver is replaced,
+    without a ``dispatch.reset()``."""
+    from kernel_templates.hstu_attention import default_fwd_config
+
+    cfg = json.dumps(default_fwd_config(32, 32, interpret=True).to_dict())
+    first = dispatch.runner("triton", ops.FWD, cfg)[0]
+    assert dispatch.runner("triton", ops.FWD, cfg)[0] is first
+    stub = lambda *a: None  # noqa: E731
+    monkeypatch.setattr(dispatch, "launcher", lambda backend, kind: stub)
+    monkeypatch.setattr(dispatch, "decode_config", lambda backend, kind, cfg: None)
+    assert dispatch.runner("triton", ops.FWD, cfg)[0] is stub
 
 
 @pytest.mark.parametrize("source", ["reference", "default"])

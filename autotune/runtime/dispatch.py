@@ -82,18 +82,21 @@ def decode_config(backend: str, kind: str, config_json: str) -> Any:
     return spec.resolve(cls_spec).from_dict(json.loads(config_json))
 
 
-_RUNNERS: dict[tuple[str, str, str], tuple[Any, Any, torch.dtype | None]] = {}
+_RUNNERS: dict[tuple[str, str, str], tuple] = {}
 
 
 def runner(backend: str, kind: str, config_json: str) -> tuple[Any, Any, torch.dtype | None]:
     """(launcher, decoded config, index dtype) of one dispatched choice: what a call needs, in one dict
     lookup (the per-call spec walk and three cache lookups it replaces cost several us on a short call).
-    Dropped with the other cached choices (``clear_cache``)."""
-    hit = _RUNNERS.get((backend, kind, config_json))
-    if hit is None:
-        hit = (launcher(backend, kind), decode_config(backend, kind, config_json), index_dtype(backend, kind))
-        _RUNNERS[(backend, kind, config_json)] = hit
-    return hit
+    Dropped with the other cached choices (``clear_cache``), and resolved again whenever ``launcher``,
+    ``decode_config`` or ``index_dtype`` is replaced (a plugin or a test patching one takes effect at once)."""
+    resolvers = (launcher, decode_config, index_dtype)
+    key = (backend, kind, config_json)
+    hit = _RUNNERS.get(key)
+    if hit is None or hit[0] != resolvers:
+        config = decode_config(backend, kind, config_json)
+        hit = _RUNNERS[key] = (resolvers, launcher(backend, kind), config, index_dtype(backend, kind))
+    return hit[1:]
 
 
 @functools.cache

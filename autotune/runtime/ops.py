@@ -24,7 +24,7 @@ from torch import nn
 
 from autotune.runtime import dispatch
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
-from kernel_templates.hstu_attention.op import validate_hstu_inputs
+from kernel_templates.hstu_attention.op import validate_hstu_grad, validate_hstu_inputs
 from kernel_templates.tensor_memo import MISS, TensorMemo, capturing
 
 FWD = "hstu_attention_fwd"
@@ -214,12 +214,7 @@ def _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_le
         q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling,
         check_offsets=False, check_head_dims=backend != "reference",
     )  # fmt: skip
-    if not isinstance(do, torch.Tensor):
-        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
-    if tuple(do.shape) != (q.shape[0], q.shape[1], v.shape[2]):
-        raise ValueError(f"do must have shape {(q.shape[0], q.shape[1], v.shape[2])}, got {tuple(do.shape)}")
-    if do.dtype != q.dtype or do.device != q.device:
-        raise ValueError(f"do must have q's dtype and device ({q.dtype}, {q.device}), got ({do.dtype}, {do.device})")
+    validate_hstu_grad(do, q, v)
 
 
 @attention_bwd.register_fake

@@ -90,6 +90,19 @@ def validate_hstu_inputs(
         check_offsets_host(seq_offsets, num_targets, q.shape[0], max_seq_len)
 
 
+def validate_hstu_grad(do: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming ``do`` when the output gradient does not match the validated q and v:
+    shape (L, H, Dv), q's dtype and q's device."""
+    if not isinstance(do, torch.Tensor):
+        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
+    if do.shape != (q.shape[0], q.shape[1], v.shape[2]):
+        raise ValueError(f"do must have shape {(q.shape[0], q.shape[1], v.shape[2])}, got {tuple(do.shape)}")
+    if do.dtype != q.dtype:
+        raise ValueError(f"do must have q's dtype {q.dtype}, got {do.dtype}")
+    if do.device != q.device:
+        raise ValueError(f"do must be on q's device {q.device}, got {do.device}")
+
+
 class HSTUAttentionFunction(torch.autograd.Function):
     """Triton forward and backward; the backward recomputes S from q, k (no saved P)."""
 

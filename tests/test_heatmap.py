@@ -85,3 +85,18 @@ def test_cli_rerenders_a_csv_without_a_gpu(tmp_path):
     assert (out / "heatmap.csv").is_file() and (out / "ratio.csv").is_file()
     assert len(list(out.glob("*.png"))) == 6
     assert main(["bench", "--heatmap", "--from-csv", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_measure_grid_times_every_direction(cuda_graph):
+    """Every direction of a small grid is timed, graph replays included (the backward and the forward +
+    backward run the autograd node directly when captured)."""
+    rows = heatmap.measure_grid(
+        [64], [2], batches=[2], lengths=[256], directions=("fwd", "bwd", "both"), sources=("default",),
+        cuda_graph=cuda_graph,
+    )  # fmt: skip
+    assert sorted(r["direction"] for r in rows) == ["both", "bwd", "fwd"]
+    ms = {r["direction"]: r["ms"] for r in rows}
+    assert all(t > 0 for t in ms.values())
+    assert ms["both"] > 0.5 * ms["bwd"]

@@ -201,9 +201,9 @@ def _time_cell(rows: int, h: int, d: int, off, n: int, source: str, directions, 
         bwd = backward_call(out, do) if graph else lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
         times["bwd"] = measure.bench(bwd, quick=False, cuda_graph=graph).median_ms
     if "both" in directions:
-        if graph:  # the autograd engine cannot be captured: the backward node runs directly
-            both = lambda: backward_call(fwd(), do)()  # noqa: E731
-        else:
-            both = lambda: torch.autograd.grad(fwd(), (q, k, v), do)  # noqa: E731
+
+        def both():  # captured, the backward node runs directly: the autograd engine cannot be captured
+            return backward_call(fwd(), do)() if graph else torch.autograd.grad(fwd(), (q, k, v), do)
+
         times["both"] = measure.bench(both, quick=False, cuda_graph=graph).median_ms
     return times

@@ -1,6 +1,6 @@
 """The public call's per-tensor caches: the "async" offsets check and the index-dtype cast run once per
-unchanged tensor, and never come from the cache while a CUDA graph is captured (replays change the
-tensor's contents, so the graph must record the check and the cast)."""
+unchanged tensor; under CUDA-graph capture once per capture, never from an eager call or another capture
+(replays change the tensor's contents, so each graph records the check and the cast once)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from autotune.runtime import dispatch, ops
+from kernel_templates import tensor_memo
 
 
 @pytest.fixture(autouse=True)
@@ -42,18 +43,23 @@ def test_async_check_once_per_unchanged_tensor(checks):
     assert len(checks) == 5 and checks[-1][0] == "full"
 
 
-def test_async_check_always_recorded_under_graph_capture(checks, monkeypatch):
+def test_async_check_recorded_once_per_graph_capture(checks, monkeypatch):
     off = torch.tensor([0, 3, 7])
     ops._check_offsets("triton", "async", off, None, 7, 4)
-    monkeypatch.setattr(ops, "capturing", lambda: True)
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 11)  # the eager check is not seen by a graph
     for _ in range(3):
         ops._check_offsets("triton", "async", off, None, 7, 4)
-    assert len(checks) == 4
-    monkeypatch.setattr(ops, "capturing", lambda: False)
-    ops._CHECKED.clear()
-    monkeypatch.setattr(ops, "capturing", lambda: True)
+    assert len(checks) == 2
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 12)  # another capture records its own
     ops._check_offsets("triton", "async", off, None, 7, 4)
-    assert not ops._CHECKED  # a capture leaves nothing cached
+    assert len(checks) == 3
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: None)  # a capture of unknown id: every call
+    for _ in range(2):
+        ops._check_offsets("triton", "async", off, None, 7, 4)
+    assert len(checks) == 5
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 0)  # eager again: the eager entry holds
+    ops._check_offsets("triton", "async", off, None, 7, 4)
+    assert len(checks) == 5
 
 
 def test_index_cast_once_per_unchanged_tensor(monkeypatch):
@@ -69,9 +75,11 @@ def test_index_cast_once_per_unchanged_tensor(monkeypatch):
         and ops._index_as(off, None) is off
         and ops._index_as(None, torch.int32) is None
     )
-    monkeypatch.setattr(ops, "capturing", lambda: True)
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 5)
     c, d = ops._index_as(off, torch.int32), ops._index_as(off, torch.int32)
-    assert c is not b and d is not c and c.tolist() == b.tolist()
+    assert c is not b and d is c and c.tolist() == b.tolist()  # recorded once in the capture
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 6)
+    assert ops._index_as(off, torch.int32) is not c
 
 
 def test_index_cast_cache_is_keyed_by_dtype():

@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from kernel_templates import tensor_memo
 from kernel_templates.cute import tile_table as tt
 
 
@@ -111,9 +112,13 @@ def test_one_table_per_unchanged_offsets_tensor(monkeypatch):
     assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is a and len(calls) == 2 and b is not a
     off.add_(0)  # written: rebuilt
     assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is not a and len(calls) == 3
-    monkeypatch.setattr(tt, "capturing", lambda: True)  # under graph capture: always rebuilt
-    tt.launch_tile_table(off, 167, 64, 2, "fwd", 0)
-    assert len(calls) == 4
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 3)  # a capture: its own table, once
+    c = tt.launch_tile_table(off, 167, 64, 2, "fwd", 0)
+    assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is c and c is not a and len(calls) == 4
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 4)  # the next capture does not reuse it
+    assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is not c and len(calls) == 5
+    monkeypatch.setattr(tensor_memo, "capture_id", lambda: 0)
+    assert tt.launch_tile_table(off, 167, 64, 2, "fwd", 0) is not c and len(calls) == 5
     tt._TABLES.clear()
 
 
@@ -185,3 +190,29 @@ def test_split_tables_are_memoised_by_their_own_key():
         tt.split_tile_table(off, 767, 128, 64, 6, 0, 2, 132, 0)
     with pytest.raises(ValueError, match="sm_count"):
         tt.split_extra_rows(0, 4)
+
+
+@pytest.mark.gpu
+def test_gpu_one_table_per_capture_rebuilt_by_every_replay():
+    """Within one CUDA-graph capture the calls share one table (the eager one is not used); each replay
+    rebuilds it from the offsets it finds, and the next capture records its own."""
+    first, second = [700, 0, 5, 300, 1, 130], [64, 129, 700, 3, 0, 240]
+    off = _offsets(first).cuda()
+    args = (sum(first), 128, 6, "fwd", 0)
+    eager = tt.launch_tile_table(off, *args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a = tt.launch_tile_table(off, *args)
+        b = tt.launch_tile_table(off, *args)
+    assert a is b and a is not eager and tensor_memo.capture_id() == 0
+    off.copy_(_offsets(second).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert [tuple(r) for r in a.tolist()] == tt.tile_order_reference(second, *args)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        assert tt.launch_tile_table(off, *args) is not a
+    tt._TABLES.clear()
+
+
+def test_capture_id_is_zero_outside_a_capture():
+    assert tensor_memo.capture_id() == 0

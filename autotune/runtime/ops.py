@@ -25,7 +25,7 @@ from torch import nn
 from autotune.runtime import dispatch
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
 from kernel_templates.hstu_attention.op import validate_hstu_grad, validate_hstu_inputs
-from kernel_templates.tensor_memo import MISS, TensorMemo, capturing
+from kernel_templates.tensor_memo import MISS, TensorMemo
 
 FWD = "hstu_attention_fwd"
 BWD = "hstu_attention_bwd"
@@ -92,7 +92,7 @@ def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: 
     mode = validate_mode(validate)
     if backend == "reference" and mode == "async":
         mode = "full"
-    if mode != "async" or capturing():  # a graph replays new offsets in the same tensor: check in the graph
+    if mode != "async":
         check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
         return
     key = (None if num_targets is None else num_targets._version, rows, max_seq_len)
@@ -112,10 +112,10 @@ def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor
     """``t`` in ``dtype`` (the backend's index dtype), from a cache while ``t`` is unchanged.
 
     Layers of one step pass the same offsets: one cast a step instead of one per kernel. Under CUDA-graph
-    capture the cast is always recorded, since replays change the tensor's contents."""
+    capture, one recorded cast per capture (``TensorMemo``), which every replay reruns on the new contents."""
     if t is None or dtype is None or t.dtype == dtype:
         return t
-    if type(t) is not torch.Tensor or capturing():
+    if type(t) is not torch.Tensor:
         return t.to(dtype)
     out = _CAST.get(t, (dtype,))
     if out is MISS:

@@ -24,8 +24,10 @@ one to finish (``hstu_fwd_sm90.py``). Groups are kept; within a group, parts run
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from kernel_templates.tensor_memo import MISS, TensorMemo, capturing
+from kernel_templates.tensor_memo import MISS, TensorMemo
 
 DIRECTIONS = ("fwd", "bwd")
 _TABLES = TensorMemo()
@@ -57,49 +59,115 @@ def tile_table(
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    return _tile_rows(offsets, rows, block, max_blocks, direction, group)[0].to(torch.int32).contiguous()
+    return _tile_rows(offsets, rows, block, max_blocks, direction, group)[0]
 
 
 def _tile_rows(
     offsets: torch.Tensor, rows: int, block: int, max_blocks: int, direction: str, group: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tile_table``'s rows as int64, and the launch group of each row (that of its sequence)."""
+    """``tile_table``'s (bound, 2) int32 rows, and the launch group of each row (that of its sequence;
+    -1 past the real tiles), in three launches: the sequences ranked by block count (``_rank_kernel``),
+    the prefix sums of the ranked counts, and every tile written at its place (``_place_kernel``).
+
+    A tile's place has a closed form, so nothing is sorted: in group ``g`` (ranked sequences
+    ``[gs, ge)``, the first one with ``lead`` blocks), the tiles of work rank ``w`` belong to the
+    sequences with at least ``v = lead - w`` blocks, a prefix of the group in rank order, so the tiles
+    before (sequence ``r``, work rank ``w``) number ``tiles of groups < g + sum_{s in g} max(0, nb_s - v)
+    + (r - gs)``. A forward query block ``b`` has ``v = b + 1``, a backward key block ``v = nb_r - b``.
+    """
     dev = offsets.device
     batch = offsets.numel() - 1
     bound = tile_bound(rows, batch, block, max_blocks)
-    off = offsets.to(torch.int64)
-    lengths = (off[1:] - off[:-1]).clamp(0, max_blocks * block)
-    nb = (lengths + block - 1) // block
-    nb_sorted, perm = torch.sort(nb, descending=True, stable=True)
-    rank = torch.arange(batch, device=dev)
     per_group = batch if group <= 0 else group
-    lead = nb_sorted[(rank // per_group) * per_group]  # block count of each group's longest sequence
-    blk = torch.arange(max_blocks, device=dev)
-    # Work rank inside the group: 0 for the heaviest tiles (forward: the last block of the longest).
-    if direction == "fwd":
-        work_rank = lead[:, None] - 1 - blk[None, :]
-    else:
-        work_rank = lead[:, None] - (nb_sorted[:, None] - blk[None, :])
-    real = blk[None, :] < nb_sorted[:, None]
-    key = ((rank // per_group)[:, None] * (max_blocks + 1) + work_rank) * batch + rank[:, None]
-    key = torch.where(real, key, torch.iinfo(torch.int64).max)
-    order = torch.argsort(key.flatten(), stable=True)[:bound]
-    r, b = order // max_blocks, order % max_blocks
-    live = real.flatten()[order]
-    seq = torch.where(live, perm[r], -1)
-    return torch.stack((seq, torch.where(live, b, 0)), dim=1), r // per_group
+    nb = torch.empty(batch, dtype=torch.int64, device=dev)
+    perm = torch.empty(batch, dtype=torch.int64, device=dev)
+    _rank_kernel[(triton.cdiv(batch, 32),)](offsets, nb, perm, batch, block, max_blocks * block, BLOCK=32, CHUNK=128)
+    ends = torch.cumsum(nb, 0)
+    table = torch.empty((bound, 2), dtype=torch.int32, device=dev)
+    grp = torch.empty(bound, dtype=torch.int32, device=dev)
+    _place_kernel[(batch,)](
+        nb, ends, perm, table, grp, batch, per_group, bound, max(1, batch.bit_length()),
+        FWD=direction == "fwd", BT=64,
+    )  # fmt: skip
+    return table, grp
+
+
+@triton.jit
+def _rank_kernel(off_ptr, nb_ptr, perm_ptr, batch, block, max_len, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """Ranks sequences by block count, most first, ties in sequence order (a stable sort, by counting):
+    writes the ranked block counts and the sequence of each rank. Lengths are clamped to [0, max_len]."""
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = s < batch
+    lo = tl.load(off_ptr + s, mask=live, other=0).to(tl.int64)
+    hi = tl.load(off_ptr + s + 1, mask=live, other=0).to(tl.int64)
+    nb = (tl.minimum(tl.maximum(hi - lo, 0), max_len) + block - 1) // block
+    rank = tl.zeros([BLOCK], dtype=tl.int64)
+    for c in range(0, batch, CHUNK):
+        t = c + tl.arange(0, CHUNK)
+        lo2 = tl.load(off_ptr + t, mask=t < batch, other=0).to(tl.int64)
+        hi2 = tl.load(off_ptr + t + 1, mask=t < batch, other=0).to(tl.int64)
+        nb2 = (tl.minimum(tl.maximum(hi2 - lo2, 0), max_len) + block - 1) // block
+        ahead = (nb2[None, :] > nb[:, None]) | ((nb2[None, :] == nb[:, None]) & (t[None, :] < s[:, None]))
+        rank += tl.sum((ahead & (t < batch)[None, :]).to(tl.int64), axis=1)
+    tl.store(nb_ptr + rank, nb, mask=live)
+    tl.store(perm_ptr + rank, s.to(tl.int64), mask=live)
+
+
+@triton.jit
+def _place_kernel(
+    nb_ptr, ends_ptr, perm_ptr, table_ptr, grp_ptr, batch, per_group, bound, search_steps,
+    FWD: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    """Program ``r`` writes the tiles of the sequence ranked ``r`` at their places (``_tile_rows``), and
+    every ``batch``-th row of the padding past the real tiles. Places at or past ``bound`` (offsets that
+    overstate the rows) are dropped, as the sorted order's tail would be."""
+    r = tl.program_id(0)
+    g = r // per_group
+    gs = g * per_group
+    ge = tl.minimum(gs + per_group, batch)
+    nb_r = tl.load(nb_ptr + r)
+    lead = tl.load(nb_ptr + gs)
+    seq = tl.load(perm_ptr + r).to(tl.int32)
+    start = tl.load(ends_ptr + gs) - lead  # tiles of the groups before
+    total = tl.load(ends_ptr + batch - 1)
+    for b0 in range(0, nb_r, BT):
+        b = b0 + tl.arange(0, BT)
+        v = b + 1 if FWD else nb_r - b
+        # Members of the group with more than v blocks: a prefix [gs, k) of the ranked counts.
+        lo = tl.full([BT], 0, tl.int64) + gs
+        hi = tl.full([BT], 0, tl.int64) + ge
+        for _ in range(search_steps):
+            mid = (lo + hi) // 2
+            more = (tl.load(nb_ptr + mid, mask=mid < hi, other=0) > v) & (mid < hi)
+            lo = tl.where(more, mid + 1, lo)
+            hi = tl.where(more, hi, mid)
+        k = lo
+        above = tl.where(k > gs, tl.load(ends_ptr + k - 1, mask=k > gs, other=0) - start, 0)  # blocks of [gs, k)
+        place = start + above - v * (k - gs) + (r - gs)
+        ok = (b < nb_r) & (place < bound)
+        tl.store(table_ptr + 2 * place, tl.zeros([BT], tl.int32) + seq, mask=ok)
+        tl.store(table_ptr + 2 * place + 1, b.to(tl.int32), mask=ok)
+        tl.store(grp_ptr + place, tl.zeros([BT], tl.int32) + g.to(tl.int32), mask=ok)
+    pad = bound - total
+    for k0 in range(0, tl.cdiv(pad, batch), BT):
+        j = total + r + batch * (k0 + tl.arange(0, BT))
+        ok = j < bound
+        tl.store(table_ptr + 2 * j, tl.full([BT], -1, tl.int32), mask=ok)
+        tl.store(table_ptr + 2 * j + 1, tl.zeros([BT], tl.int32), mask=ok)
+        tl.store(grp_ptr + j, tl.full([BT], -1, tl.int32), mask=ok)
 
 
 def launch_tile_table(
     offsets: torch.Tensor, rows: int, block: int, max_blocks: int, direction: str, group: int
 ) -> torch.Tensor:
     """``tile_table`` once per unchanged offsets tensor: the layers of a step share one table per block
-    size. Under CUDA-graph capture it is always built, so replays rebuild it from the offsets they get."""
+    size. Under CUDA-graph capture, once per capture: the first use records the build, which every replay
+    reruns on the offsets it gets before the later uses read the table (``TensorMemo``)."""
     return _memo(offsets, (rows, block, max_blocks, direction, group), tile_table)
 
 
 def _memo(offsets: torch.Tensor, key: tuple, build) -> torch.Tensor:
-    if capturing() or type(offsets) is not torch.Tensor:
+    if type(offsets) is not torch.Tensor:
         return build(offsets, *key)
     table = _TABLES.get(offsets, key)
     if table is MISS:
@@ -138,7 +206,7 @@ def split_tile_table(
     """
     if not 1 <= max_parts <= 255:
         raise ValueError(f"max_parts must be in [1, 255], got {max_parts}")
-    base, grp = _tile_rows(offsets, rows, block_m, max_blocks, "fwd", group)
+    base, grp = (t.to(torch.int64) for t in _tile_rows(offsets, rows, block_m, max_blocks, "fwd", group))
     dev = base.device
     seq, blk = base[:, 0], base[:, 1]
     live = seq >= 0

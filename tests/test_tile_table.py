@@ -13,9 +13,12 @@ import torch
 from kernel_templates import tensor_memo
 from kernel_templates.cute import tile_table as tt
 
+# The tables are built by Triton kernels: on the GPU when there is one, else under the interpreter.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=DEV)
 
 
 def _real_tiles(lengths: list[int], block: int) -> list[tuple[int, int]]:
@@ -82,7 +85,7 @@ def test_bound_covers_every_batch_without_reading_lengths():
     "offsets", [[-8, 5, 29], [0, 20, 3, 29], [40, 50, 60], [0, 2**40, 29], [0, 2**31 + 5, 29], [29, 0, 0]]
 )
 def test_bad_offsets_keep_every_entry_inside_the_batch(offsets):
-    off = torch.tensor(offsets, dtype=torch.int64)
+    off = torch.tensor(offsets, dtype=torch.int64, device=DEV)
     batch, block, max_blocks = len(offsets) - 1, 64, 2
     for direction in tt.DIRECTIONS:
         table = tt.tile_table(off, 29, block, max_blocks, direction)
@@ -197,7 +200,7 @@ def test_gpu_one_table_per_capture_rebuilt_by_every_replay():
     """Within one CUDA-graph capture the calls share one table (the eager one is not used); each replay
     rebuilds it from the offsets it finds, and the next capture records its own."""
     first, second = [700, 0, 5, 300, 1, 130], [64, 129, 700, 3, 0, 240]
-    off = _offsets(first).cuda()
+    off = _offsets(first)
     args = (sum(first), 128, 6, "fwd", 0)
     eager = tt.launch_tile_table(off, *args)
     graph = torch.cuda.CUDAGraph()
@@ -205,7 +208,7 @@ def test_gpu_one_table_per_capture_rebuilt_by_every_replay():
         a = tt.launch_tile_table(off, *args)
         b = tt.launch_tile_table(off, *args)
     assert a is b and a is not eager and tensor_memo.capture_id() == 0
-    off.copy_(_offsets(second).cuda())
+    off.copy_(_offsets(second))
     graph.replay()
     torch.cuda.synchronize()
     assert [tuple(r) for r in a.tolist()] == tt.tile_order_reference(second, *args)

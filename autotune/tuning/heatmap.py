@@ -203,7 +203,8 @@ def _time_cell(rows: int, h: int, d: int, off, n: int, source: str, directions, 
     if "both" in directions:
 
         def both():  # captured, the backward node runs directly: the autograd engine cannot be captured
-            return backward_call(fwd(), do)() if graph else torch.autograd.grad(fwd(), (q, k, v), do)
+            out = fwd()  # kept alive: the node holds its output only weakly
+            return backward_call(out, do)() if graph else torch.autograd.grad(out, (q, k, v), do)
 
         times["both"] = measure.bench(both, quick=False, cuda_graph=graph).median_ms
     return times

@@ -325,7 +325,7 @@ def test_gpu_split_heavy_matches_reference(mask, dtype, d):
     from kernel_templates.cute import tile_table as tt
     from kernel_templates.hstu_attention.testing import offsets_from_lengths
 
-    off = offsets_from_lengths(SKEWED).to(torch.int32)
+    off = offsets_from_lengths(SKEWED).to(device="cuda", dtype=torch.int32)
     table = tt.split_tile_table(off, sum(SKEWED), 128, 64, 8, 0, 3, 132, 4)
     assert (table[:, 2] >= 512).any()  # the case does cut tiles
     _check_case(SKEWED, 3, d, dtype, SPLIT, seed=13, **MASKS[mask])

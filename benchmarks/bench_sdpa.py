@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--artifacts", default=None, help="artifacts root (default: the shipped ones)")
     p.add_argument("--source", default="tuned", choices=("tuned", "default"))
     add_batch_args(p)
+    p.set_defaults(cuda_graph=False)  # both sides timed as eager calls, host time included
     args = p.parse_args(argv)
     import autotune
 

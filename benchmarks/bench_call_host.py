@@ -87,6 +87,16 @@ def cases(d: int, heads: int, batch: int, n: int, source: str, calls: int) -> li
         q.grad = k.grad = v.grad = None
         ops.hstu_attention(q, k, v, off, n, source=source).backward(do)
 
+    fresh: list[torch.Tensor] = []
+
+    def new_offsets() -> None:  # a batch's own offsets tensor per step, as in training: every memo misses
+        fresh.clear()
+        fresh.extend(off.clone() for _ in range(calls))
+
+    def step_new_offsets() -> None:
+        q.grad = k.grad = v.grad = None
+        ops.hstu_attention(q, k, v, fresh.pop(), n, source=source).backward(do)
+
     def trivial() -> None:
         q.grad = k.grad = v.grad = None
         _Trivial.apply(q, k, v).backward(do)
@@ -96,6 +106,7 @@ def cases(d: int, heads: int, batch: int, n: int, source: str, calls: int) -> li
         ("public fwd, grad", info, lambda: ops.hstu_attention(q, k, v, off, n, source=source), None),
         ("public bwd (autograd)", info, bwd, refill),
         ("public step (fwd + bwd)", info, step, None),
+        ("public step, new offsets tensor", info, step_new_offsets, new_offsets),
         ("torch kernel launch", {}, lambda: do.add_(0), None),
         ("trivial autograd step", {}, trivial, None),
     ]

@@ -59,15 +59,15 @@ def tile_table(
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    return _tile_rows(offsets, rows, block, max_blocks, direction, group)[0]
+    return _tile_rows(offsets, rows, block, max_blocks, direction, group)
 
 
 def _tile_rows(
     offsets: torch.Tensor, rows: int, block: int, max_blocks: int, direction: str, group: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tile_table``'s (bound, 2) int32 rows, and the launch group of each row (that of its sequence;
-    -1 past the real tiles), in three launches: the sequences ranked by block count (``_rank_kernel``),
-    the prefix sums of the ranked counts, and every tile written at its place (``_place_kernel``).
+) -> torch.Tensor:
+    """``tile_table``'s (bound, 2) int32 rows in three launches: the sequences ranked by block count
+    (``_ranked``), the prefix sums of the ranked counts, and every tile written at its place
+    (``_place_kernel``).
 
     A tile's place has a closed form, so nothing is sorted: in group ``g`` (ranked sequences
     ``[gs, ge)``, the first one with ``lead`` blocks), the tiles of work rank ``w`` belong to the
@@ -75,21 +75,25 @@ def _tile_rows(
     before (sequence ``r``, work rank ``w``) number ``tiles of groups < g + sum_{s in g} max(0, nb_s - v)
     + (r - gs)``. A forward query block ``b`` has ``v = b + 1``, a backward key block ``v = nb_r - b``.
     """
-    dev = offsets.device
     batch = offsets.numel() - 1
     bound = tile_bound(rows, batch, block, max_blocks)
     per_group = batch if group <= 0 else group
-    nb = torch.empty(batch, dtype=torch.int64, device=dev)
-    perm = torch.empty(batch, dtype=torch.int64, device=dev)
-    _rank_kernel[(triton.cdiv(batch, 32),)](offsets, nb, perm, batch, block, max_blocks * block, BLOCK=32, CHUNK=128)
-    ends = torch.cumsum(nb, 0)
-    table = torch.empty((bound, 2), dtype=torch.int32, device=dev)
-    grp = torch.empty(bound, dtype=torch.int32, device=dev)
+    nb, perm = _ranked(offsets, block, max_blocks)
+    table = torch.empty((bound, 2), dtype=torch.int32, device=offsets.device)
     _place_kernel[(batch,)](
-        nb, ends, perm, table, grp, batch, per_group, bound, max(1, batch.bit_length()),
+        nb, torch.cumsum(nb, 0), perm, table, batch, per_group, bound, batch.bit_length(),
         FWD=direction == "fwd", BT=64,
     )  # fmt: skip
-    return table, grp
+    return table
+
+
+def _ranked(offsets: torch.Tensor, block: int, max_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block counts, most first, ties in sequence order; the sequence of each rank), int64, on the device."""
+    batch = offsets.numel() - 1
+    nb = torch.empty(batch, dtype=torch.int64, device=offsets.device)
+    perm = torch.empty(batch, dtype=torch.int64, device=offsets.device)
+    _rank_kernel[(triton.cdiv(batch, 32),)](offsets, nb, perm, batch, block, max_blocks * block, BLOCK=32, CHUNK=128)
+    return nb, perm
 
 
 @triton.jit
@@ -114,47 +118,47 @@ def _rank_kernel(off_ptr, nb_ptr, perm_ptr, batch, block, max_len, BLOCK: tl.con
 
 
 @triton.jit
+def _count_above(nb_ptr, v, batch, search_steps):
+    """How many ranked sequences have more than ``v`` blocks (a binary search of the ranked counts)."""
+    lo = tl.zeros(v.shape, tl.int64)
+    hi = tl.zeros(v.shape, tl.int64) + batch
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        more = (tl.load(nb_ptr + mid, mask=mid < hi, other=0) > v) & (mid < hi)
+        lo = tl.where(more, mid + 1, lo)
+        hi = tl.where(more, hi, mid)
+    return lo
+
+
+@triton.jit
 def _place_kernel(
-    nb_ptr, ends_ptr, perm_ptr, table_ptr, grp_ptr, batch, per_group, bound, search_steps,
-    FWD: tl.constexpr, BT: tl.constexpr,
-):  # fmt: skip
+    nb_ptr, ends_ptr, perm_ptr, table_ptr, batch, per_group, bound, search_steps, FWD: tl.constexpr, BT: tl.constexpr
+):
     """Program ``r`` writes the tiles of the sequence ranked ``r`` at their places (``_tile_rows``), and
     every ``batch``-th row of the padding past the real tiles. Places at or past ``bound`` (offsets that
     overstate the rows) are dropped, as the sorted order's tail would be."""
     r = tl.program_id(0)
-    g = r // per_group
-    gs = g * per_group
+    gs = (r // per_group) * per_group
     ge = tl.minimum(gs + per_group, batch)
     nb_r = tl.load(nb_ptr + r)
-    lead = tl.load(nb_ptr + gs)
     seq = tl.load(perm_ptr + r).to(tl.int32)
-    start = tl.load(ends_ptr + gs) - lead  # tiles of the groups before
+    start = tl.load(ends_ptr + gs) - tl.load(nb_ptr + gs)  # tiles of the groups before
     total = tl.load(ends_ptr + batch - 1)
     for b0 in range(0, nb_r, BT):
         b = b0 + tl.arange(0, BT)
         v = b + 1 if FWD else nb_r - b
-        # Members of the group with more than v blocks: a prefix [gs, k) of the ranked counts.
-        lo = tl.full([BT], 0, tl.int64) + gs
-        hi = tl.full([BT], 0, tl.int64) + ge
-        for _ in range(search_steps):
-            mid = (lo + hi) // 2
-            more = (tl.load(nb_ptr + mid, mask=mid < hi, other=0) > v) & (mid < hi)
-            lo = tl.where(more, mid + 1, lo)
-            hi = tl.where(more, hi, mid)
-        k = lo
-        above = tl.where(k > gs, tl.load(ends_ptr + k - 1, mask=k > gs, other=0) - start, 0)  # blocks of [gs, k)
+        k = tl.minimum(tl.maximum(_count_above(nb_ptr, v, batch, search_steps), gs), ge)  # members above v: [gs, k)
+        above = tl.where(k > gs, tl.load(ends_ptr + k - 1, mask=k > gs, other=0) - start, 0)  # their blocks
         place = start + above - v * (k - gs) + (r - gs)
         ok = (b < nb_r) & (place < bound)
         tl.store(table_ptr + 2 * place, tl.zeros([BT], tl.int32) + seq, mask=ok)
         tl.store(table_ptr + 2 * place + 1, b.to(tl.int32), mask=ok)
-        tl.store(grp_ptr + place, tl.zeros([BT], tl.int32) + g.to(tl.int32), mask=ok)
     pad = bound - total
     for k0 in range(0, tl.cdiv(pad, batch), BT):
         j = total + r + batch * (k0 + tl.arange(0, BT))
         ok = j < bound
         tl.store(table_ptr + 2 * j, tl.full([BT], -1, tl.int32), mask=ok)
         tl.store(table_ptr + 2 * j + 1, tl.zeros([BT], tl.int32), mask=ok)
-        tl.store(grp_ptr + j, tl.full([BT], -1, tl.int32), mask=ok)
 
 
 def launch_tile_table(
@@ -185,56 +189,107 @@ def split_extra_rows(sm_count: int, heads: int) -> int:
     return sm_count // heads + 1
 
 
-def _split_parts(work: torch.Tensor, heads: int, sm_count: int, max_parts: int) -> torch.Tensor:
-    """Parts per tile: work / share rounded to nearest, share = max(the per-SM share of all heads' work,
-    MIN_PART_BLOCKS), clamped to [1, max_parts]. Rounding keeps parts - 1 < work / share, so the parts of
-    all cut tiles add at most sm_count / heads rows (``split_extra_rows``). Dead rows (work 0) stay one."""
-    total = work.sum() * heads
-    share = torch.clamp(total, min=MIN_PART_BLOCKS * sm_count)  # share x sm_count, kept integral
-    return torch.clamp((2 * work * sm_count + share) // (2 * share), 1, max_parts)
-
-
 def split_tile_table(
     offsets: torch.Tensor, rows: int, block_m: int, block_n: int, max_blocks: int, group: int, heads: int,
     sm_count: int, max_parts: int,
 ) -> torch.Tensor:  # fmt: skip
     """(tile_bound + split_extra_rows, 4) int32 rows (sequence, block, parts * 256 + part, slot). A query
     tile walking ``w`` key blocks of ``block_n`` (causal: ``ceil((block + 1) block_m / block_n)``) is cut
-    into ``_split_parts`` parts; ``slot`` numbers the cut tiles' partial outputs (a cut tile owns slots
-    [slot, slot + parts - 1)). Order: ``tile_table``'s groups of ``group`` sequences (L2 reuse), heaviest
-    part first within a group. Rows past the real parts hold (-1, 0, 256, 0). Sync-free, like ``tile_table``.
+    into ``p = round(w / share)`` parts, ``share`` the per-SM share of all heads' causal work but at least
+    ``MIN_PART_BLOCKS``, ``p`` in [1, max_parts]: rounding keeps ``p - 1 < w / share``, so the parts of
+    all cut tiles add at most ``split_extra_rows``. ``slot`` numbers the cut tiles' partial outputs (a cut
+    tile owns slots [slot, slot + parts - 1)). Order: ``tile_table``'s groups of ``group`` sequences (L2
+    reuse); within a group, parts by their work, heaviest first, ties in ``tile_table``'s order. Rows past
+    the real parts hold (-1, 0, 256, 0). Sync-free, like ``tile_table``: two launches (``_ranked``,
+    ``_split_kernel``), every place in closed form.
     """
     if not 1 <= max_parts <= 255:
         raise ValueError(f"max_parts must be in [1, 255], got {max_parts}")
-    base, grp = (t.to(torch.int64) for t in _tile_rows(offsets, rows, block_m, max_blocks, "fwd", group))
-    dev = base.device
-    seq, blk = base[:, 0], base[:, 1]
-    live = seq >= 0
-    work = torch.where(live, ((blk + 1) * block_m + block_n - 1) // block_n, 0)
-    parts = _split_parts(work, heads, sm_count, max_parts)
-    cut = parts > 1
-    slot = torch.cumsum(parts - 1, 0) - (parts - 1)  # first partial slot of each cut tile
-    size = base.shape[0] + split_extra_rows(sm_count, heads)
-    ends = torch.cumsum(parts, 0)
-    j = torch.arange(size, device=dev)
-    src = torch.searchsorted(ends, j, right=True).clamp(max=base.shape[0] - 1)  # base row of output row j
-    part = j - (ends[src] - parts[src])
-    real = (j < ends[-1]) & live[src]
-    span = max_blocks * block_m // block_n + 2  # above any part's work
-    part_work = (work[src] + parts[src] - 1) // parts[src]
-    key = torch.where(real, grp[src] * span + span - 1 - part_work, torch.iinfo(torch.int64).max)
-    order = torch.argsort(key, stable=True)
-    src, part, real = src[order], part[order], real[order]
-    table = torch.stack(
-        (
-            torch.where(real, seq[src], -1),
-            torch.where(real, blk[src], 0),
-            torch.where(real, parts[src] * 256 + part, 256),
-            torch.where(real & cut[src], slot[src], 0),
-        ),
-        dim=1,
-    )
-    return table.to(torch.int32).contiguous()
+    batch = offsets.numel() - 1
+    size = tile_bound(rows, batch, block_m, max_blocks) + split_extra_rows(sm_count, heads)
+    nb, perm = _ranked(offsets, block_m, max_blocks)
+    table = torch.empty((size, 4), dtype=torch.int32, device=offsets.device)
+    _split_kernel[(batch,)](
+        nb, perm, table, batch, batch if group <= 0 else group, size, max_blocks, block_m, block_n,
+        heads, MIN_PART_BLOCKS * sm_count, 2 * sm_count, max_parts, batch.bit_length(), BT=64,
+    )  # fmt: skip
+    return table
+
+
+@triton.jit
+def _parts(w, share, sm2, max_parts):
+    """Parts of a tile of work ``w``: ``(2 w sm + share) // (2 share)`` in [1, max_parts]."""
+    return tl.minimum(tl.maximum((w * sm2 + share) // (2 * share), 1), max_parts)
+
+
+@triton.jit
+def _split_kernel(
+    nb_ptr, perm_ptr, table_ptr, batch, per_group, size, max_blocks, block_m, block_n, heads, min_share,
+    sm2, max_parts, search_steps, BT: tl.constexpr,
+):  # fmt: skip
+    """Program ``r`` writes the parts of the sequence ranked ``r`` at their places, and every ``batch``-th
+    padding row. The tiles of block ``b`` number ``C(b)`` (sequences with more than ``b`` blocks), so the
+    batch's work, the rows and slots of the groups before and the parts ahead of a tile inside its group
+    are sums over blocks: part work ``pw``, ahead when heavier, or as heavy and first in ``tile_table``'s
+    order (a later block, or the same block of a sequence ranked before)."""
+    r = tl.program_id(0)
+    gs = (r // per_group) * per_group
+    ge = tl.minimum(gs + per_group, batch)
+    nb_r = tl.load(nb_ptr + r)
+    seq = tl.load(perm_ptr + r).to(tl.int32)
+    total = tl.zeros([BT], tl.int64)
+    for c in range(0, max_blocks, BT):
+        bb = c + tl.arange(0, BT)
+        w = ((bb + 1) * block_m + block_n - 1) // block_n
+        total += tl.where(bb < max_blocks, w * _count_above(nb_ptr, bb, batch, search_steps), 0)
+    share = tl.maximum(tl.sum(total) * heads, min_share)  # share x sm_count
+    tiles_before = tl.zeros([BT], tl.int64)
+    slots_before = tl.zeros([BT], tl.int64)
+    real_rows = tl.zeros([BT], tl.int64)
+    for c in range(0, max_blocks, BT):
+        bb = c + tl.arange(0, BT)
+        cnt = tl.where(bb < max_blocks, _count_above(nb_ptr, bb, batch, search_steps), 0)
+        p = _parts(((bb + 1) * block_m + block_n - 1) // block_n, share, sm2, max_parts)
+        tiles_before += tl.minimum(cnt, gs)
+        slots_before += tl.minimum(cnt, gs) * (p - 1)
+        real_rows += cnt * p
+    rows_before = tl.sum(tiles_before) + tl.sum(slots_before)
+    slot_base = tl.sum(slots_before)
+    for b0 in range(0, nb_r, BT):
+        b = b0 + tl.arange(0, BT)
+        w = ((b + 1) * block_m + block_n - 1) // block_n
+        p = _parts(w, share, sm2, max_parts)
+        pw = (w + p - 1) // p
+        ahead = tl.zeros([BT], tl.int64)
+        slot = tl.zeros([BT], tl.int64)
+        for c in range(0, max_blocks, BT):
+            b2 = c + tl.arange(0, BT)
+            cnt = tl.where(b2 < max_blocks, _count_above(nb_ptr, b2, batch, search_steps), 0)
+            members = tl.minimum(tl.maximum(cnt - gs, 0), ge - gs)  # of this group, with a tile at b2
+            w2 = ((b2 + 1) * block_m + block_n - 1) // block_n
+            p2 = _parts(w2, share, sm2, max_parts)
+            pw2 = (w2 + p2 - 1) // p2
+            later = b2[None, :] > b[:, None]
+            first = (pw2[None, :] > pw[:, None]) | ((pw2[None, :] == pw[:, None]) & later)
+            ahead += tl.sum(tl.where(first, (members * p2)[None, :], 0), axis=1)
+            slot += tl.sum(tl.where(later, (members * (p2 - 1))[None, :], 0), axis=1)
+        place = rows_before + ahead + (r - gs) * p
+        slot = tl.where(p > 1, slot_base + slot + (r - gs) * (p - 1), 0).to(tl.int32)
+        for i in range(0, max_parts):
+            j = place + i
+            ok = (b < nb_r) & (i < p) & (j < size)
+            tl.store(table_ptr + 4 * j, tl.zeros([BT], tl.int32) + seq, mask=ok)
+            tl.store(table_ptr + 4 * j + 1, b.to(tl.int32), mask=ok)
+            tl.store(table_ptr + 4 * j + 2, (p * 256 + i).to(tl.int32), mask=ok)
+            tl.store(table_ptr + 4 * j + 3, slot, mask=ok)
+    real = tl.sum(real_rows)
+    for k0 in range(0, tl.cdiv(size - real, batch), BT):
+        j = real + r + batch * (k0 + tl.arange(0, BT))
+        ok = j < size
+        tl.store(table_ptr + 4 * j, tl.full([BT], -1, tl.int32), mask=ok)
+        tl.store(table_ptr + 4 * j + 1, tl.zeros([BT], tl.int32), mask=ok)
+        tl.store(table_ptr + 4 * j + 2, tl.full([BT], 256, tl.int32), mask=ok)
+        tl.store(table_ptr + 4 * j + 3, tl.zeros([BT], tl.int32), mask=ok)
 
 
 def split_order_reference(

@@ -65,9 +65,9 @@ def tile_table(
 def _tile_rows(
     offsets: torch.Tensor, rows: int, block: int, max_blocks: int, direction: str, group: int
 ) -> torch.Tensor:
-    """``tile_table``'s (bound, 2) int32 rows in three launches: the sequences ranked by block count
-    (``_ranked``), the prefix sums of the ranked counts, and every tile written at its place
-    (``_place_kernel``).
+    """``tile_table``'s (bound, 2) int32 rows in four launches: the sequences ranked by block count and
+    how many have more than ``v`` blocks (``_ranked``), the prefix sums of the ranked counts, and every
+    tile written at its place (``_place_kernel``).
 
     A tile's place has a closed form, so nothing is sorted: in group ``g`` (ranked sequences
     ``[gs, ge)``, the first one with ``lead`` blocks), the tiles of work rank ``w`` belong to the
@@ -78,22 +78,24 @@ def _tile_rows(
     batch = offsets.numel() - 1
     bound = tile_bound(rows, batch, block, max_blocks)
     per_group = batch if group <= 0 else group
-    nb, perm = _ranked(offsets, block, max_blocks)
+    nb, perm, above = _ranked(offsets, block, max_blocks)
     table = torch.empty((bound, 2), dtype=torch.int32, device=offsets.device)
     _place_kernel[(batch,)](
-        nb, torch.cumsum(nb, 0), perm, table, batch, per_group, bound, batch.bit_length(),
-        FWD=direction == "fwd", BT=64,
-    )  # fmt: skip
+        nb, torch.cumsum(nb, 0), perm, above, table, batch, per_group, bound, FWD=direction == "fwd", BT=64
+    )
     return table
 
 
-def _ranked(offsets: torch.Tensor, block: int, max_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block counts, most first, ties in sequence order; the sequence of each rank), int64, on the device."""
+def _ranked(offsets: torch.Tensor, block: int, max_blocks: int) -> tuple[torch.Tensor, ...]:
+    """(block counts, most first, ties in sequence order; the sequence of each rank; ``above[v]``, the
+    sequences with more than ``v`` blocks for v in [0, max_blocks]), int64, on the device."""
     batch = offsets.numel() - 1
     nb = torch.empty(batch, dtype=torch.int64, device=offsets.device)
     perm = torch.empty(batch, dtype=torch.int64, device=offsets.device)
+    above = torch.empty(max_blocks + 1, dtype=torch.int64, device=offsets.device)
     _rank_kernel[(triton.cdiv(batch, 32),)](offsets, nb, perm, batch, block, max_blocks * block, BLOCK=32, CHUNK=128)
-    return nb, perm
+    _count_kernel[(triton.cdiv(max_blocks + 1, 64),)](nb, above, batch, max_blocks, batch.bit_length(), BT=64)
+    return nb, perm, above
 
 
 @triton.jit
@@ -118,21 +120,23 @@ def _rank_kernel(off_ptr, nb_ptr, perm_ptr, batch, block, max_len, BLOCK: tl.con
 
 
 @triton.jit
-def _count_above(nb_ptr, v, batch, search_steps):
-    """How many ranked sequences have more than ``v`` blocks (a binary search of the ranked counts)."""
-    lo = tl.zeros(v.shape, tl.int64)
-    hi = tl.zeros(v.shape, tl.int64) + batch
+def _count_kernel(nb_ptr, above_ptr, batch, max_blocks, search_steps, BT: tl.constexpr):
+    """``above[v]``: how many ranked sequences have more than ``v`` blocks (a binary search of the ranked
+    counts), once per launch, so the placing kernels read it with one load instead of a chain of them."""
+    v = tl.program_id(0) * BT + tl.arange(0, BT)
+    lo = tl.zeros([BT], tl.int64)
+    hi = tl.zeros([BT], tl.int64) + batch
     for _ in range(search_steps):
         mid = (lo + hi) // 2
         more = (tl.load(nb_ptr + mid, mask=mid < hi, other=0) > v) & (mid < hi)
         lo = tl.where(more, mid + 1, lo)
         hi = tl.where(more, hi, mid)
-    return lo
+    tl.store(above_ptr + v, lo, mask=v <= max_blocks)
 
 
 @triton.jit
 def _place_kernel(
-    nb_ptr, ends_ptr, perm_ptr, table_ptr, batch, per_group, bound, search_steps, FWD: tl.constexpr, BT: tl.constexpr
+    nb_ptr, ends_ptr, perm_ptr, above_ptr, table_ptr, batch, per_group, bound, FWD: tl.constexpr, BT: tl.constexpr
 ):
     """Program ``r`` writes the tiles of the sequence ranked ``r`` at their places (``_tile_rows``), and
     every ``batch``-th row of the padding past the real tiles. Places at or past ``bound`` (offsets that
@@ -147,7 +151,7 @@ def _place_kernel(
     for b0 in range(0, nb_r, BT):
         b = b0 + tl.arange(0, BT)
         v = b + 1 if FWD else nb_r - b
-        k = tl.minimum(tl.maximum(_count_above(nb_ptr, v, batch, search_steps), gs), ge)  # members above v: [gs, k)
+        k = tl.minimum(tl.maximum(tl.load(above_ptr + v, mask=b < nb_r, other=0), gs), ge)  # members above v: [gs, k)
         above = tl.where(k > gs, tl.load(ends_ptr + k - 1, mask=k > gs, other=0) - start, 0)  # their blocks
         place = start + above - v * (k - gs) + (r - gs)
         ok = (b < nb_r) & (place < bound)
@@ -200,18 +204,18 @@ def split_tile_table(
     all cut tiles add at most ``split_extra_rows``. ``slot`` numbers the cut tiles' partial outputs (a cut
     tile owns slots [slot, slot + parts - 1)). Order: ``tile_table``'s groups of ``group`` sequences (L2
     reuse); within a group, parts by their work, heaviest first, ties in ``tile_table``'s order. Rows past
-    the real parts hold (-1, 0, 256, 0). Sync-free, like ``tile_table``: two launches (``_ranked``,
+    the real parts hold (-1, 0, 256, 0). Sync-free, like ``tile_table``: three launches (``_ranked``,
     ``_split_kernel``), every place in closed form.
     """
     if not 1 <= max_parts <= 255:
         raise ValueError(f"max_parts must be in [1, 255], got {max_parts}")
     batch = offsets.numel() - 1
     size = tile_bound(rows, batch, block_m, max_blocks) + split_extra_rows(sm_count, heads)
-    nb, perm = _ranked(offsets, block_m, max_blocks)
+    nb, perm, above = _ranked(offsets, block_m, max_blocks)
     table = torch.empty((size, 4), dtype=torch.int32, device=offsets.device)
     _split_kernel[(batch,)](
-        nb, perm, table, batch, batch if group <= 0 else group, size, max_blocks, block_m, block_n,
-        heads, MIN_PART_BLOCKS * sm_count, 2 * sm_count, max_parts, batch.bit_length(), BT=64,
+        nb, perm, above, table, batch, batch if group <= 0 else group, size, max_blocks, block_m, block_n,
+        heads, MIN_PART_BLOCKS * sm_count, 2 * sm_count, max_parts, BT=64,
     )  # fmt: skip
     return table
 
@@ -224,8 +228,8 @@ def _parts(w, share, sm2, max_parts):
 
 @triton.jit
 def _split_kernel(
-    nb_ptr, perm_ptr, table_ptr, batch, per_group, size, max_blocks, block_m, block_n, heads, min_share,
-    sm2, max_parts, search_steps, BT: tl.constexpr,
+    nb_ptr, perm_ptr, above_ptr, table_ptr, batch, per_group, size, max_blocks, block_m, block_n, heads, min_share,
+    sm2, max_parts, BT: tl.constexpr,
 ):  # fmt: skip
     """Program ``r`` writes the parts of the sequence ranked ``r`` at their places, and every ``batch``-th
     padding row. The tiles of block ``b`` number ``C(b)`` (sequences with more than ``b`` blocks), so the
@@ -241,14 +245,14 @@ def _split_kernel(
     for c in range(0, max_blocks, BT):
         bb = c + tl.arange(0, BT)
         w = ((bb + 1) * block_m + block_n - 1) // block_n
-        total += tl.where(bb < max_blocks, w * _count_above(nb_ptr, bb, batch, search_steps), 0)
+        total += w * tl.load(above_ptr + bb, mask=bb < max_blocks, other=0)
     share = tl.maximum(tl.sum(total) * heads, min_share)  # share x sm_count
     tiles_before = tl.zeros([BT], tl.int64)
     slots_before = tl.zeros([BT], tl.int64)
     real_rows = tl.zeros([BT], tl.int64)
     for c in range(0, max_blocks, BT):
         bb = c + tl.arange(0, BT)
-        cnt = tl.where(bb < max_blocks, _count_above(nb_ptr, bb, batch, search_steps), 0)
+        cnt = tl.load(above_ptr + bb, mask=bb < max_blocks, other=0)
         p = _parts(((bb + 1) * block_m + block_n - 1) // block_n, share, sm2, max_parts)
         tiles_before += tl.minimum(cnt, gs)
         slots_before += tl.minimum(cnt, gs) * (p - 1)
@@ -264,7 +268,7 @@ def _split_kernel(
         slot = tl.zeros([BT], tl.int64)
         for c in range(0, max_blocks, BT):
             b2 = c + tl.arange(0, BT)
-            cnt = tl.where(b2 < max_blocks, _count_above(nb_ptr, b2, batch, search_steps), 0)
+            cnt = tl.load(above_ptr + b2, mask=b2 < max_blocks, other=0)
             members = tl.minimum(tl.maximum(cnt - gs, 0), ge - gs)  # of this group, with a tile at b2
             w2 = ((b2 + 1) * block_m + block_n - 1) // block_n
             p2 = _parts(w2, share, sm2, max_parts)

@@ -105,19 +105,12 @@ def bwd_key(
 
 def _validate(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_len, scaling_seqlen, check_offsets):
     """ValueErrors naming the argument: shapes, dtypes, devices (and the offsets when ``check_offsets``)."""
-    from kernel_templates.hstu_attention.op import validate_hstu_inputs
+    from kernel_templates.hstu_attention.op import validate_hstu_grad, validate_hstu_inputs
 
     validate_hstu_inputs(
         q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_len, scaling_seqlen, check_offsets=check_offsets
     )
-    if not isinstance(do, torch.Tensor):
-        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
-    if do.shape != (q.shape[0], q.shape[1], v.shape[2]):
-        raise ValueError(f"do must have shape {(q.shape[0], q.shape[1], v.shape[2])}, got {tuple(do.shape)}")
-    if do.dtype != q.dtype:
-        raise ValueError(f"do must have q's dtype {q.dtype}, got {do.dtype}")
-    if do.device != q.device:
-        raise ValueError(f"do must be on q's device {q.device}, got {do.device}")
+    validate_hstu_grad(do, q, v)
     if q.dtype not in TORCH_DTYPE_NAMES:
         raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
 

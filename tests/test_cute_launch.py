@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from kernel_templates.cute.config import HSTUCuteFwdConfig
-from kernel_templates.cute.launch import LaunchCache, tma_rows_ok
+from kernel_templates.cute.launch import LaunchCache, call_signature, jagged_args, tma_rows_ok
 from kernel_templates.cute_runtime import CompiledKernel
 
 
@@ -57,3 +57,23 @@ def test_tma_rows_ok_accepts_column_slices_and_rejects_other_layouts():
     assert not tma_rows_ok(flat[1:].view(64, 2, 128))  # rows 2 bytes off 16-byte alignment
     odd = torch.empty(64, 2 * 128 + 4, dtype=torch.bfloat16)[:, : 2 * 128].view(64, 2, 128)
     assert not tma_rows_ok(odd)  # row stride 260 elements: not a multiple of 8
+
+
+def test_jagged_args_cast_once_and_derive_the_scale_and_block_count():
+    offsets64 = torch.tensor([0, 3, 3, 130], dtype=torch.int64)
+    offsets, targets, inv_scale, blocks = jagged_args(offsets64, None, 129, None, 64)
+    assert offsets.dtype == torch.int32 and offsets.tolist() == [0, 3, 3, 130]
+    assert targets is offsets  # no targets: the offsets stand in, nothing else is cast
+    assert inv_scale == 1.0 / 129 and blocks == 3  # ceil(129 / 64)
+    same = offsets64.to(torch.int32)
+    nt = torch.tensor([1, 0, 2], dtype=torch.int64)
+    o2, t2, inv2, b2 = jagged_args(same, nt, 128, 512, 128)
+    assert o2 is same and t2.dtype == torch.int32 and t2.tolist() == [1, 0, 2]
+    assert inv2 == 1.0 / 512 and b2 == 1
+
+
+def test_call_signature_names_dtype_dims_and_mask_flags():
+    q = torch.empty(5, 2, 64, dtype=torch.float16)
+    v = torch.empty(5, 2, 32, dtype=torch.float16)
+    assert call_signature(q, v, None, 0, 0) == (torch.float16, 64, 32, False, False, False)
+    assert call_signature(q, v, torch.zeros(1), 2, 7) == (torch.float16, 64, 32, True, True, True)

@@ -22,7 +22,7 @@ from kernel_templates.cute_runtime import (
 )
 
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
-from .launch import LaunchCache, sm_count, tma_rows_ok
+from .launch import LaunchCache, call_signature, jagged_args, sm_count, tma_rows_ok
 from .tile_table import tiles_arg, tiles_fake
 
 
@@ -90,17 +90,10 @@ def bwd_key(
     max_attn_len: int,
     config: HSTUCuteBwdConfig,
 ) -> BwdKey:
-    if q.dtype not in TORCH_DTYPE_NAMES:
-        raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {q.dtype}")
-    return BwdKey(
-        config=config,
-        dtype=TORCH_DTYPE_NAMES[q.dtype],
-        dqk=int(q.shape[2]),
-        dv=int(v.shape[2]),
-        has_context=contextual_seq_len > 0,
-        has_targets=num_targets is not None,
-        has_window=max_attn_len > 0,
-    )
+    dtype, *rest = call_signature(q, v, num_targets, contextual_seq_len, max_attn_len)
+    if dtype not in TORCH_DTYPE_NAMES:
+        raise ValueError(f"q: CuTe HSTU backward supports bfloat16 and float16, got {dtype}")
+    return BwdKey(config, TORCH_DTYPE_NAMES[dtype], *rest)
 
 
 def _validate(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx, max_attn_len, scaling_seqlen, check_offsets):
@@ -153,7 +146,7 @@ def hstu_attention_cute_bwd(
     L, H, dqk = q.shape
     dv_dim = v.shape[2]
     config = config or default_cute_bwd_config(dqk, dv_dim)
-    signature = (q.dtype, dqk, dv_dim, contextual_seq_len > 0, num_targets is not None, max_attn_len > 0)
+    signature = call_signature(q, v, num_targets, contextual_seq_len, max_attn_len)
     compiled = _LAUNCH.get(
         config, signature, lambda: compile_bwd(bwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config))
     )
@@ -163,7 +156,9 @@ def hstu_attention_cute_bwd(
         return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
     q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
     dk_buf, dv_buf = _tma_ready(dk), _tma_ready(dv)
-    offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
+    offsets, targets, inv_scale, num_n_blocks = jagged_args(
+        seq_offsets, num_targets, max_seq_len, scaling_seqlen, config.block_n
+    )
     if config.persistent:  # one zero-fill for the fp32 dQ accumulator and, behind it, the tile counter
         flat = torch.zeros(L * H * dqk + 4, dtype=torch.float32, device=q.device)
         dq_acc = flat[: L * H * dqk].view(L, H, dqk)
@@ -171,12 +166,9 @@ def hstu_attention_cute_bwd(
     else:  # the kernel never reads the counter: the offsets stand in for it
         dq_acc = torch.zeros((L, H, dqk), dtype=torch.float32, device=q.device)
         counter = offsets
-    targets = offsets if num_targets is None else num_targets.to(torch.int32)
-    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
-    num_n_blocks = -(-max_seq_len // config.block_n)
     tiles = tiles_arg(seq_offsets, offsets, L, H, config.block_n, num_n_blocks, "bwd", config.compact, config.l2_group)
     num_ctas = sm_count(q.device) if config.persistent else 1
-    scalars = (float(alpha), 1.0 / float(scale), int(contextual_seq_len), int(max_attn_len), num_n_blocks, num_ctas)
+    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_n_blocks, num_ctas)
     tensors = (q, k, v, do, dq_acc, dk_buf, dv_buf, offsets, targets, tiles, counter)
     if compiled.tvm_ffi:
         compiled.fn(*tensors, *scalars)

@@ -51,6 +51,32 @@ class LaunchCache:
         return len(self._entries)
 
 
+def call_signature(
+    q: torch.Tensor, v: torch.Tensor, num_targets: torch.Tensor | None, contextual_seq_len: int, max_attn_len: int
+) -> tuple[torch.dtype, int, int, bool, bool, bool]:
+    """(dtype, dqk, dv, has_context, has_targets, has_window): what a compiled kernel specialises on besides
+    its config, the same for the forward and the backward."""
+    return (q.dtype, q.shape[2], v.shape[2], contextual_seq_len > 0, num_targets is not None, max_attn_len > 0)
+
+
+def jagged_args(
+    seq_offsets: torch.Tensor,
+    num_targets: torch.Tensor | None,
+    max_seq_len: int,
+    scaling_seqlen: int | None,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+    """(int32 offsets, int32 targets, 1 / scale, blocks of the longest sequence) of a launch.
+
+    The kernels index in int32; without targets the offsets stand in for them (the kernel never reads
+    that argument), and the score scale 1 / S defaults to 1 / max_seq_len as HSTU.md defines it.
+    """
+    offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
+    targets = offsets if num_targets is None else num_targets.to(torch.int32)
+    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
+    return offsets, targets, 1.0 / float(scale), -(-max_seq_len // block)
+
+
 def tma_rows_ok(t: torch.Tensor) -> bool:
     """Whether ``t`` is (L, H, D) with contiguous heads and 16-byte aligned rows, as the TMA loads need
     (a column slice of a wider projection qualifies: only the row stride is free)."""

@@ -29,7 +29,7 @@ from kernel_templates.tensor_memo import capturing
 from .bwd_config import HSTUCuteBwdConfig, check_bwd_config, default_cute_bwd_config
 from .bwd_op import hstu_attention_cute_bwd
 from .config import HSTUCuteFwdConfig, check_fwd_config
-from .launch import LaunchCache, tma_rows_ok
+from .launch import LaunchCache, call_signature, jagged_args, tma_rows_ok
 from .launch import sm_count as device_sm_count
 from .tile_table import split_extra_rows, tiles_arg, tiles_fake
 
@@ -111,17 +111,10 @@ def fwd_key(
     max_attn_len: int,
     config: HSTUCuteFwdConfig,
 ) -> FwdKey:
-    if q.dtype not in TORCH_DTYPE_NAMES:
-        raise ValueError(f"CuTe HSTU forward supports bfloat16 and float16, got {q.dtype}")
-    return FwdKey(
-        config=config,
-        dtype=TORCH_DTYPE_NAMES[q.dtype],
-        dqk=int(q.shape[2]),
-        dv=int(v.shape[2]),
-        has_context=contextual_seq_len > 0,
-        has_targets=num_targets is not None,
-        has_window=max_attn_len > 0,
-    )
+    dtype, *rest = call_signature(q, v, num_targets, contextual_seq_len, max_attn_len)
+    if dtype not in TORCH_DTYPE_NAMES:
+        raise ValueError(f"CuTe HSTU forward supports bfloat16 and float16, got {dtype}")
+    return FwdKey(config, TORCH_DTYPE_NAMES[dtype], *rest)
 
 
 def hstu_attention_cute_fwd(
@@ -154,14 +147,13 @@ def hstu_attention_cute_fwd(
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if not tma_rows_ok(t):
             raise ValueError(f"{name} must be (L, H, D) with contiguous heads and 16-byte aligned rows for TMA")
-    signature = (q.dtype, dqk, dv, contextual_seq_len > 0, num_targets is not None, max_attn_len > 0)
+    signature = call_signature(q, v, num_targets, contextual_seq_len, max_attn_len)
     compiled = _LAUNCH.get(
         config, signature, lambda: compile_fwd(fwd_key(q, v, num_targets, contextual_seq_len, max_attn_len, config))
     )
-    offsets = seq_offsets if seq_offsets.dtype == torch.int32 else seq_offsets.to(torch.int32)
-    targets = offsets if num_targets is None else num_targets.to(torch.int32)
-    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
-    num_m_blocks = -(-max_seq_len // config.block_m)
+    offsets, targets, inv_scale, num_m_blocks = jagged_args(
+        seq_offsets, num_targets, max_seq_len, scaling_seqlen, config.block_m
+    )
     split = None
     ws, sem = _placeholder(q), offsets
     if config.split_heavy > 1:
@@ -171,7 +163,7 @@ def hstu_attention_cute_fwd(
     tiles = tiles_arg(
         seq_offsets, offsets, L, H, config.block_m, num_m_blocks, "fwd", config.compact, config.l2_group, split
     )
-    scalars = (float(alpha), 1.0 / float(scale), int(contextual_seq_len), int(max_attn_len), num_m_blocks)
+    scalars = (float(alpha), inv_scale, int(contextual_seq_len), int(max_attn_len), num_m_blocks)
     if compiled.tvm_ffi:
         compiled.fn(q, k, v, out, offsets, targets, tiles, ws, sem, *scalars)
     else:

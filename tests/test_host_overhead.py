@@ -30,6 +30,7 @@ from autotune.runtime import dispatch, ops
 pytest.importorskip("pytest_benchmark")
 BASELINE = Path(__file__).with_name("host_overhead_baseline.json")
 SLOWER = 1.5
+RETRIES = 2
 
 
 def _plain_call_us() -> float:
@@ -76,7 +77,7 @@ def test_public_call_host_overhead(benchmark, stubbed, validate, backend, monkey
     call = lambda: ops.hstu_attention(q, k, v, offsets, 32, validate=validate)  # noqa: E731
     call()
     benchmark.pedantic(call, rounds=2000, iterations=1, warmup_rounds=200)
-    _check_against_baseline(benchmark, f"{backend}/{validate}")
+    _check_against_baseline(benchmark, f"{backend}/{validate}", call)
 
 
 @pytest.fixture
@@ -122,11 +123,16 @@ def test_cute_launch_path_host_overhead(benchmark, cute_no_kernel, case):
     call = (lambda: ops.hstu_attention(q, k, v, offsets, 32)) if case == "forward" else step
     call()
     benchmark.pedantic(call, rounds=1000, iterations=1, warmup_rounds=100)
-    _check_against_baseline(benchmark, f"cute-launch/{case}")
+    _check_against_baseline(benchmark, f"cute-launch/{case}", call)
 
 
-def _check_against_baseline(benchmark, key: str) -> None:
-    """Record ``key``'s ratio to a plain call, or fail when it is ``SLOWER`` times its baseline."""
+def _check_against_baseline(benchmark, key: str, call) -> None:
+    """Record ``key``'s ratio to a plain call, or fail when it is ``SLOWER`` times its baseline.
+
+    A burst of load on a shared machine slows a long call path more than the tiny plain call, so a ratio
+    over the limit is measured again (the call and the plain call back to back, up to ``RETRIES`` times)
+    and the test fails only when every measure is over it.
+    """
     us = benchmark.stats.stats.median * 1e6
     ratio = us / _plain_call_us()
     benchmark.extra_info.update({"us_per_call": us, "ratio_to_plain_call": ratio})
@@ -136,4 +142,16 @@ def _check_against_baseline(benchmark, key: str) -> None:
         BASELINE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         return
     base = json.loads(BASELINE.read_text())[key]
-    assert ratio <= SLOWER * base, f"{key}: {us:.1f} us per call = {ratio:.0f}x a plain call (baseline {base}x)"
+    ratios = [ratio]
+    while ratios[-1] > SLOWER * base and len(ratios) <= RETRIES:
+        ratios.append(_median_us(call) / _plain_call_us())
+    assert ratios[-1] <= SLOWER * base, (
+        f"{key}: {us:.1f} us per call = {ratio:.0f}x a plain call (baseline {base}x); measured again: "
+        + ", ".join(f"{r:.0f}x" for r in ratios[1:])
+    )
+
+
+def _median_us(call, number: int = 200) -> float:
+    """Median per-call time of ``call`` over 7 blocks of ``number`` calls."""
+    runs = sorted(timeit.timeit(call, number=number) / number for _ in range(7))
+    return runs[3] * 1e6

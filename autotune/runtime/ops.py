@@ -41,32 +41,36 @@ def _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_le
 
 
 def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, attn_len, scaling):
-    """HSTU.md's backward in fp32 PyTorch, one sequence at a time (O(n^2) memory for one sequence).
+    """HSTU.md's backward in fp32 PyTorch, a block of query rows of one sequence at a time (``row_chunks``:
+    bounded memory for any length); dK and dV add up over the blocks.
 
     Written out rather than autograd: autograd is off inside a custom op's implementation. Autocast
     is off too, so the reference stays fp32 inside a bf16-autocast model.
     """
-    from kernel_templates.hstu_attention.reference import hstu_mask
+    from kernel_templates.hstu_attention.reference import hstu_mask, row_chunks
 
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq = torch.zeros_like(q)
+    dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
     inv_scale = 1.0 / float(scaling if scaling is not None else max_seq_len)
     offsets = seq_offsets.tolist()
     with torch.autocast(q.device.type, enabled=False):
         for b in range(len(offsets) - 1):
             start, end = int(offsets[b]), int(offsets[b + 1])
-            if end == start:
-                continue
-            qb, kb, vb, dob = (t[start:end].float().transpose(0, 1) for t in (q, k, v, do))  # (H, n, D)
+            kb, vb = (t[start:end].float().transpose(0, 1) for t in (k, v))  # (H, n, D)
             nt = None if num_targets is None else int(num_targets[b])
-            mask = hstu_mask(end - start, ctx_len, nt, attn_len, device=q.device).float() * inv_scale
-            s = alpha * torch.matmul(qb, kb.transpose(1, 2))
-            sig = torch.sigmoid(s)
-            p = s * sig * mask
-            ds = torch.matmul(dob, vb.transpose(1, 2)) * mask * alpha * sig * (1 + s * (1 - sig))
-            dq[start:end] = torch.matmul(ds, kb).transpose(0, 1).to(q.dtype)
-            dk[start:end] = torch.matmul(ds.transpose(1, 2), qb).transpose(0, 1).to(k.dtype)
-            dv[start:end] = torch.matmul(p.transpose(1, 2), dob).transpose(0, 1).to(v.dtype)
-    return dq, dk, dv
+            for r0, r1 in row_chunks(end - start, q.shape[1]):
+                rows = slice(start + r0, start + r1)
+                qb, dob = (t[rows].float().transpose(0, 1) for t in (q, do))  # (H, rows, D)
+                mask = hstu_mask(end - start, ctx_len, nt, attn_len, device=q.device, rows=(r0, r1)).float()
+                mask = mask * inv_scale
+                s = alpha * torch.matmul(qb, kb.transpose(1, 2))
+                sig = torch.sigmoid(s)
+                p = s * sig * mask
+                ds = torch.matmul(dob, vb.transpose(1, 2)) * mask * alpha * sig * (1 + s * (1 - sig))
+                dq[rows] = torch.matmul(ds, kb).transpose(0, 1).to(q.dtype)
+                dk[start:end] += torch.matmul(ds.transpose(1, 2), qb).transpose(0, 1)
+                dv[start:end] += torch.matmul(p.transpose(1, 2), dob).transpose(0, 1)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 _FWD_SCHEMA = (

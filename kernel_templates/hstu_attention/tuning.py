@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .reference import hstu_attention_flops, hstu_attention_reference
+from .reference import hstu_attention_flops, hstu_attention_reference, row_chunks, sequence_rows
 from .testing import offsets_from_lengths
 
 
@@ -68,24 +68,29 @@ def reference_fwd(inputs: dict, compute_dtype: torch.dtype) -> tuple:
 
 
 def reference_bwd(inputs: dict, compute_dtype: torch.dtype) -> tuple:
-    """Autograd through the reference, one sequence at a time: memory stays O(n^2) of the longest
-    sequence, so the tuner can check the task's whole timing batch (32 x 8K) on one GPU."""
+    """Autograd through the reference, one block of query rows of one sequence at a time
+    (``row_chunks``): memory stays bounded for any length, so the tuner can check its whole timing
+    batch (32 x 8K, or a 32K sequence) on one GPU. dK and dV add up over the row blocks in fp32."""
     cast = (lambda t: t.float()) if compute_dtype == torch.float32 else (lambda t: t)
-    grads = [torch.zeros_like(cast(inputs[n])) for n in ("q", "k", "v")]
+    dq = torch.zeros_like(cast(inputs["q"]))
+    dk, dv = (torch.zeros_like(inputs[n], dtype=torch.float32) for n in ("k", "v"))
     offsets = inputs["seq_offsets"].tolist()
     targets = inputs["num_targets"]
+    max_seq_len, alpha, _, ctx, window, scaling = _args(inputs)[1:]
+    scale = float(scaling if scaling is not None else max_seq_len)
     for b in range(len(offsets) - 1):
         start, end = int(offsets[b]), int(offsets[b + 1])
-        if end == start:
-            continue
-        q, k, v = (cast(inputs[n][start:end]).detach().requires_grad_(True) for n in ("q", "k", "v"))
-        sub = {**inputs, "seq_offsets": torch.tensor([0, end - start], device=q.device)}
-        sub["num_targets"] = None if targets is None else targets[b : b + 1]
-        out = hstu_attention_reference(q, k, v, *_args(sub), compute_dtype=compute_dtype)
-        out.backward(inputs["do"][start:end].to(out.dtype))
-        for g, t in zip(grads, (q, k, v), strict=True):
-            g[start:end] = t.grad
-    return tuple(grads)
+        t = None if targets is None else int(targets[b])
+        k, v = (cast(inputs[n][start:end]).detach().requires_grad_(True) for n in ("k", "v"))
+        for r0, r1 in row_chunks(end - start, k.shape[1]):
+            q = cast(inputs["q"][start + r0 : start + r1]).detach().requires_grad_(True)
+            with torch.enable_grad():
+                out = sequence_rows(q, k, v, (r0, r1), alpha, scale, t, ctx, window, compute_dtype).to(q.dtype)
+            gq, gk, gv = torch.autograd.grad(out, (q, k, v), inputs["do"][start + r0 : start + r1].to(out.dtype))
+            dq[start + r0 : start + r1] = gq
+            dk[start:end] += gk.float()
+            dv[start:end] += gv.float()
+    return dq, dk.to(dq.dtype), dv.to(dq.dtype)
 
 
 def _flops(inputs: dict, index: int) -> float:

@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class _Tally:
+    """What the timed steps of one run add up: tokens, FLOPs, losses, per-rank balance and timings."""
+
+    tokens: int = 0
+    real_tokens: int = 0  # rows the graphed steps computed on, padding excluded
+    captures_before: int = 0
+    pad_before: int = 0
+    elapsed: float = 0.0
+    flops: dict[str, float] = field(default_factory=lambda: {"attention": 0.0, "gemm": 0.0, "total": 0.0})
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    imbalances: list[float] = field(default_factory=list)
+    fwd_events: list = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """A prepared run: device, process group, model, optimiser and how each step is taken."""
+
+    cfg: ModelConfig
+    device: torch.device
+    dtype: str
+    dist_info: Any
+    gpu_name: str | None
+    dispatch_summary: Any
+    model: HSTURankingModel
+    opt: torch.optim.Optimizer
+    amp: contextlib.AbstractContextManager
+    graphed: Any = None
+    loss_fn: Any = None
+
+
 def run(
     cfg: ModelConfig,
     steps: int,
@@ -107,7 +140,21 @@ def run(
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     if balance not in distributed.BALANCE:
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
-    device = torch.device(device)
+    r = _prepare(cfg, torch.device(device), dtype, artifacts, gpu, allow_same_arch)
+    if r.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(r.device)
+    global_cfg = cfg.replace(batch_size=cfg.batch_size * r.dist_info.world)
+    loader = iter(make_loader(global_cfg, warmup + steps, workers=workers, pin=r.device.type == "cuda"))
+    console = console or Console(stderr=True)
+    tally = _train(r, loader, steps, warmup, log_every, balance, progress, console)
+    world_tokens, rank_fwd_ms = _reduce_ranks(r, tally)
+    return _report(r, tally, steps, warmup, balance, world_tokens, rank_fwd_ms)
+
+
+def _prepare(
+    cfg: ModelConfig, device: torch.device, dtype: str | None, artifacts: str, gpu: str | None, allow_same_arch: bool
+) -> _Run:
+    """Device and process group, the tuned artifacts (``kernels="tuned"``), model, Adam and the step form."""
     if cfg.cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph needs a CUDA device, got device {str(device)!r}")
     dist_info = distributed.setup(device.type)
@@ -117,7 +164,6 @@ def run(
         device = torch.device("cuda", dist_info.local_rank)
         torch.cuda.set_device(device)
     dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
-    console = console or Console(stderr=True)
     gpu_name = gpu or detect_gpu_name(device)
     dispatch_summary = None
     if cfg.kernels == "tuned":
@@ -125,32 +171,30 @@ def run(
 
         dispatch_summary = autotune.load(artifacts, gpu=gpu_name, allow_same_arch=allow_same_arch)
     model, opt = build(cfg, device)
-    dense = model.dense_params()
     amp = autocast_context(device, dtype, cache=not cfg.cuda_graph)
-    graphed = None
+    r = _Run(cfg, device, dtype, dist_info, gpu_name, dispatch_summary, model, opt, amp)
     if cfg.cuda_graph:
         from .graphs import GraphedTrainStep
 
-        graphed = GraphedTrainStep(model, opt, amp, cfg.max_seq_len, cfg.graph_tokens or cfg.max_seq_len)
-    loss_fn = None
+        r.graphed = GraphedTrainStep(model, opt, amp, cfg.max_seq_len, cfg.graph_tokens or cfg.max_seq_len)
     if dist_info.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
-        loss_fn = DistributedDataParallel(distributed.LossModule(model), device_ids=ids)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    global_cfg = cfg.replace(batch_size=cfg.batch_size * dist_info.world)
-    loader = iter(make_loader(global_cfg, warmup + steps, workers=workers, pin=device.type == "cuda"))
+        r.loss_fn = DistributedDataParallel(distributed.LossModule(model), device_ids=ids)
+    return r
+
+
+def _train(
+    r: _Run, loader: Any, steps: int, warmup: int, log_every: int, balance: str, progress: bool, console: Console
+) -> _Tally:
+    """Take every step; the timed ones (after ``warmup``) add to the tally. Losses are read back every
+    ``log_every`` steps, so steps between reads run without a host sync."""
+    cfg, device, dist_info, graphed = r.cfg, r.device, r.dist_info, r.graphed
+    dense = r.model.dense_params()
     weight = distributed.token_weight(cfg)
-    imbalances: list[float] = []
-    fwd_events: list = []
-    losses: list[tuple[int, float]] = []
+    tally = _Tally()
     pending: list[tuple[int, torch.Tensor]] = []
-    tokens = 0
-    real_tokens = 0
-    captures_before = pad_before = 0
-    flops = {"attention": 0.0, "gemm": 0.0, "total": 0.0}
     t0 = time.perf_counter()
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=console,
@@ -160,91 +204,113 @@ def run(
             if step == warmup:
                 _sync(device)
                 t0 = time.perf_counter()
-                captures_before = graphed.captures if graphed else 0
-                pad_before = graphed.padding_rows if graphed else 0
+                tally.captures_before = graphed.captures if graphed else 0
+                tally.pad_before = graphed.padding_rows if graphed else 0
             batch = next(loader)
             if dist_info.enabled:
                 shards, imb = distributed.split(batch.lengths, dist_info.world, balance, weight)
                 batch = distributed.select_sequences(batch, shards[dist_info.rank])
-                imbalances.append(imb)
+                tally.imbalances.append(imb)
             if step >= warmup:
-                tokens += batch.num_tokens
+                tally.tokens += batch.num_tokens
                 for key, val in step_flops(cfg, batch.lengths, dense).items():
-                    flops[key] += val
-            timer = fwd_events if (step >= warmup and dist_info.enabled and device.type == "cuda") else None
+                    tally.flops[key] += val
+            timer = tally.fwd_events if (step >= warmup and dist_info.enabled and device.type == "cuda") else None
             if graphed is not None:
                 if step >= warmup:
-                    real_tokens += batch.num_tokens
+                    tally.real_tokens += batch.num_tokens
                 pending.append((step, graphed(batch.to(device))))
             else:
-                pending.append((step, train_step(model, opt, batch.to(device), amp, loss_fn, timer)))
+                pending.append((step, train_step(r.model, r.opt, batch.to(device), r.amp, r.loss_fn, timer)))
             if (step + 1) % log_every == 0 or step + 1 == warmup + steps:
-                losses.extend((s, float(v)) for s, v in pending)
+                tally.losses.extend((s, float(v)) for s, v in pending)
                 pending.clear()
-                bar.update(task, loss=f"loss {losses[-1][1]:.4f}")
+                bar.update(task, loss=f"loss {tally.losses[-1][1]:.4f}")
                 if not progress:
-                    console.print(f"step {step + 1}: loss {losses[-1][1]:.4f}")
+                    console.print(f"step {step + 1}: loss {tally.losses[-1][1]:.4f}")
             bar.advance(task)
     _sync(device)
-    elapsed = time.perf_counter() - t0
-    world_tokens = tokens
-    rank_fwd_ms: list[float] | None = None
-    if dist_info.enabled:
-        import torch.distributed as dist
+    tally.elapsed = time.perf_counter() - t0
+    return tally
 
-        agg = torch.tensor([float(tokens), elapsed, flops["total"]], dtype=torch.float64, device=device)
-        times = agg[1:2].clone()
-        dist.all_reduce(agg)  # summed tokens and FLOPs of every rank
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the step time
-        world_tokens, elapsed, flops["total"] = int(agg[0]), float(times[0]), float(agg[2])
-        if fwd_events:
-            mine = torch.tensor([sum(a.elapsed_time(b) for a, b in fwd_events) / len(fwd_events)], device=device)
-            every = [torch.zeros_like(mine) for _ in range(dist_info.world)]
-            dist.all_gather(every, mine)
-            rank_fwd_ms = [float(t) for t in every]
-    tflops = flops["total"] / elapsed / 1e12
-    peak = peak_tflops(gpu_name)
-    result: dict[str, Any] = {
-        "kernels": cfg.kernels,
+
+def _reduce_ranks(r: _Run, tally: _Tally) -> tuple[int, list[float] | None]:
+    """(tokens of every rank, each rank's forward ms per step); in data-parallel runs the slowest rank
+    sets ``tally.elapsed`` and the FLOPs become the world's."""
+    if not r.dist_info.enabled:
+        return tally.tokens, None
+    import torch.distributed as dist
+
+    agg = torch.tensor([float(tally.tokens), tally.elapsed, tally.flops["total"]], dtype=torch.float64, device=r.device)
+    times = agg[1:2].clone()
+    dist.all_reduce(agg)  # summed tokens and FLOPs of every rank
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the step time
+    world_tokens, tally.elapsed, tally.flops["total"] = int(agg[0]), float(times[0]), float(agg[2])
+    rank_fwd_ms = None
+    if tally.fwd_events:
+        events = tally.fwd_events
+        mine = torch.tensor([sum(a.elapsed_time(b) for a, b in events) / len(events)], device=r.device)
+        every = [torch.zeros_like(mine) for _ in range(r.dist_info.world)]
+        dist.all_gather(every, mine)
+        rank_fwd_ms = [float(t) for t in every]
+    return world_tokens, rank_fwd_ms
+
+
+def _report(
+    r: _Run,
+    tally: _Tally,
+    steps: int,
+    warmup: int,
+    balance: str,
+    world_tokens: int,
+    rank_fwd_ms: list[float] | None,
+) -> dict[str, Any]:
+    """The metrics dict of ``run``."""
+    device, graphed, elapsed, imbalances = r.device, r.graphed, tally.elapsed, tally.imbalances
+    tflops = tally.flops["total"] / elapsed / 1e12
+    peak = peak_tflops(r.gpu_name)
+    return {
+        "kernels": r.cfg.kernels,
         "device": str(device),
-        "gpu": gpu_name,
-        "dtype": dtype,
+        "gpu": r.gpu_name,
+        "dtype": r.dtype,
         "steps": steps,
         "warmup": warmup,
         "timed_s": elapsed,
         "step_ms": 1e3 * elapsed / steps,
         "tokens": world_tokens,
         "tokens_per_s": world_tokens / elapsed,
-        "world": dist_info.world,
-        "balance": balance if dist_info.enabled else None,
+        "world": r.dist_info.world,
+        "balance": balance if r.dist_info.enabled else None,
         "imbalance_mean": sum(imbalances) / len(imbalances) if imbalances else None,
         "imbalance_max": max(imbalances) if imbalances else None,
         # per-rank forward compute (ms per step) and its spread (slowest / fastest rank)
         "rank_fwd_ms": rank_fwd_ms,
         "rank_fwd_spread": max(rank_fwd_ms) / min(rank_fwd_ms) if rank_fwd_ms and min(rank_fwd_ms) > 0 else None,
         "imbalance_per_step": imbalances,
-        "cuda_graph": cfg.cuda_graph,
+        "cuda_graph": r.cfg.cuda_graph,
         # graphs captured in all / in the timed steps (their warm-up and capture are timed), and the
         # padding rows the graphs computed on as a share of the real rows of the timed steps
         "graph_captures": graphed.captures if graphed else None,
-        "graph_captures_timed": graphed.captures - captures_before if graphed else None,
-        "graph_padding_share": (graphed.padding_rows - pad_before) / max(real_tokens, 1) if graphed else None,
+        "graph_captures_timed": graphed.captures - tally.captures_before if graphed else None,
+        "graph_padding_share": (graphed.padding_rows - tally.pad_before) / max(tally.real_tokens, 1)
+        if graphed
+        else None,
         "tflops": tflops,
-        "attention_tflop_per_step": flops["attention"] / steps / 1e12,
-        "gemm_tflop_per_step": flops["gemm"] / steps / 1e12,
+        "attention_tflop_per_step": tally.flops["attention"] / steps / 1e12,
+        "gemm_tflop_per_step": tally.flops["gemm"] / steps / 1e12,
         "peak_tflops": peak,
         "mfu": tflops / peak if peak else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
-        "dense_params": dense,
-        "total_params": sum(p.numel() for p in model.parameters()),
-        "first_loss": losses[0][1],
-        "final_loss": losses[-1][1],
-        "losses": losses,
-        "config": cfg.to_dict(),
-        "dispatch": _dispatch_report(dispatch_summary),
+        "dense_params": r.model.dense_params(),
+        "total_params": sum(p.numel() for p in r.model.parameters()),
+        "first_loss": tally.losses[0][1],
+        "final_loss": tally.losses[-1][1],
+        "losses": tally.losses,
+        "config": r.cfg.to_dict(),
+        "dispatch": _dispatch_report(r.dispatch_summary),
         "versions": {"torch": torch.__version__, "python": platform.python_version(), "triton": _triton_version()},
     }
-    return result
 
 
 def _triton_version() -> str | None:

@@ -175,3 +175,11 @@ def test_flops_count_masked_pairs_by_row_blocks(monkeypatch):
     monkeypatch.setattr(reference, "ROW_BLOCK_ELEMENTS", 8)
     fwd, bwd = hstu_attention_flops(offsets, 2, 16, 8, 1, nt, 4)
     assert fwd == 2.0 * 2 * (16 + 8) * want and bwd == 2.0 * 2 * (3 * 16 + 2 * 8) * want
+
+
+def test_an_all_empty_batch_has_zero_output_and_gradients():
+    q, k, v = (torch.randn(0, 2, d, requires_grad=True) for d in (8, 8, 4))
+    out = hstu_attention_reference(q, k, v, torch.tensor([0, 0, 0]), 4, 0.5)
+    assert out.shape == (0, 2, 4)
+    grads = torch.autograd.grad(out, (q, k, v), torch.zeros(0, 2, 4))
+    assert [tuple(g.shape) for g in grads] == [(0, 2, 8), (0, 2, 8), (0, 2, 4)]

@@ -40,8 +40,7 @@ def _plain_call_us() -> float:
         return q
 
     args = (None, None, None, None, 32)
-    runs = [timeit.timeit(lambda: plain(*args, validate="none"), number=20000) / 20000 for _ in range(7)]
-    return sorted(runs)[3] * 1e6
+    return _median_us(lambda: plain(*args, validate="none"), number=20000)
 
 
 @pytest.fixture

@@ -47,11 +47,11 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
     Written out rather than autograd: autograd is off inside a custom op's implementation. Autocast
     is off too, so the reference stays fp32 inside a bf16-autocast model.
     """
-    from kernel_templates.hstu_attention.reference import hstu_mask, row_chunks
+    from kernel_templates.hstu_attention.reference import hstu_mask, row_chunks, score_scale
 
     dq = torch.zeros_like(q)
     dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
-    inv_scale = 1.0 / float(scaling if scaling is not None else max_seq_len)
+    inv_scale = 1.0 / score_scale(max_seq_len, scaling)
     offsets = seq_offsets.tolist()
     with torch.autocast(q.device.type, enabled=False):
         for b in range(len(offsets) - 1):

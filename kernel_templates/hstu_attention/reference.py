@@ -55,6 +55,11 @@ def hstu_mask(
     return valid
 
 
+def score_scale(max_seq_len: int, scaling_seqlen: int | None) -> float:
+    """S of HSTU.md's 1/S score scale: ``scaling_seqlen`` when given, else ``max_seq_len``."""
+    return float(scaling_seqlen if scaling_seqlen is not None else max_seq_len)
+
+
 # Elements of one (H, rows, n) block of scores: 2^26 fp32 = 256 MiB, so the few such tensors the forward
 # and its autograd keep stay within a few GiB whatever the sequence length.
 ROW_BLOCK_ELEMENTS = 1 << 26
@@ -107,7 +112,7 @@ def hstu_attention_reference(
 
     Returns a tensor of q's dtype with shape (L, H, Dv). Differentiable through autograd.
     """
-    scale = float(scaling_seqlen if scaling_seqlen is not None else max_seq_len)
+    scale = score_scale(max_seq_len, scaling_seqlen)
     offsets = seq_offsets.tolist()
     outs = []
     for b in range(len(offsets) - 1):

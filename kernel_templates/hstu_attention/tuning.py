@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .reference import hstu_attention_flops, hstu_attention_reference, row_chunks, sequence_rows
+from .reference import hstu_attention_flops, hstu_attention_reference, row_chunks, score_scale, sequence_rows
 from .testing import offsets_from_lengths
 
 
@@ -77,7 +77,7 @@ def reference_bwd(inputs: dict, compute_dtype: torch.dtype) -> tuple:
     offsets = inputs["seq_offsets"].tolist()
     targets = inputs["num_targets"]
     max_seq_len, alpha, _, ctx, window, scaling = _args(inputs)[1:]
-    scale = float(scaling if scaling is not None else max_seq_len)
+    scale = score_scale(max_seq_len, scaling)
     for b in range(len(offsets) - 1):
         start, end = int(offsets[b]), int(offsets[b + 1])
         t = None if targets is None else int(targets[b])

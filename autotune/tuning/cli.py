@@ -614,10 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--watch", type=float, nargs="?", const=2.0, default=None, metavar="S", help="redraw every S s (2) until done"
     )
-    from autotune.tuning import cli_graph
+    from autotune.tuning import cli_graph, recheck
 
     cli_graph.add_run_args(run)
     cli_graph.add_parsers(sub)
+    recheck.add_parser(sub)
     return parser
 
 
@@ -633,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_show(args)
         if args.command == "merge":
             return cmd_merge(args)
+        if args.command == "verify":
+            from autotune.tuning.recheck import cmd_verify
+
+            return cmd_verify(args)
         if args.command == "status":
             from autotune.tuning.farm_status import cmd_status
 

@@ -261,45 +261,65 @@ class _Session:
         return {"status": "ok", "a_ms": times[0], "b_ms": times[1]}
 
     def verify(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Re-check a config on the bucket's other shapes, every mask the op has and both dtypes.
-
-        ``level`` "full": masks x dtypes on many short sequences, plus one very long sequence with
-        every mask in the task's dtype; "quick": the task's mask and dtype only. Cases the config's
-        space rules out for a dtype are listed as skipped with the reason.
-        """
-        import dataclasses
-
-        from autotune.tuning.tasks import space_context
-
+        """Re-check a config on the bucket's other shapes, every mask the op has and both dtypes
+        (``verify_config``; ``level`` "full" or "quick")."""
         backend, config = self._config(msg)
-        full = msg.get("level", "full") == "full"
-        task = self.task
-        masks = self.op.verify_masks if full and self.op.verify_masks else (task.mask,)
-        dtypes = verify_dtypes(task.dtype, self.device == "cuda") if full else (task.dtype,)
-        shapes = verify_lengths(task.max_len, task.seed)
-        cases: list[tuple[str, Any, list[int]]] = []
-        for dtype in dtypes:
-            for mask in masks:
-                variant = dataclasses.replace(task, dtype=dtype, mask=mask)
-                for name, lengths in shapes.items():
-                    if name == "one-long" and dtype != task.dtype:
-                        continue  # the long shape adds no compile; one dtype is enough
-                    cases.append((f"{name}/{mask}/{dtype}", variant, lengths))
-        checked, skipped = [], []
-        for i, (label, variant, lengths) in enumerate(cases):
-            reason = backend.space.why_infeasible(config, space_context(variant, self.device != "cuda"))
-            if reason:
-                skipped.append(f"{label}: {reason}")
-                continue
-            try:
-                ref = _Reference(self.op, variant, lengths, 1000 * task.seed + 10 + i, self.device)
-                ok, detail = ref.check(backend, config)
-            except Exception as e:  # noqa: BLE001
-                return {**_failure("crash", e), "case": label, "checked": checked}
-            if not ok:
-                return {"status": "incorrect", "case": label, "error": f"{label}: {detail}", "checked": checked}
-            checked.append(label)
-        return {"status": "ok", "checked": checked, "skipped": skipped}
+        return verify_config(self.op, self.task, backend, config, msg.get("level", "full") == "full", self.device)
+
+
+def verify_cases(op: Any, task: Any, full: bool, on_gpu: bool) -> list[tuple[str, Any, list[int]]]:
+    """(label, task variant, lengths) of a winner's re-check. "full": every mask the op verifies x both
+    half dtypes on many short sequences, plus one very long sequence with every mask in the task's
+    dtype; "quick" (``full`` False): the task's own mask and dtype on both shapes."""
+    import dataclasses
+
+    masks = op.verify_masks if full and op.verify_masks else (task.mask,)
+    dtypes = verify_dtypes(task.dtype, on_gpu) if full else (task.dtype,)
+    shapes = verify_lengths(task.max_len, task.seed)
+    cases = []
+    for dtype in dtypes:
+        for mask in masks:
+            variant = dataclasses.replace(task, dtype=dtype, mask=mask)
+            for name, lengths in shapes.items():
+                if name == "one-long" and dtype != task.dtype:
+                    continue  # the long shape adds no compile; one dtype is enough
+                cases.append((f"{name}/{mask}/{dtype}", variant, lengths))
+    return cases
+
+
+def verify_config(op: Any, task: Any, backend: Any, config: Any, full: bool, device: str) -> dict[str, Any]:
+    """Check ``config`` against the reference on every case of ``verify_cases``; cases the config's
+    space rules out for a variant are listed as skipped with the reason. Stops at the first failure."""
+    from autotune.tuning.tasks import space_context
+
+    checked, skipped = [], []
+    for i, (label, variant, lengths) in enumerate(verify_cases(op, task, full, device == "cuda")):
+        reason = backend.space.why_infeasible(config, space_context(variant, device != "cuda"))
+        if reason:
+            skipped.append(f"{label}: {reason}")
+            continue
+        try:
+            ref = _Reference(op, variant, lengths, 1000 * task.seed + 10 + i, device)
+            ok, detail = ref.check(backend, config)
+        except Exception as e:  # noqa: BLE001
+            return {**_failure("crash", e), "case": label, "checked": checked}
+        if not ok:
+            return {"status": "incorrect", "case": label, "error": f"{label}: {detail}", "checked": checked}
+        checked.append(label)
+    return {"status": "ok", "checked": checked, "skipped": skipped}
+
+
+def recheck(msg: dict[str, Any]) -> dict[str, Any]:
+    """``verify_config`` of one artifact entry, without a task session (no timing batch is built)."""
+    from autotune.tuning import measure
+    from autotune.tuning.registry import get_backend, get_op
+    from autotune.tuning.tasks import Task
+
+    task = Task.from_dict(msg["task"])
+    backend = get_backend(task.kernel, msg["backend"])
+    config = backend.space.make(msg["config"])
+    full = msg.get("level", "full") == "full"
+    return verify_config(get_op(task.kernel), task, backend, config, full, measure.device())
 
 
 def _failure(status: str, e: BaseException) -> dict[str, Any]:
@@ -344,6 +364,8 @@ def _main(conn, plugins: list[str]) -> None:
                 session = None
                 session = _Session(msg)
                 reply = {"status": "ok", "flops": session.flops, "setup_s": session.setup_s}
+            elif cmd == "recheck":
+                reply = recheck(msg)
             elif session is None:
                 reply = {"status": "crash", "error": "no task set up"}
             elif cmd == "noop":

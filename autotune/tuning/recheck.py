@@ -1,0 +1,249 @@
+"""Re-check the entries an artifact holds, on this GPU, against the PyTorch reference.
+
+Dispatch serves one entry to calls it was not tuned on: another mask (targets, context, window), the other
+half dtype, the bucket's shortest and longest sequences. A tuning run re-checks its winner on those
+(``verify``, level "full") unless it ran with ``--verify quick``, and a config recorded before a template
+fix was never checked on the new code. ``autotune verify`` re-runs the winner's check for every entry as
+committed: the same cases (``worker.verify_cases``), the same tolerance (``measure.check_outputs``), each entry
+in a tuner worker process, so a config that crashes or hangs is reported and the rest go on. With
+``--write`` the cases that passed are recorded in each entry's ``verified`` list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.tuning.tasks import Task
+
+
+def entry_task(kernel: str, gpu: str, entry: dict[str, Any], seq_cap: int | None = None) -> Task:
+    """The task an artifact entry answers (its kernel, GPU, dtype, head dims, heads, bucket, law, mask)."""
+    return Task(
+        kernel,
+        gpu,
+        entry["dtype"],
+        int(entry["dqk"]),
+        int(entry["dv"]),
+        int(entry["num_heads"]),
+        int(entry["bucket"]),
+        entry["distribution"],
+        entry.get("mask", "causal"),
+        seq_cap=seq_cap,
+    )
+
+
+@dataclasses.dataclass
+class Recheck:
+    """One entry's re-check: where it is, what ran, and how it ended."""
+
+    kernel: str
+    index: int  # position in the artifact's entries
+    entry: dict[str, Any]
+    status: str = "pending"
+    checked: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    error: str = ""
+
+    def row(self) -> dict[str, Any]:
+        e = self.entry
+        return {
+            "kernel": self.kernel,
+            "dtype": e["dtype"],
+            "dqk": e["dqk"],
+            "dv": e["dv"],
+            "num_heads": e["num_heads"],
+            "bucket": e["bucket"],
+            "distribution": e["distribution"],
+            "mask": e.get("mask", "causal"),
+            "backend": e["backend"],
+            "config": e["config"],
+            "status": self.status,
+            "checked": self.checked,
+            "skipped": self.skipped,
+            "error": self.error,
+        }
+
+
+def _groups(items: list[Recheck], jobs: int) -> list[list[Recheck]]:
+    """Entries sharing a config go to one worker (it compiles each kernel variant once); the groups are
+    dealt to ``jobs`` queues, largest first, each to the least loaded queue."""
+    by_config: dict[tuple, list[Recheck]] = {}
+    for r in items:
+        key = (r.kernel, r.entry["backend"], r.entry["dqk"], r.entry["dv"], repr(sorted(r.entry["config"].items())))
+        by_config.setdefault(key, []).append(r)
+    queues: list[list[Recheck]] = [[] for _ in range(max(1, jobs))]
+    for group in sorted(by_config.values(), key=len, reverse=True):
+        min(queues, key=len).extend(group)
+    return [q for q in queues if q]
+
+
+def _run_queue(
+    queue: list[Recheck], gpu: str, level: str, plugins: list[str], timeout_s: float, seq_cap: int | None, done
+) -> None:
+    """Re-check ``queue`` in one worker process; a crash or hang fails that entry and starts a new worker."""
+    from autotune.tuning.worker import Worker, WorkerError
+
+    worker = Worker(plugins)
+    try:
+        for r in queue:
+            msg = {
+                "cmd": "recheck",
+                "task": dataclasses.asdict(entry_task(r.kernel, gpu, r.entry, seq_cap)),
+                "backend": r.entry["backend"],
+                "config": r.entry["config"],
+                "level": level,
+            }
+            try:
+                reply = worker.call(msg, timeout_s)
+            except WorkerError as e:
+                reply = {"status": e.kind, "error": str(e)}
+            r.status = reply.get("status", "crash")
+            if r.status == "ok" and not reply.get("checked"):
+                r.status = "unchecked"  # the space ruled out every case: nothing vouches for the entry
+            r.checked = list(reply.get("checked", []))
+            r.skipped = list(reply.get("skipped", []))
+            r.error = str(reply.get("error", ""))[-600:]
+            done(r)
+    finally:
+        worker.close()
+
+
+def recheck_artifacts(
+    root: str | Path,
+    gpu: str,
+    kernels: list[str] | None = None,
+    level: str = "full",
+    jobs: int = 1,
+    plugins: list[str] | None = None,
+    timeout_s: float = 900.0,
+    seq_cap: int | None = None,
+    on_done: Callable[[Recheck], None] | None = None,
+) -> list[Recheck]:
+    """Re-check every entry of ``root/gpu/<kernel>.json`` (all kernels there, or ``kernels``) in ``jobs``
+    worker processes; returns one ``Recheck`` per entry, in file order."""
+    from autotune.runtime import artifacts as art
+
+    if level not in ("full", "quick"):
+        raise ValueError(f"level must be 'full' or 'quick', got {level!r}")
+    folder = Path(root) / gpu
+    names = kernels or sorted(p.stem for p in folder.glob("*.json"))
+    items: list[Recheck] = []
+    for kernel in names:
+        path = art.artifact_path(gpu, kernel, root)
+        if not path.exists():
+            raise FileNotFoundError(f"kernels: no artifact {path}")
+        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+        items += [Recheck(kernel, i, dict(e)) for i, e in enumerate(artifact.entries)]
+    lock = threading.Lock()
+
+    def done(r: Recheck) -> None:
+        if on_done is not None:
+            with lock:
+                on_done(r)
+
+    queues = _groups(items, jobs)
+    threads = [
+        threading.Thread(target=_run_queue, args=(q, gpu, level, list(plugins or []), timeout_s, seq_cap, done))
+        for q in queues
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return items
+
+
+def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[Path]:
+    """Record each passing entry's checked cases in its ``verified`` list (other fields untouched)."""
+    from autotune.runtime import artifacts as art
+
+    written = []
+    for kernel in sorted({r.kernel for r in results}):
+        path = art.artifact_path(gpu, kernel, root)
+        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+        changed = False
+        for r in results:
+            if r.kernel == kernel and r.status == "ok" and r.checked:
+                entry = artifact.entries[r.index]
+                if art.entry_key(entry) != art.entry_key(r.entry):
+                    raise RuntimeError(f"{path} changed during the re-check (entry {r.index})")
+                entry["verified"] = sorted(set(entry.get("verified", [])) | set(r.checked))
+                changed = True
+        if changed:
+            written.append(art.save_artifact(artifact, path))
+    return written
+
+
+def add_parser(sub: Any) -> None:
+    """``autotune verify``: re-check committed entries (registered by ``autotune.tuning.cli``)."""
+    p = sub.add_parser("verify", help="re-check every artifact entry of this GPU against the reference")
+    p.add_argument("--gpu", default="auto", help="GPU whose artifacts to re-check (default: the one present)")
+    p.add_argument("--kernel", default=None, help="kernels, e.g. fwd,bwd (default: every artifact of the GPU)")
+    p.add_argument("--artifacts", default=None, help="artifacts root (default ./artifacts)")
+    p.add_argument(
+        "--level",
+        default="full",
+        choices=("full", "quick"),
+        help="full = every mask x bf16/fp16 x short/long shapes (default); quick = each entry's own mask and dtype",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (entries sharing a config share one)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per entry before its worker is killed")
+    p.add_argument("--write", action="store_true", help="record the passing cases in each entry's 'verified' list")
+    p.add_argument("--json", default=None, help="write one row per entry to this JSON file")
+    p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
+    p.add_argument("--interpret", action="store_true", help="run under the Triton interpreter (CPU)")
+    p.add_argument("--seq-cap", type=int, default=None, help=argparse.SUPPRESS)  # tests/CI: cap the lengths
+
+
+def cmd_verify(args: Any) -> int:
+    """Re-check, print one line per entry as it ends and a table of the failures; exit 1 on any failure."""
+    import json
+
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.cli import CLIError, _console, _kernels, resolve_gpu
+    from autotune.tuning.registry import load_plugins, plugin_modules
+
+    if args.jobs < 1:
+        raise CLIError("--jobs must be >= 1")
+    load_plugins(args.plugin)
+    gpu = resolve_gpu(args.gpu, args.interpret, False)
+    root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
+    if not (root / gpu).is_dir():
+        raise CLIError(f"--artifacts: no folder {root / gpu}")
+    console = _console()
+
+    def line(r: Recheck) -> None:
+        e = r.entry
+        what = f"{r.kernel} {e['dtype']} d{e['dqk']}/{e['dv']} h{e['num_heads']} {e['bucket']} {e['distribution']}"
+        detail = f"{len(r.checked)} cases" + (f", {len(r.skipped)} skipped" if r.skipped else "")
+        console.print(f"{r.status:9s} {what} {e['backend']}: {detail if r.status == 'ok' else r.error[:300]}")
+
+    try:
+        results = recheck_artifacts(
+            root,
+            gpu,
+            _kernels(args.kernel) if args.kernel else None,
+            args.level,
+            args.jobs,
+            plugin_modules(args.plugin),
+            args.timeout,
+            args.seq_cap,
+            on_done=line,
+        )
+    except FileNotFoundError as e:
+        raise CLIError(str(e)) from None
+    bad = [r for r in results if r.status != "ok"]
+    console.print(f"{len(results) - len(bad)} of {len(results)} entries passed ({args.level}) on {gpu}")
+    for r in bad:
+        console.print(f"FAILED {r.kernel} entry {r.index}: {r.status}: {r.error}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.row() for r in results], indent=1) + "\n")
+    if args.write:
+        for path in write_verified(root, gpu, results):
+            console.print(f"recorded the passing cases in {path}")
+    return 1 if bad else 0

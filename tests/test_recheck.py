@@ -1,0 +1,98 @@
+"""``autotune verify``: every artifact entry re-checked against the reference, faults isolated per entry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.runtime import artifacts as art
+from autotune.tuning import cli
+from autotune.tuning.recheck import entry_task, recheck_artifacts, write_verified
+from autotune.tuning.registry import load_plugins
+
+load_plugins(["autotune.tuning.fake"])
+PLUGINS = ["autotune.tuning.fake"]
+MODES = {256: "ok", 512: "narrow", 1024: "crash", 2048: "hang", 4096: "ok2"}
+
+
+def _entry(bucket: int, mode: str) -> dict:
+    return {
+        "dtype": "float32",
+        "dqk": 32,
+        "dv": 32,
+        "num_heads": 1,
+        "bucket": bucket,
+        "distribution": "uniform",
+        "mask": "causal",
+        "backend": "fake",
+        "config": {"mode": mode, "size": 2 if mode == "ok2" else 1},
+        "median_ms": 1.0,
+        "spread_ms": 0.01,
+        "tflops": 1.0,
+        "default_ms": 2.0,
+        "default_tflops": 0.5,
+        "speedup": 2.0,
+        "trials": 4,
+        "tuning_s": 1.0,
+    }
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", ",".join(MODES.values()))
+    env = {k: None for k in art.ENV_KEYS}
+    env["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    hashes = {"fake": art.current_template_hash("fake_faults", "fake")}
+    entries = [_entry(b, m) for b, m in MODES.items()]
+    artifact = art.Artifact("fake_faults", "h100", env, hashes, "space", entries)
+    art.save_artifact(artifact, art.artifact_path("h100", "fake_faults", tmp_path))
+    return tmp_path
+
+
+def test_entry_task_is_the_entry_key():
+    task = entry_task("fake_faults", "h100", _entry(512, "ok"), seq_cap=16)
+    assert (task.kernel, task.gpu, task.dtype, task.dqk, task.dv, task.num_heads) == (
+        "fake_faults", "h100", "float32", 32, 32, 1,
+    )  # fmt: skip
+    assert (task.bucket, task.distribution, task.mask, task.max_len) == (512, "uniform", "causal", 16)
+
+
+def test_every_entry_gets_its_own_verdict_and_faults_do_not_spread(root):
+    results = recheck_artifacts(root, "h100", level="full", jobs=2, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
+    status = {r.entry["bucket"]: r.status for r in results}
+    # 'narrow' passes the tuner's check and timed batches; only the re-check's many short sequences see it.
+    assert status == {256: "ok", 512: "incorrect", 1024: "crash", 2048: "timeout", 4096: "ok"}
+    ok = next(r for r in results if r.entry["bucket"] == 256)
+    assert ok.checked == ["many-short/causal/float32", "one-long/causal/float32", "many-short/causal/float16"]
+    narrow = next(r for r in results if r.entry["bucket"] == 512)
+    assert "many-short" in narrow.error
+    written = write_verified(root, "h100", results)
+    entries = art.load_artifact(written[0], check_stale=False).entries
+    assert entries[0]["verified"] == sorted(ok.checked)
+    assert all("verified" not in e for e in entries[1:4])  # failures record nothing
+
+
+def test_a_config_no_case_can_run_is_not_vouched_for(root, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")  # the space now rules out every other planted mode
+    results = recheck_artifacts(root, "h100", ["fake_faults"], "quick", 1, PLUGINS, 5.0, 16)
+    assert {r.entry["bucket"]: r.status for r in results}[4096] == "unchecked"
+
+
+def test_cli_exit_code_json_and_write(root, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(root), "--plugin", PLUGINS[0], "--interpret", "--jobs", "3"]
+    code = cli.main([*argv, "--timeout", "5", "--seq-cap", "16", "--json", str(out), "--write"])
+    assert code == 1
+    rows = json.loads(out.read_text())
+    assert [r["status"] for r in rows] == ["ok", "incorrect", "crash", "timeout", "ok"]
+    text = capsys.readouterr().out
+    assert "2 of 5 entries passed (full) on h100" in text and "FAILED fake_faults entry 1: incorrect" in text
+    entries = art.load_artifact(art.artifact_path("h100", "fake_faults", root), check_stale=False).entries
+    assert entries[4]["verified"] and "verified" not in entries[2]
+
+
+def test_cli_refuses_a_missing_folder_and_bad_jobs(tmp_path, capsys):
+    assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 2
+    assert "no folder" in capsys.readouterr().err
+    assert cli.main(["verify", "--gpu", "h100", "--jobs", "0", "--interpret"]) == 2

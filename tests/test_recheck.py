@@ -96,3 +96,26 @@ def test_cli_refuses_a_missing_folder_and_bad_jobs(tmp_path, capsys):
     assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 2
     assert "no folder" in capsys.readouterr().err
     assert cli.main(["verify", "--gpu", "h100", "--jobs", "0", "--interpret"]) == 2
+
+
+def _committed():
+    for path in sorted(art.DEFAULT_ROOT.glob("*/*.json")):
+        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+        for entry in artifact.entries:
+            yield path, artifact, entry
+
+
+def test_every_committed_entry_was_re_checked_on_every_case():
+    """Committed entries carry the full re-check (``autotune verify --write`` after a quick re-tune): every
+    mask the op verifies, bf16 and fp16, the bucket's shortest and longest sequences."""
+    from autotune.tuning.registry import get_op
+    from autotune.tuning.worker import verify_cases
+
+    seen = 0
+    for path, artifact, entry in _committed():
+        task = entry_task(artifact.kernel, artifact.gpu, entry)
+        wanted = {label for label, _, _ in verify_cases(get_op(artifact.kernel), task, True, on_gpu=True)}
+        missing = wanted - set(entry.get("verified", []))
+        assert not missing, f"{path} entry {entry['bucket']} d{entry['dqk']} {entry['distribution']}: not {missing}"
+        seen += 1
+    assert seen > 100

@@ -4,6 +4,7 @@
 #   bash scripts/gpu_evidence.sh tune [autotune run args...]   # the tuning run; artifacts -> $OUT/artifacts.tar
 #   bash scripts/gpu_evidence.sh model                          # seed-preset model: default vs tuned vs reference
 #   bash scripts/gpu_evidence.sh bench                          # tuned vs default per bucket (autotune bench)
+#   bash scripts/gpu_evidence.sh verify [autotune verify args...] # every committed entry re-checked, --write
 #   bash scripts/gpu_evidence.sh tests [pytest args...]         # GPU-marked tests
 #
 # Meant for a GPU host that already has the project's dependencies on PYTHONPATH (see README, "GPU host").
@@ -11,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-step="${1:?usage: gpu_evidence.sh tune|model|bench|tests [args...]}"
+step="${1:?usage: gpu_evidence.sh tune|model|bench|verify|tests [args...]}"
 shift
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$OUT/gpu.txt" 2>&1 || true
 case "$step" in
@@ -28,6 +29,11 @@ model)
   ;;
 bench)
   python -m autotune.tuning.cli bench --gpu auto "$@" 2>&1 | tee "$OUT/bench.log" | tail -40
+  ;;
+verify)
+  python -m autotune.tuning.cli verify --gpu auto --jobs "${JOBS:-12}" --write --json "$OUT/verify.json" "$@" 2>&1 |
+    tee "$OUT/verify.log" | tail -5
+  tar cf "$OUT/artifacts.tar" artifacts
   ;;
 tests)
   python -m pytest -q -m gpu "$@" 2>&1 | tee "$OUT/tests.log" | tail -15

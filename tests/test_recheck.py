@@ -8,7 +8,7 @@ import pytest
 
 from autotune.runtime import artifacts as art
 from autotune.tuning import cli
-from autotune.tuning.recheck import entry_task, recheck_artifacts, write_verified
+from autotune.tuning.recheck import entry_task, missing_cases, recheck_artifacts, write_verified
 from autotune.tuning.registry import load_plugins
 
 load_plugins(["autotune.tuning.fake"])
@@ -73,6 +73,16 @@ def test_every_entry_gets_its_own_verdict_and_faults_do_not_spread(root):
     assert all("verified" not in e for e in entries[1:4])  # failures record nothing
 
 
+def test_only_missing_skips_entries_already_checked(root):
+    first = recheck_artifacts(root, "h100", level="full", jobs=2, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
+    write_verified(root, "h100", first)
+    again = recheck_artifacts(
+        root, "h100", level="full", jobs=2, plugins=PLUGINS, timeout_s=5.0, seq_cap=16, only_missing=True
+    )
+    # The two passing entries are skipped; the three failures have nothing recorded and run again.
+    assert sorted(r.entry["bucket"] for r in again) == [512, 1024, 2048]
+
+
 def test_a_config_no_case_can_run_is_not_vouched_for(root, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")  # the space now rules out every other planted mode
     results = recheck_artifacts(root, "h100", ["fake_faults"], "quick", 1, PLUGINS, 5.0, 16)
@@ -108,14 +118,9 @@ def _committed():
 def test_every_committed_entry_was_re_checked_on_every_case():
     """Committed entries carry the full re-check (``autotune verify --write`` after a quick re-tune): every
     mask the op verifies, bf16 and fp16, the bucket's shortest and longest sequences."""
-    from autotune.tuning.registry import get_op
-    from autotune.tuning.worker import verify_cases
-
     seen = 0
     for path, artifact, entry in _committed():
-        task = entry_task(artifact.kernel, artifact.gpu, entry)
-        wanted = {label for label, _, _ in verify_cases(get_op(artifact.kernel), task, True, on_gpu=True)}
-        missing = wanted - set(entry.get("verified", []))
+        missing = missing_cases(artifact.kernel, artifact.gpu, entry)
         assert not missing, f"{path} entry {entry['bucket']} d{entry['dqk']} {entry['distribution']}: not {missing}"
         seen += 1
     assert seen > 100

@@ -37,6 +37,16 @@ def entry_task(kernel: str, gpu: str, entry: dict[str, Any], seq_cap: int | None
     )
 
 
+def missing_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = True, on_gpu: bool = True) -> set[str]:
+    """The re-check cases (on a GPU, or off one) that the entry's ``verified`` list does not hold."""
+    from autotune.tuning.registry import get_op
+    from autotune.tuning.worker import verify_cases
+
+    task = entry_task(kernel, gpu, entry)
+    wanted = {label for label, _, _ in verify_cases(get_op(kernel), task, full, on_gpu)}
+    return wanted - set(entry.get("verified", []))
+
+
 @dataclasses.dataclass
 class Recheck:
     """One entry's re-check: where it is, what ran, and how it ended."""
@@ -123,14 +133,18 @@ def recheck_artifacts(
     timeout_s: float = 900.0,
     seq_cap: int | None = None,
     on_done: Callable[[Recheck], None] | None = None,
+    only_missing: bool = False,
 ) -> list[Recheck]:
     """Re-check every entry of ``root/gpu/<kernel>.json`` (all kernels there, or ``kernels``) in ``jobs``
-    worker processes; returns one ``Recheck`` per entry, in file order."""
+    worker processes; returns one ``Recheck`` per entry, in file order. ``only_missing``: just the entries
+    whose ``verified`` list lacks a case of the ``level`` (``missing_cases``)."""
     from autotune.runtime import artifacts as art
+    from autotune.tuning import measure
 
     if level not in ("full", "quick"):
         raise ValueError(f"level must be 'full' or 'quick', got {level!r}")
     folder = Path(root) / gpu
+    on_gpu = measure.device() == "cuda"
     names = kernels or sorted(p.stem for p in folder.glob("*.json"))
     items: list[Recheck] = []
     for kernel in names:
@@ -138,7 +152,11 @@ def recheck_artifacts(
         if not path.exists():
             raise FileNotFoundError(f"kernels: no artifact {path}")
         artifact = art.load_artifact(path, check_stale=False, check_configs=False)
-        items += [Recheck(kernel, i, dict(e)) for i, e in enumerate(artifact.entries)]
+        items += [
+            Recheck(kernel, i, dict(e))
+            for i, e in enumerate(artifact.entries)
+            if not only_missing or missing_cases(kernel, gpu, e, level == "full", on_gpu)
+        ]
     lock = threading.Lock()
 
     def done(r: Recheck) -> None:
@@ -193,6 +211,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--jobs", type=int, default=1, help="worker processes (entries sharing a config share one)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per entry before its worker is killed")
+    p.add_argument("--missing", action="store_true", help="only entries whose 'verified' list lacks a case of --level")
     p.add_argument("--write", action="store_true", help="record the passing cases in each entry's 'verified' list")
     p.add_argument("--json", default=None, help="write one row per entry to this JSON file")
     p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
@@ -234,6 +253,7 @@ def cmd_verify(args: Any) -> int:
             args.timeout,
             args.seq_cap,
             on_done=line,
+            only_missing=args.missing,
         )
     except FileNotFoundError as e:
         raise CLIError(str(e)) from None

@@ -203,6 +203,28 @@ def test_a_new_law_warm_starts_from_the_same_buckets_winners_on_the_other_laws(t
     assert own[0] == by_law["jagged"] and by_law["uniform"] in own and len(own) == len({str(s) for s in own})
 
 
+def test_a_new_head_count_starts_from_the_nearest_head_counts_winner(tmp_path):
+    """A study at a head count with no entry measures the same bucket's winners at other head counts,
+    nearest first (what dispatch served such calls before), after its own family's and other laws'."""
+    from autotune.tuning.artifact_io import warm_starts_for
+
+    def fam(heads):
+        return Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, heads, 4096, "uniform").family
+
+    winners = {
+        fam(4): {4096: ("cute", {"block_m": 128}), 8192: ("cute", {"block_m": 192})},
+        fam(16): {4096: ("cute", {"block_m": 64})},
+        fam(1): {4096: ("cute", {"block_m": 192, "l2_group": 8})},
+        Task("hstu_attention_fwd", "h100", "bfloat16", 128, 128, 4, 4096, "uniform").family: {4096: ("cute", {})},
+    }
+    h8 = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 8, 4096, "uniform")
+    assert warm_starts_for(h8, winners) == [
+        ("cute", {"block_m": 128}), ("cute", {"block_m": 64}), ("cute", {"block_m": 192, "l2_group": 8}),
+    ]  # fmt: skip
+    h4 = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 4, 4096, "uniform")
+    assert warm_starts_for(h4, winners)[0] == ("cute", {"block_m": 128})  # its own winner first
+
+
 def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     """What ``autotune bench`` and the perf regression checks time: the default, and the bucket's entry."""
     from autotune.tuning.tuner import bench_launches

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from autotune.runtime import artifacts as art
 from autotune.runtime.buckets import DISTRIBUTIONS, neighbours
 from autotune.tuning.registry import backends_for
-from autotune.tuning.tasks import Task, family_key
+from autotune.tuning.tasks import Task, family_key, split_heads
 
 # What makes two timings comparable besides the code: the device and the software stack that ran it.
 TIMING_ENV_KEYS = ("gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "cutlass_dsl")
@@ -75,19 +76,28 @@ def completed_hints(values: dict[str, Any], choices: dict[str, tuple], cap: int 
 
 
 def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:
-    """The bucket's own last winner (a re-tune starts from it), its neighbours' winners, then the same
-    bucket's winners on the other length laws: a study of a skewed law then measures what dispatch ran
-    on such batches before it, so its entry is at least as fast on its own law."""
+    """The bucket's own last winner (a re-tune starts from it), its neighbours' winners, the same
+    bucket's winners on the other length laws, then its winners at other head counts (nearest first).
+    A study of a skewed law or a new head count then measures what dispatch ran on such calls before
+    it (the nearest entry), so its entry is at least as fast there."""
     fam = winners.get(task.family, {})
     hints = [fam.get(b) for b in (task.bucket, *neighbours(task.bucket))]
     for other in DISTRIBUTIONS:
         if other != task.distribution:
             hints.append(winners.get(task.family_on(other), {}).get(task.bucket))
+    hints += [winners[f].get(task.bucket) for f in _other_heads(task, winners)]
     starts: list[tuple[str, dict]] = []
     for hint in hints:
         if hint is not None and hint not in starts:
             starts.append(hint)
     return starts
+
+
+def _other_heads(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple]:
+    """Families of ``task``'s shape, law and mask at other head counts, nearest head count first."""
+    shape, heads = split_heads(task.family)
+    others = [(h, f) for f in winners for s, h in [split_heads(f)] if s == shape and h != heads]
+    return [f for _, f in sorted(others, key=lambda hf: (abs(math.log2(hf[0] / heads)), hf[0]))]
 
 
 def artifact_winners(tasks: list[Task], root: Path) -> dict[tuple, dict[int, tuple[str, dict]]]:

@@ -32,6 +32,11 @@ def family_key(
     return (kernel, gpu, dtype, dqk, dv, num_heads, distribution, mask)
 
 
+def split_heads(family: tuple) -> tuple[tuple, int]:
+    """(the ``family_key`` without its head count, the head count): families equal but for heads."""
+    return family[:5] + family[6:], family[5]
+
+
 @dataclass(frozen=True)
 class Task:
     """One tuning task. ``seq_cap`` (tests/CI only) caps the real lengths below the bucket."""

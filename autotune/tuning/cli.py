@@ -1,10 +1,11 @@
-"""``autotune``: tune (run), inspect (show) and benchmark (bench) the registered kernels.
+"""``autotune``: tune (run), inspect (show), re-check (verify) and benchmark (bench) the registered kernels.
 
 autotune run --gpu h100                       # fwd+bwd, bf16, b32 h4, d256/128, 1K-8K, uniform+jagged
 autotune run --gpu auto --time-budget 6m      # the same, cut to a few minutes
 autotune run --gpu h100 --dry-run             # tasks and space sizes, no GPU needed
 autotune run --gpu h100 --interpret           # whole pipeline under the Triton interpreter (CI)
 autotune show --gpu h100
+autotune verify --gpu auto --jobs 12 --write    # every committed entry re-checked, every mask and dtype
 autotune bench --gpu auto --buckets 4K --dims 256
 """
 

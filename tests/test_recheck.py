@@ -124,3 +124,29 @@ def test_every_committed_entry_was_re_checked_on_every_case():
         assert not missing, f"{path} entry {entry['bucket']} d{entry['dqk']} {entry['distribution']}: not {missing}"
         seen += 1
     assert seen > 100
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_committed_entries_of_this_gpu_still_pass_the_full_re_check(tmp_path):
+    """On a GPU runner: the present GPU's committed entries, one per kernel and head dim (the first in file
+    order), re-checked on every mask and dtype against the current templates."""
+    from autotune.runtime.gpus import detect_gpu
+
+    gpu = detect_gpu()
+    folder = art.DEFAULT_ROOT / gpu
+    if not folder.is_dir():
+        pytest.skip(f"no committed artifacts for {gpu}")
+    picked = 0
+    for path in sorted(folder.glob("*.json")):
+        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+        first_per_dim: dict[int, dict] = {}
+        for e in artifact.entries:
+            first_per_dim.setdefault(e["dqk"], e)
+        artifact.entries = list(first_per_dim.values())
+        picked += len(artifact.entries)
+        art.save_artifact(artifact, art.artifact_path(gpu, artifact.kernel, tmp_path))
+    results = recheck_artifacts(tmp_path, gpu, level="full", jobs=4, timeout_s=600.0)
+    assert len(results) == picked > 0
+    bad = [(r.kernel, r.entry["dqk"], r.entry["bucket"], r.status, r.error) for r in results if r.status != "ok"]
+    assert not bad

@@ -84,6 +84,10 @@ def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp
         assert entry["median_ms"] <= entry["default_ms"]
         assert a.template_hash["triton"] == art.current_template_hash(kernel)
     assert (root / "h100" / "studies" / "tuning.journal").exists()
+    assert "--verify quick" not in text  # the default full re-check needs no follow-up
+    # The run's full re-check recorded every case ``autotune verify --missing`` looks for: nothing is left.
+    rc, text = _run(capsys, "verify", "--gpu", "h100", "--interpret", "--artifacts", str(root), "--missing")
+    assert rc == 0 and "0 of 0 entries passed (full) on h100" in text, text
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(root))
     assert rc == 0 and "hstu_attention_fwd on h100" in text and "hstu_attention_bwd on h100" in text
     path = art.artifact_path("h100", "hstu_attention_fwd", root)

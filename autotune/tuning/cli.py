@@ -271,6 +271,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     console.print(table)
     console.print(f"Artifacts: {args.artifacts}/{gpu}/<kernel>.json")
+    if args.verify == "quick" and len(results) > failed:
+        console.print(
+            "Winners were re-checked on their own mask and dtype only (--verify quick): "
+            f"`autotune verify --gpu {gpu} --artifacts {args.artifacts} --missing --write` re-checks them on every "
+            "mask and dtype before they are committed."
+        )
     if failed:
         console.print(f"[red]{failed} of {len(results)} tasks failed[/] (no artifact entry written for them):")
         for r in results:

@@ -106,6 +106,13 @@ def test_cli_refuses_a_missing_folder_and_bad_jobs(tmp_path, capsys):
     assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 2
     assert "no folder" in capsys.readouterr().err
     assert cli.main(["verify", "--gpu", "h100", "--jobs", "0", "--interpret"]) == 2
+    capsys.readouterr()
+    (tmp_path / "h100").mkdir()
+    (tmp_path / "h100" / "hstu_attention_fwd.json").write_text("{not json")
+    assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 2
+    assert "hstu_attention_fwd.json" in capsys.readouterr().err
+    assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--kernel", "nope", "--interpret"]) == 2
+    assert "no artifact" in capsys.readouterr().err
 
 
 def _committed():

@@ -255,7 +255,7 @@ def cmd_verify(args: Any) -> int:
             on_done=line,
             only_missing=args.missing,
         )
-    except FileNotFoundError as e:
+    except (FileNotFoundError, art.ArtifactError) as e:
         raise CLIError(str(e)) from None
     bad = [r for r in results if r.status != "ok"]
     console.print(f"{len(results) - len(bad)} of {len(results)} entries passed ({args.level}) on {gpu}")

@@ -73,6 +73,18 @@ def test_every_entry_gets_its_own_verdict_and_faults_do_not_spread(root):
     assert all("verified" not in e for e in entries[1:4])  # failures record nothing
 
 
+def test_a_sticky_error_does_not_fail_the_next_entry(tmp_path, monkeypatch):
+    """A launch that raises and leaves its process broken fails its entry only: the worker is replaced."""
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "sticky,ok")
+    env = {k: None for k in art.ENV_KEYS}
+    hashes = {"fake": art.current_template_hash("fake_faults", "fake")}
+    entries = [_entry(256, "sticky"), _entry(512, "ok")]
+    artifact = art.Artifact("fake_faults", "h100", env, hashes, "space", entries)
+    art.save_artifact(artifact, art.artifact_path("h100", "fake_faults", tmp_path))
+    results = recheck_artifacts(tmp_path, "h100", level="quick", jobs=1, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
+    assert [r.status for r in results] == ["crash", "ok"]
+
+
 def test_only_missing_skips_entries_already_checked(root):
     first = recheck_artifacts(root, "h100", level="full", jobs=2, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
     write_verified(root, "h100", first)

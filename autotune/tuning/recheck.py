@@ -95,7 +95,8 @@ def _groups(items: list[Recheck], jobs: int) -> list[list[Recheck]]:
 def _run_queue(
     queue: list[Recheck], gpu: str, level: str, plugins: list[str], timeout_s: float, seq_cap: int | None, done
 ) -> None:
-    """Re-check ``queue`` in one worker process; a crash or hang fails that entry and starts a new worker."""
+    """Re-check ``queue`` in one worker process; after any failure (crash, hang, wrong result, an error that
+    may leave the process unusable) the next entry gets a new worker."""
     from autotune.tuning.worker import Worker, WorkerError
 
     worker = Worker(plugins)
@@ -113,6 +114,8 @@ def _run_queue(
             except WorkerError as e:
                 reply = {"status": e.kind, "error": str(e)}
             r.status = reply.get("status", "crash")
+            if r.status != "ok":
+                worker.kill()  # a failure may leave the process broken (a sticky error): the next entry gets a new one
             if r.status == "ok" and not reply.get("checked"):
                 r.status = "unchecked"  # the space ruled out every case: nothing vouches for the entry
             r.checked = list(reply.get("checked", []))

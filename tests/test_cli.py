@@ -90,6 +90,8 @@ def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp
     assert rc == 0 and "0 of 0 entries passed (full) on h100" in text, text
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(root))
     assert rc == 0 and "hstu_attention_fwd on h100" in text and "hstu_attention_bwd on h100" in text
+    # Off a GPU the full re-check is 5 masks x (fp32, fp16) on short sequences + 5 masks on the long one.
+    assert "re-checked" in text and text.count("15/15") == 2
     path = art.artifact_path("h100", "hstu_attention_fwd", root)
     path.write_text("{not json")
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(root))

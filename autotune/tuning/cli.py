@@ -375,6 +375,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     from autotune.runtime.artifacts import DEFAULT_ROOT, assess_artifact
     from autotune.runtime.gpus import running_environment
+    from autotune.tuning.recheck import recheck_status
 
     console = _console()
     root = Path(args.artifacts) if args.artifacts else DEFAULT_ROOT
@@ -404,8 +405,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         table = Table(title=f"{a.kernel} on {a.gpu} ({env.get('gpu_name')}), created {a.created}: {verdict}")
         for col in ("dtype", "dims", "heads", "bucket", "dist", "mask", "backend", "config", "ms", "TFLOP/s"):
             table.add_column(col)
-        for col in ("default TFLOP/s", "speedup", "trials", "tuning s"):
+        for col in ("default TFLOP/s", "speedup", "trials", "tuning s", "re-checked"):
             table.add_column(col)
+        on_gpu = env.get("cuda") is not None  # tuned on a GPU: the full re-check covers bf16 and fp16
         for e in a.entries:
             table.add_row(
                 e["dtype"],
@@ -422,6 +424,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 _fmt(e["speedup"], ".2f"),
                 str(e["trials"]),
                 f"{e['tuning_s']:.0f}",
+                recheck_status(a.kernel, a.gpu, e, on_gpu),
             )
         console.print(table)
         console.print(

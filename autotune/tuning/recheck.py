@@ -47,6 +47,18 @@ def missing_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = Tru
     return wanted - set(entry.get("verified", []))
 
 
+def recheck_status(kernel: str, gpu: str, entry: dict[str, Any], on_gpu: bool) -> str:
+    """ "checked/cases" of the full re-check for ``autotune show`` ("?" for a kernel not registered here)."""
+    from autotune.tuning.registry import get_op
+    from autotune.tuning.worker import verify_cases
+
+    try:
+        wanted = {label for label, _, _ in verify_cases(get_op(kernel), entry_task(kernel, gpu, entry), True, on_gpu)}
+    except (KeyError, ValueError):
+        return "?"
+    return f"{len(wanted & set(entry.get('verified', [])))}/{len(wanted)}"
+
+
 @dataclasses.dataclass
 class Recheck:
     """One entry's re-check: where it is, what ran, and how it ended."""

@@ -37,23 +37,23 @@ def entry_task(kernel: str, gpu: str, entry: dict[str, Any], seq_cap: int | None
     )
 
 
-def missing_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = True, on_gpu: bool = True) -> set[str]:
-    """The re-check cases (on a GPU, or off one) that the entry's ``verified`` list does not hold."""
+def recheck_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = True, on_gpu: bool = True) -> set[str]:
+    """Labels of the entry's re-check cases (``worker.verify_cases``) on a GPU, or off one."""
     from autotune.tuning.registry import get_op
     from autotune.tuning.worker import verify_cases
 
-    task = entry_task(kernel, gpu, entry)
-    wanted = {label for label, _, _ in verify_cases(get_op(kernel), task, full, on_gpu)}
-    return wanted - set(entry.get("verified", []))
+    return {label for label, _, _ in verify_cases(get_op(kernel), entry_task(kernel, gpu, entry), full, on_gpu)}
+
+
+def missing_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = True, on_gpu: bool = True) -> set[str]:
+    """The re-check cases that the entry's ``verified`` list does not hold."""
+    return recheck_cases(kernel, gpu, entry, full, on_gpu) - set(entry.get("verified", []))
 
 
 def recheck_status(kernel: str, gpu: str, entry: dict[str, Any], on_gpu: bool) -> str:
     """ "checked/cases" of the full re-check for ``autotune show`` ("?" for a kernel not registered here)."""
-    from autotune.tuning.registry import get_op
-    from autotune.tuning.worker import verify_cases
-
     try:
-        wanted = {label for label, _, _ in verify_cases(get_op(kernel), entry_task(kernel, gpu, entry), True, on_gpu)}
+        wanted = recheck_cases(kernel, gpu, entry, True, on_gpu)
     except (KeyError, ValueError):
         return "?"
     return f"{len(wanted & set(entry.get('verified', [])))}/{len(wanted)}"
@@ -72,16 +72,13 @@ class Recheck:
     error: str = ""
 
     def row(self) -> dict[str, Any]:
+        """The entry's key (``ENTRY_KEY_FIELDS``), backend and config, and the verdict."""
+        from autotune.runtime.artifacts import ENTRY_KEY_FIELDS
+
         e = self.entry
         return {
             "kernel": self.kernel,
-            "dtype": e["dtype"],
-            "dqk": e["dqk"],
-            "dv": e["dv"],
-            "num_heads": e["num_heads"],
-            "bucket": e["bucket"],
-            "distribution": e["distribution"],
-            "mask": e.get("mask", "causal"),
+            **{k: e.get(k, "causal" if k == "mask" else None) for k in ENTRY_KEY_FIELDS},
             "backend": e["backend"],
             "config": e["config"],
             "status": self.status,
@@ -235,7 +232,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_verify(args: Any) -> int:
-    """Re-check, print one line per entry as it ends and a table of the failures; exit 1 on any failure."""
+    """Re-check, print one line per entry as it ends and one per failure at the end; exit 1 on any failure."""
     import json
 
     from autotune.runtime import artifacts as art

@@ -34,6 +34,13 @@ def sample_length(rng: np.random.Generator, cfg: ModelConfig) -> int:
     return int(min(cfg.max_seq_len, max(cfg.min_seq_len, n)))
 
 
+def length_sample(cfg: ModelConfig, n: int = 4096, seed: int = 0) -> list[int]:
+    """``n`` seeded draws of ``sample_length``: the data config's length law as a sample, so the tuner
+    (``autotune run --from-model``) draws its representative batches from the lengths training sees."""
+    rng = np.random.default_rng(seed)
+    return [sample_length(rng, cfg) for _ in range(n)]
+
+
 def _zipf_probs(n: int, alpha: float) -> np.ndarray:
     p = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** alpha
     return p / p.sum()

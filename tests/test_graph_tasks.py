@@ -4,6 +4,7 @@ a custom module with mask features and hints, lengths files, and the ``autotune 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 
@@ -11,6 +12,7 @@ import pytest
 
 from autotune.tuning import graph_tasks as gt
 from autotune.tuning.cli import main
+from autotune.tuning.lengths import LengthsError, read_lengths_file
 from autotune.tuning.tasks import Task
 
 
@@ -113,22 +115,76 @@ def test_module_factory_masks_dims_and_hints(factory_module, tmp_path):
     )
     uniform = tmp_path / "lengths.txt"
     uniform.write_text("# one batch per line\n512 512 512 512\n300, 300\n")
-    by_lengths = gt.build_tasks(graph, "h100", gt.read_lengths(uniform))
-    assert {(g.task.bucket, g.task.distribution) for g in by_lengths} == {(1024, "jagged"), (4096, "uniform")}
+    by_lengths = gt.build_tasks(graph, "h100", read_lengths_file(uniform))
+    assert {(g.task.bucket, g.task.distribution, g.task.batch) for g in by_lengths} == {
+        (1024, "jagged", 3),
+        (4096, "uniform", 3),
+    }
     too_long = tmp_path / "long.json"
     too_long.write_text(json.dumps([[10, 800]]))
     with pytest.raises(gt.GraphTaskError, match="sequence of 800 tokens, above max_seq_len 700"):
-        gt.build_tasks(graph, "h100", gt.read_lengths(too_long))
+        gt.build_tasks(graph, "h100", read_lengths_file(too_long))
 
 
-@pytest.mark.parametrize("text, message", [("", "non-empty"), ("1 2 x\n", "not JSON"), ("[[1, -2]]", "non-negative")])
+def test_a_lengths_file_gives_the_jagged_tasks_their_lengths(factory_module, tmp_path):
+    """Any lengths format works with a graph: a flat .npy sample makes the unhinted call jagged and its
+    batches are drawn from the file; listed batches also give the batch size where the graph has none."""
+    import numpy as np
+
+    graph = gt.ops_from_model(factory_module)
+    graph.ops = [dataclasses.replace(op, batch=None) for op in graph.ops if op.kernel == gt.FWD]
+    flat = tmp_path / "lengths.npy"
+    np.save(flat, np.array([5, 40, 40, 600, 650], dtype=np.int64))
+    tasks = gt.build_tasks(graph, "h100", read_lengths_file(flat), default_batch=6)
+    assert sorted((g.task.bucket, g.task.distribution, g.task.batch) for g in tasks) == [
+        (1024, "jagged", 6),
+        (4096, "jagged", 6),
+    ]
+    for g in tasks:
+        assert g.task.sample == (5, 40, 40, 600, 650)
+        assert set(g.task.lengths()) <= {5, 40, 600, 650, g.task.max_len}
+    listed = tmp_path / "batches.json"
+    listed.write_text(json.dumps([[3, 9], [7, 7, 1]]))
+    tasks = gt.build_tasks(graph, "h100", read_lengths_file(listed))
+    assert {(g.task.distribution, g.task.batch, g.task.sample) for g in tasks} == {("jagged", 3, (1, 3, 7, 7, 9))}
+
+
+def test_preset_tasks_draw_from_the_model_length_law():
+    """Without a lengths file, a jagged preset's tasks carry its data config's lengths; a full-length preset
+    has none and its tasks stay uniform."""
+    from models.config import get_config
+    from models.data import length_sample
+
+    graph = gt.ops_from_model("tiny")
+    cfg = get_config("tiny")
+    assert graph.lengths is not None and min(graph.lengths) >= cfg.min_seq_len and max(graph.lengths) <= 32
+    assert sorted(graph.lengths) == sorted(length_sample(cfg))
+    assert any("model's length sample" in n for n in graph.notes)
+    tasks = gt.build_tasks(graph, "h100")
+    assert {g.task.sample for g in tasks if g.task.kernel != gt.GEMM} == {graph.lengths}
+    assert all(g.task.sample is None for g in tasks if g.task.kernel == gt.GEMM)
+    assert gt.ops_from_model("seed").lengths is None
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "no non-zero length"),
+        ("1 2 x\n", "not JSON"),
+        ("[[1, -2]]", "negative length -2"),
+        ("[[1], []]", "batch 1"),
+    ],
+)
 def test_bad_lengths_files(tmp_path, text, message):
     path = tmp_path / "lengths"
     path.write_text(text)
-    with pytest.raises(gt.GraphTaskError, match=message):
-        gt.read_lengths(path)
-    with pytest.raises(gt.GraphTaskError, match="cannot read"):
-        gt.read_lengths(tmp_path / "missing")
+    with pytest.raises(LengthsError, match=message):
+        read_lengths_file(path)
+    with pytest.raises(LengthsError, match="no such file"):
+        read_lengths_file(tmp_path / "missing")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(LengthsError, match="cannot read it as text"):
+        read_lengths_file(tmp_path / "binary")
 
 
 def test_tasks_command_prints_and_writes_json(capsys, monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autotune.runtime.buckets import sample_lengths
-from autotune.tuning.lengths import LengthsError, compact, describe, read_length_sample
+from autotune.tuning.lengths import LengthsError, compact, describe, read_length_sample, read_lengths_file
 from autotune.tuning.tasks import Task
 
 
@@ -26,6 +26,24 @@ def test_reads_every_format(tmp_path, name, content, expected):
     path = tmp_path / name
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     assert read_length_sample(path) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "batches", "uniform", "batch"),
+    [
+        ("a.txt", "5 6\n7 7 7\n", [[5, 6], [7, 7, 7]], False, 3),
+        ("b.txt", "5\n6\n7\n", None, False, None),  # one length a line: a flat sample, not batches of one
+        ("c.json", [[8, 8], [3, 3, 3]], [[8, 8], [3, 3, 3]], True, 3),
+        ("d.json", [9, 9, 9], None, True, None),
+        ("e.json", {"9": 4}, None, True, None),
+    ],
+)
+def test_batches_when_the_file_lists_them(tmp_path, name, content, batches, uniform, batch):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    got = read_lengths_file(path)
+    assert (got.batches, got.uniform, got.batch) == (batches, uniform, batch)
+    assert got.sample == read_length_sample(path)
 
 
 def test_reads_npy(tmp_path):

@@ -39,7 +39,8 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         "--lengths",
         metavar="FILE",
         help="real sequence lengths (.npy, JSON list / batches / histogram, or text): the jagged tasks draw their "
-        "batches from them (with --from-*: batches that give the graph's length distribution and batch size)",
+        "batches from them (with --from-*: also the length distribution and, listed as batches, the batch size "
+        "where the graph does not fix them; without it the model's own length law is used)",
     )
 
 
@@ -54,8 +55,8 @@ def _add_graph_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lengths",
         metavar="FILE",
-        help="batches of sequence lengths (JSON list / list of lists, or one batch per text line): "
-        "the length distribution and batch size where the graph does not fix them",
+        help="real sequence lengths (.npy, JSON list / batches / histogram, or text, one batch per line): "
+        "the jagged tasks' lengths, and the length distribution and batch size where the graph does not fix them",
     )
 
 
@@ -102,7 +103,8 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
 
 def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
     """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
-    from autotune.tuning.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx, read_lengths
+    from autotune.tuning.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx
+    from autotune.tuning.lengths import read_lengths_file
 
     try:
         with warnings.catch_warnings():
@@ -111,7 +113,7 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
                 graph = ops_from_onnx(args.from_onnx, training=training)
             else:
                 graph = ops_from_model(args.from_model, dtype=dtype, training=training)
-        lengths = read_lengths(args.lengths) if args.lengths else None
+        lengths = read_lengths_file(args.lengths) if args.lengths else None
         return graph, build_tasks(graph, gpu, lengths, seq_cap, default_batch=batch)
     except (GraphTaskError, ValueError) as e:
         raise CLIError(str(e)) from None

@@ -21,6 +21,9 @@ Buckets: ``max_seq_len`` is an ``int`` argument of the op, so an exported graph 
 N and dispatch looks up ``bucket_for(N)`` for every batch: one bucket per node. The dynamic row range
 is reported (and checked against N); a lengths file supplies the length distribution (and batch size)
 where the graph does not fix it, and is checked against N.
+
+Lengths of the jagged tasks: a lengths file's, else the model's data config's (a preset's length law, or a
+factory's ``lengths``), else the tuner's synthetic jagged law. Representative batches are drawn from them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from autotune.runtime.graph import (  # noqa: F401 - re-exported: the tuner's gr
     value_of,
     walk_nodes,
 )
+from autotune.tuning.lengths import LengthsFile, compact
 from autotune.tuning.tasks import Task
 
 GEMM = "gemm_silu"
@@ -72,6 +76,7 @@ class GraphOps:
     ops: list[GraphOp]
     notes: list[str] = field(default_factory=list)
     rows: tuple[int, int] | None = None  # range of the dynamic row dimension, when known
+    lengths: tuple[int, ...] | None = None  # the model data config's length sample, when the source has one
 
 
 def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int]]:
@@ -259,19 +264,24 @@ def implied_backward(fwd: Iterable[GraphOp]) -> list[GraphOp]:
     ]
 
 
-def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, Any, str]:
-    """(module, example args, dynamic shapes, description) of a preset name or ``module:factory``.
+def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, Any, str, list[int] | None]:
+    """(module, example args, dynamic shapes, description, length sample) of a preset name or
+    ``module:factory``.
 
     A factory takes no arguments and returns ``(module, args)`` or ``(module, args, dynamic_shapes)``
-    (an object with those attributes works too); the module is exported as it is given.
+    (an object with those attributes, and optionally ``lengths``, a sample of its sequence lengths, works
+    too); the module is exported as it is given. A preset's sample is drawn from its data config's length
+    law (``models.data.length_sample``); full-length presets have none.
     """
     from models.config import PRESETS
 
     if spec in PRESETS:
+        from models.config import get_config
         from models.export import task_spec
 
         s = task_spec(spec, dtype=dtype, training=training)
-        return s.module, s.args, s.dynamic_shapes, f"torch.export of preset {spec!r} ({dtype}, fake weights)"
+        sample = config_length_sample(get_config(spec).to_dict())
+        return s.module, s.args, s.dynamic_shapes, f"torch.export of preset {spec!r} ({dtype}, fake weights)", sample
     if ":" not in spec:
         raise GraphTaskError(f"--from-model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor module:factory")
     mod_name, _, attr = spec.partition(":")
@@ -281,15 +291,41 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
         raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({e})") from None
     made = factory()
     if hasattr(made, "module"):
-        return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}"
+        sample = getattr(made, "lengths", None)
+        sample = [int(n) for n in sample] if sample is not None else None
+        return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}", sample
     module, args, *rest = made
-    return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}"
+    return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}", None
+
+
+def config_length_sample(config: dict[str, Any]) -> list[int] | None:
+    """The length sample of a model data config (``models.data.length_sample``); None for full lengths
+    or a dict that is not a ``models.config.ModelConfig``."""
+    from models.config import ModelConfig
+    from models.data import length_sample
+
+    try:
+        cfg = ModelConfig().replace(**config)
+    except (TypeError, ValueError):
+        return None
+    return None if cfg.length_dist == "full" else length_sample(cfg)
+
+
+def _with_lengths(graph: GraphOps, sample: list[int] | None) -> GraphOps:
+    """``graph`` with the model's length sample attached (and said in its notes)."""
+    if sample is not None and any(sample):
+        graph.lengths = compact(sample)
+        graph.notes.append(
+            f"jagged tasks draw their batches from the model's length sample ({len(sample)} lengths, "
+            f"mean {sum(sample) / len(sample):.0f}, max {max(sample)}); --lengths FILE replaces it"
+        )
+    return graph
 
 
 def ops_from_model(spec: str, dtype: str = "bfloat16", training: bool = True) -> GraphOps:
-    """Templated calls of a preset or ``module:factory`` (see ``resolve_model``)."""
-    module, args, dyn, source = resolve_model(spec, dtype, training)
-    return ops_from_program(module, args, dyn, training, source)
+    """Templated calls of a preset or ``module:factory`` (see ``resolve_model``), with its length sample."""
+    module, args, dyn, source, sample = resolve_model(spec, dtype, training)
+    return _with_lengths(ops_from_program(module, args, dyn, training, source), sample)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,7 +416,13 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
         notes.append("backward calls implied by the forward nodes (an ONNX graph is inference only)")
     if not fwd:
         notes.append(f"no {DOMAIN}.{NAME} node in {path.name} (not written by models.export?)")
-    return GraphOps(f"ONNX file {path.name}", fwd + bwd + gemm, notes, None)
+    graph = GraphOps(f"ONNX file {path.name}", fwd + bwd + gemm, notes, None)
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:
+        config = json.loads(meta["hstu.config"]) if "hstu.config" in meta else None
+    except json.JSONDecodeError:
+        config = None
+    return _with_lengths(graph, config_length_sample(config) if isinstance(config, dict) else None)
 
 
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
@@ -404,48 +446,24 @@ def _onnx_attention_op(node: Any, attrs: dict[str, Any], shapes: dict) -> GraphO
 # --------------------------------------------------------------------------------------------------
 # ops -> tasks
 # --------------------------------------------------------------------------------------------------
-def read_lengths(path: str | Path) -> list[list[int]]:
-    """Batches of sequence lengths: JSON (a list of ints, or of lists) or text (one batch per line)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise GraphTaskError(f"--lengths {path}: cannot read it ({e.strerror or e})") from None
-    try:
-        data = json.loads(text)
-        batches = [data] if data and all(isinstance(x, int) for x in data) else data
-    except json.JSONDecodeError:
-        lines = [ln.split("#")[0].replace(",", " ").split() for ln in text.splitlines()]
-        try:
-            batches = [[int(x) for x in ln] for ln in lines if ln]
-        except ValueError:
-            raise GraphTaskError(f"--lengths {path}: not JSON and not lines of integers") from None
-    ok = isinstance(batches, list) and batches and all(isinstance(b, list) and b for b in batches)
-    if not ok or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for b in batches for x in b):
-        raise GraphTaskError(f"--lengths {path}: expected non-empty batches of non-negative integer lengths")
-    return batches
-
-
-def lengths_distribution(batches: list[list[int]]) -> str:
-    """'uniform' when every sequence of each batch is as long as the batch's longest, else 'jagged'."""
-    return "uniform" if all(min(b) == max(b) for b in batches) else "jagged"
-
-
 def build_tasks(
     graph: GraphOps,
     gpu: str,
-    lengths: list[list[int]] | None = None,
+    lengths: LengthsFile | None = None,
     seq_cap: int | None = None,
     default_batch: int = DEFAULT_BATCH,
     seed: int = 0,
 ) -> list[GraphTask]:
     """Tasks of the ops, identical ones merged (with counts and node names), in the CLI's order.
 
-    Distribution: the call's hint, else the lengths file's, else every synthetic law (``DISTRIBUTIONS``).
-    Batch: the graph's, else the lengths file's largest batch, else ``default_batch``.
+    Distribution: the call's hint, else the lengths file's ("uniform" when its batches are), else every
+    synthetic law (``DISTRIBUTIONS``). Batch: the graph's, else the lengths file's largest batch, else
+    ``default_batch``. The jagged attention tasks draw their batches from the file's lengths, else from
+    the graph's (``GraphOps.lengths``), else from the synthetic jagged law.
     """
     merged: dict[Task, GraphTask] = {}
-    longest = max((max(b) for b in lengths), default=0) if lengths else 0
+    longest = max(lengths.sample) if lengths else 0
+    sample = compact(lengths.sample) if lengths else graph.lengths
     for op in graph.ops:
         if lengths and longest > op.max_seq_len:
             raise GraphTaskError(
@@ -454,9 +472,10 @@ def build_tasks(
         if op.distribution:
             dists: tuple[str, ...] = (op.distribution,)
         else:
-            dists = (lengths_distribution(lengths),) if lengths else DISTRIBUTIONS
-        batch = op.batch or (max(len(b) for b in lengths) if lengths else default_batch)
+            dists = (("uniform" if lengths.uniform else "jagged"),) if lengths else DISTRIBUTIONS
+        batch = op.batch or (lengths.batch if lengths and lengths.batch else default_batch)
         for dist in dists:
+            drawn = sample if dist == "jagged" and op.kernel in (FWD, BWD) else None
             task = Task(
                 op.kernel,
                 gpu,
@@ -470,6 +489,7 @@ def build_tasks(
                 batch,
                 seq_cap,
                 seed,
+                drawn,
             )
             entry = merged.setdefault(task, GraphTask(task))
             entry.count += 1

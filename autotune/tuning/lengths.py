@@ -7,7 +7,12 @@ records a descriptor of the sample in each entry. Accepted files:
 - ``.npy``: a 1-D integer array of lengths;
 - JSON: a list of lengths, a list of batches (lists of lengths), a histogram ``{"512": 30, ...}``,
   or ``{"lengths": [...], "counts": [...]}``;
-- text: lengths separated by spaces, commas or newlines (``#`` starts a comment).
+- text: lengths separated by spaces, commas or newlines (``#`` starts a comment); when a line holds more
+  than one length, each non-empty line is a batch.
+
+A list of batches (JSON, or text lines) also gives the batch size and whether batches are uniform:
+``autotune run --from-model/--from-onnx`` reads them where the graph does not fix those. This module is
+the one reader of lengths files, for the grid tasks and the graph tasks alike.
 
 Every length must be a non-negative integer no longer than the largest bucket (32768); the sample
 must hold at least one non-zero length. Errors name the file and the bad value.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,32 @@ MAX_SAMPLE = 1_000_000  # lengths kept from a larger file (an evenly strided sub
 
 class LengthsError(ValueError):
     """A lengths file that cannot be used; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class LengthsFile:
+    """What a lengths file holds: every length (``sample``) and, when the file lists batches, those."""
+
+    sample: list[int]
+    batches: list[list[int]] | None = None
+
+    @property
+    def uniform(self) -> bool:
+        """Every batch's sequences equally long (a flat sample: one length only)."""
+        if self.batches is not None:
+            return all(min(b) == max(b) for b in self.batches)
+        return min(self.sample) == max(self.sample)
+
+    @property
+    def batch(self) -> int | None:
+        """The largest batch of the file, None for a flat sample."""
+        return max(len(b) for b in self.batches) if self.batches else None
+
+
+def _batches_json(data: Any) -> list[Any] | None:
+    if isinstance(data, list) and data and all(isinstance(b, list) for b in data):
+        return data
+    return None
 
 
 def _from_json(data: Any, where: str) -> list[Any]:
@@ -62,6 +94,11 @@ def _count(c: Any, where: str) -> int:
 
 def read_length_sample(path: str | Path) -> list[int]:
     """The lengths of ``path`` (see the module docstring), validated."""
+    return read_lengths_file(path).sample
+
+
+def read_lengths_file(path: str | Path) -> LengthsFile:
+    """The lengths of ``path`` and its batches when it lists some (see the module docstring), validated."""
     path = Path(path)
     where = f"--lengths {path}"
     if not path.is_file():
@@ -76,16 +113,24 @@ def read_length_sample(path: str | Path) -> list[int]:
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise LengthsError(f"{where}: expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
         raw: list[Any] = arr.tolist()
+        batches = None
     else:
-        text = path.read_text()
         try:
-            raw = _from_json(json.loads(text), where)
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise LengthsError(f"{where}: cannot read it as text ({e})") from None
+        try:
+            data = json.loads(text)
+            raw, batches = _from_json(data, where), _batches_json(data)
         except json.JSONDecodeError:
-            words = [w for line in text.splitlines() for w in line.split("#")[0].replace(",", " ").split()]
+            lines = [ln.split("#")[0].replace(",", " ").split() for ln in text.splitlines()]
+            lines = [ln for ln in lines if ln]
             try:
-                raw = [int(w) for w in words]
+                rows = [[int(w) for w in ln] for ln in lines]
             except ValueError:
                 raise LengthsError(f"{where}: not JSON and not whitespace-separated integers") from None
+            raw = [n for row in rows for n in row]
+            batches = rows if any(len(row) > 1 for row in rows) else None
     for n in raw:
         if isinstance(n, bool) or not isinstance(n, int):
             raise LengthsError(f"{where}: length {n!r} is not an integer")
@@ -95,10 +140,12 @@ def read_length_sample(path: str | Path) -> list[int]:
             raise LengthsError(f"{where}: length {n} is longer than the largest bucket ({MAX_LENGTH})")
     if not any(raw):
         raise LengthsError(f"{where}: no non-zero length in the sample")
+    if batches is not None and not all(batches):
+        raise LengthsError(f"{where}: batch {[len(b) for b in batches].index(0)} is empty")
     if len(raw) > MAX_SAMPLE:
         step = len(raw) / MAX_SAMPLE
         raw = [raw[int(i * step)] for i in range(MAX_SAMPLE)]
-    return raw
+    return LengthsFile(raw, batches)
 
 
 def compact(sample: list[int], n: int = 4096) -> tuple[int, ...]:

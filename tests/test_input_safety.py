@@ -173,6 +173,44 @@ def test_reference_source_takes_any_head_dim():
         ops.hstu_attention(q, k, v, torch.tensor([1, 2, 6]), 4, source="reference", validate="async")
 
 
+@pytest.mark.parametrize(("dqk", "dv"), [(48, 48), (96, 40), (16, 200), (64, 24)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_head_dims_the_kernels_lack_run_zero_padded(dqk, dv, dtype):
+    """Head dims between the kernels' (48, 96, 200, ...) run padded to the next one: output and every
+    gradient within the tolerance rule of the fp32 reference, including empty and length-1 sequences,
+    with alpha defaulting from the true Dqk; above the largest kernel head dim the error names it."""
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    g = torch.Generator().manual_seed(dqk + dv)
+    off = torch.tensor([0, 0, 1, 6, 23])
+    q, k = (torch.randn(23, 2, dqk, generator=g) for _ in range(2))
+    v = torch.randn(23, 2, dv, generator=g)
+    do = torch.randn(23, 2, dv, generator=g)
+    nt = torch.tensor([0, 1, 2, 3])
+    ins = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+    out = ops.hstu_attention(*ins, off, 20, num_targets=nt, source="default")
+    grads = torch.autograd.grad(out, ins, do.to(dtype))
+    results = {}
+    for name, prec in (("ref32", torch.float32), ("lowp", dtype)):
+        r_in = [t.to(prec).requires_grad_(True) for t in (q, k, v)]
+        r = hstu_attention_reference(*r_in, off, 20, 1 / dqk**0.5, nt)
+        results[name] = (r, *torch.autograd.grad(r, r_in, do.to(prec)))
+    for i, (name, got) in enumerate(zip(("out", "dq", "dk", "dv"), (out, *grads), strict=True)):
+        assert got.shape == results["ref32"][i].shape and got.dtype == dtype
+        check_tolerance(f"d{dqk}/{dv} {name}", got, results["ref32"][i], results["lowp"][i], atol=1e-4)
+    with pytest.raises(ValueError, match=r"q/k head dim \(Dqk\) must be one of .*got 320"):
+        ops.hstu_attention(
+            torch.randn(6, 1, 320), torch.randn(6, 1, 320), torch.randn(6, 1, 8), off[:2] * 0 + torch.tensor([0, 6]), 8
+        )
+    for shapes, name in ((((6, 1, 0), (6, 1, 8)), "Dqk"), (((6, 1, 8), (6, 1, 0)), "Dv")):
+        for source in ("tuned", "reference"):
+            with pytest.raises(ValueError, match=rf"\({name}\) must be at least 1, got 0"):
+                qk, vs = shapes
+                ops.hstu_attention(
+                    torch.randn(qk), torch.randn(qk), torch.randn(vs), torch.tensor([0, 6]), 8, source=source
+                )
+
+
 # ------------------------------------------------------------------------------------------------
 # The device check kernel computes the host check's mask (run here by the interpreter).
 # ------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from autotune.runtime import dispatch
+from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
 from kernel_templates.hstu_attention.op import validate_hstu_grad, validate_hstu_inputs
 from kernel_templates.tensor_memo import MISS, TensorMemo
@@ -290,7 +291,8 @@ def hstu_attention(
 ) -> torch.Tensor:
     """Jagged HSTU attention (HSTU.md contract) with the config dispatch picks for this shape.
 
-    q, k, v must share one dtype (cast before calling under autocast). ``source`` is "tuned"
+    q, k, v must share one dtype (cast before calling under autocast). Head dims the kernels lack (up to
+    256, say 48 or 96) run zero-padded to the next kernel head dim (32, 64, 128, 256). ``source`` is "tuned"
     (artifacts from ``autotune.load``, with fallbacks), "default" (heuristic) or "reference".
     ``distribution`` ("uniform" / "jagged" / "sparse") picks the entries tuned on that length distribution;
     None (default) lets dispatch match the batch's fill ratio L / (B x max_seq_len) to the fill each
@@ -321,6 +323,11 @@ def hstu_attention(
     mode = validate_mode(validate)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
+        return _padded_call(
+            q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+            source, distribution, mode,
+        )  # fmt: skip
     if mode != "none":
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
@@ -345,6 +352,34 @@ def hstu_attention(
             return _fwd_impl(*args[:10], fwd_backend, fwd_config, mode)  # nothing to differentiate
         return _AttentionFunction.apply(*args)
     return attention_fwd(*args)
+
+
+def _needs_padding(dqk: int, dv: int) -> bool:
+    """A head dim the kernels lack while a larger one covers both (above the largest: the shape check's error)."""
+    dims = (dqk, dv)
+    return any(d not in SUPPORTED_HEAD_DIMS for d in dims) and all(padded_head_dim(d) is not None for d in dims)
+
+
+def _padded_call(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, source, dist, mode):
+    """``hstu_attention`` for head dims the kernels lack (say 48, 96 or 192): q, k and v zero-padded to the next
+    kernel head dim, which changes no score (zero columns add nothing to q k^T) and only adds zero output
+    columns, sliced off; gradients flow back through the pad. ``alpha`` defaults from the true Dqk."""
+    if mode != "none":
+        validate_hstu_inputs(
+            q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling,
+            check_offsets=False, check_head_dims=False,
+        )  # fmt: skip
+    dqk, dv = q.shape[2], v.shape[2]
+    pqk, pv = padded_head_dim(dqk), padded_head_dim(dv)
+    if alpha is None:
+        alpha = 1.0 / math.sqrt(dqk)
+    q, k = (torch.nn.functional.pad(t, (0, pqk - dqk)) for t in (q, k))
+    v = torch.nn.functional.pad(v, (0, pv - dv))
+    out = hstu_attention(
+        q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling,
+        source=source, distribution=dist, validate=mode,
+    )  # fmt: skip
+    return out[..., :dv].contiguous()
 
 
 def _eager(*tensors: torch.Tensor) -> bool:

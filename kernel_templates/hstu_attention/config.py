@@ -14,6 +14,14 @@ from typing import ClassVar
 from kernel_templates.config_base import L2_GROUPS, JsonConfig
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+
+
+def padded_head_dim(d: int) -> int | None:
+    """The smallest kernel head dim >= ``d`` (a call with another head dim runs zero-padded to it), None
+    above the largest."""
+    return next((s for s in SUPPORTED_HEAD_DIMS if s >= d), None)
+
+
 DQ_MODES = ("atomic", "separate", "tma")
 
 

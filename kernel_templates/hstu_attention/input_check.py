@@ -82,7 +82,7 @@ def shapes_look_valid(
         return False
     if dt not in _FLOATS or k.dtype != dt or v.dtype != dt:
         return False
-    if head_dims is not None and (qs[2] not in head_dims or vs[2] not in head_dims):
+    if qs[2] < 1 or vs[2] < 1 or (head_dims is not None and (qs[2] not in head_dims or vs[2] not in head_dims)):
         return False
     if (qs[2] > 1 and (q.stride(2) != 1 or k.stride(2) != 1)) or (vs[2] > 1 and v.stride(2) != 1):
         return False

@@ -61,6 +61,8 @@ def validate_hstu_inputs(
     for name, d in (("q/k head dim (Dqk)", q.shape[2]), ("v head dim (Dv)", v.shape[2])):
         if check_head_dims and d not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
+        if d < 1:
+            raise ValueError(f"{name} must be at least 1, got {d}")
     devices = {str(t.device) for t in (q, k, v, seq_offsets)} | (
         set() if num_targets is None else {str(num_targets.device)}
     )

@@ -217,8 +217,7 @@ def _check(m, n, k, dtype, cfg, bias=True, seed=0):
     torch.cuda.synchronize()
     ref = gemm_silu_reference(x, w, b)
     low = gemm_silu_reference(x, w, b, compute_dtype=dtype)
-    scale = ref.abs().max().item() if ref.numel() else 1.0
-    check_tolerance("out", out, ref, low, atol=1e-3 * scale + 1e-5)
+    check_tolerance("out", out, ref, low)
 
 
 @pytest.mark.gpu
@@ -274,4 +273,6 @@ def test_gpu_autograd(bias):
     from kernel_templates.hstu_attention.testing import check_tolerance
 
     for name, g, r, lo in zip(("dx", "dw", "db"), grads, ref_grads, low_grads, strict=False):
+        # Wider slack than the bf16 row of the table: dW and db sum all 300 rows in fp32 in both the kernel and
+        # torch, so torch's own error says little of the kernel's (a different order over rounded dY * SiLU').
         check_tolerance(name, g, r, lo, atol=1e-2 * r.abs().max().item() + 1e-4)

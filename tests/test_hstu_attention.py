@@ -34,8 +34,7 @@ def _run_case(lengths, heads, dqk, dv, dtype, device, ctx=0, targets=False, wind
     for name, a, r, lo in zip(
         ("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (low, *low_grads), strict=True
     ):
-        scale = r.float().abs().max().item() if r.numel() else 1.0
-        check_tolerance(name, a, r, lo, atol=1e-5 * (1.0 + scale) if dtype == torch.float32 else 2e-3 * scale + 1e-5)
+        check_tolerance(name, a, r, lo)
 
 
 SMALL_FWD = HSTUFwdConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kernel_templates.tolerance import error_bound
+
 QUICK = {"warmup": 5, "rep": 20}  # ms: the cheap first measurement every correct config gets
 FULL = {"warmup": 25, "rep": 100}  # ms: the full measurement, only for promising configs
 # Timed samples a measurement keeps whatever the kernel's length: a 30 ms kernel would otherwise get
@@ -22,8 +24,6 @@ FULL = {"warmup": 25, "rep": 100}  # ms: the full measurement, only for promisin
 MIN_SAMPLES = {True: 10, False: 30}
 FLUSH_MS = 0.2  # rough cost of do_bench's L2 flush per sample, counted when sizing ``rep``
 INTERPRET_REPS = {True: 1, False: 3}
-ATOL_REL = 1e-3  # small absolute tolerance, relative to the reference's largest magnitude
-ERR_FACTOR = 2.0  # kernel error may be up to 2x PyTorch's own error in the kernel's dtype
 
 
 class Timing(NamedTuple):
@@ -134,7 +134,8 @@ def torch_errors(ref32: Sequence[torch.Tensor], ref_lo: Sequence[torch.Tensor]) 
 def check_outputs(
     outs: Sequence[torch.Tensor], ref32: Sequence[torch.Tensor], torch_errs: Sequence[float], names: Sequence[str]
 ) -> tuple[bool, dict[str, Any]]:
-    """Tolerance rule: max|kernel - fp32 ref| <= 2 x max|torch-in-dtype - fp32 ref| + atol, all finite."""
+    """The tolerance rule (``kernel_templates.tolerance``): max|kernel - fp32 ref| <= 2 x max|torch-in-dtype -
+    fp32 ref| + the slack of the output's dtype, all finite."""
     detail: dict[str, Any] = {}
     ok = True
     if len(outs) != len(names):
@@ -150,8 +151,7 @@ def check_outputs(
             ok = False
             continue
         err = float((o32 - r32).abs().max()) if o32.numel() else 0.0
-        atol = ATOL_REL * float(r32.abs().max() if r32.numel() else 0.0) + 1e-6
-        bound = ERR_FACTOR * torch_err + atol
+        bound = error_bound(torch_err, o.dtype, float(r32.abs().max()) if r32.numel() else 0.0)
         detail[name] = {"err": err, "bound": bound}
         ok = ok and err <= bound
     return ok, detail

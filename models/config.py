@@ -10,12 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
+
 KERNEL_SOURCES = ("reference", "default", "tuned")
 LAYER_IMPLS = ("unfused", "fused")
 PRECISIONS = ("autocast", "bf16")
 RECOMPUTE = ("none", "uvqk", "pre", "ln", "uvqk+ln", "pre+ln")
 LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed")
-TRITON_HEAD_DIMS = (32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,22 @@ class ModelConfig:
         """Artifact length-distribution key: full lengths were tuned as "uniform", the rest "jagged"."""
         return "uniform" if self.length_dist == "full" else "jagged"
 
+    def _validate_head_dim(self) -> None:
+        """The kernels' head dims: the unfused layer's attention call pads others up to the largest (256);
+        the fused layer's views of the uvqk output need a kernel head dim itself."""
+        if self.kernels == "reference":
+            return
+        if self.layer == "fused" and self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(
+                f"head_dim {self.head_dim} has no kernel of its own (kernel head dims: {SUPPORTED_HEAD_DIMS}); "
+                "layer='fused' needs one of them (layer='unfused' pads other head dims up to 256)"
+            )
+        if self.head_dim > SUPPORTED_HEAD_DIMS[-1]:
+            raise ValueError(
+                f"head_dim {self.head_dim} is above the kernels' largest head dim {SUPPORTED_HEAD_DIMS[-1]}; "
+                "use kernels='reference' or a smaller head dim"
+            )
+
     def validate(self) -> None:
         """Raise ValueError with the field name when the config cannot build a working model."""
         positive = (
@@ -112,14 +129,10 @@ class ModelConfig:
             )
         if self.kernels not in KERNEL_SOURCES:
             raise ValueError(f"kernels must be one of {KERNEL_SOURCES}, got {self.kernels!r}")
-        if self.kernels != "reference" and self.head_dim not in TRITON_HEAD_DIMS:
-            raise ValueError(
-                f"head_dim {self.head_dim} has no Triton kernel (supported: {TRITON_HEAD_DIMS}); "
-                "use kernels='reference' or a supported head dim"
-            )
         for name, allowed in (("layer", LAYER_IMPLS), ("precision", PRECISIONS), ("recompute", RECOMPUTE)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        self._validate_head_dim()
         if self.layer == "fused" and self.kernels == "reference":
             raise ValueError("layer='fused' runs dispatched kernels; kernels must be 'default' or 'tuned'")
         if self.layer == "unfused" and (self.precision != "autocast" or self.recompute != "none"):

@@ -22,9 +22,11 @@ def _fresh_dispatch():
     dispatch.reset()
 
 
-def test_triton_model_matches_reference_loss_and_grads(device):
-    """Three Adam steps, fp32, dropout 0: same losses and gradients with either kernel source."""
-    base = get_config("tiny", dropout=0.0)
+@pytest.mark.parametrize("head_dim", [32, 24])
+def test_triton_model_matches_reference_loss_and_grads(device, head_dim):
+    """Three Adam steps, fp32, dropout 0: same losses and gradients with either kernel source; head dim 24
+    (no kernel of its own) runs zero-padded to 32."""
+    base = get_config("tiny", dropout=0.0, head_dim=head_dim, hidden_dim=2 * head_dim)
     models = {src: build(base.replace(kernels=src), torch.device(device)) for src in ("reference", "default")}
     data = SyntheticJaggedDataset(base)
     for step in range(3):
@@ -77,7 +79,8 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path):
         ("huge", {}, "unknown preset 'huge'"),
         ("tiny", {"hidden_dim": 96}, r"hidden_dim \(96\) must equal num_heads \* head_dim"),
         ("tiny", {"kernels": "fast"}, "kernels must be one of"),
-        ("tiny", {"head_dim": 48, "hidden_dim": 96}, "no Triton kernel"),
+        ("tiny", {"head_dim": 48, "hidden_dim": 96, "layer": "fused"}, "no kernel of its own"),
+        ("tiny", {"head_dim": 320, "hidden_dim": 640}, "above the kernels' largest head dim 256"),
         ("tiny", {"min_seq_len": 64}, "min_seq_len"),
         ("tiny", {"length_dist": "zipf"}, "length_dist"),
         ("tiny", {"num_layer": 3}, "unknown config field"),
@@ -95,8 +98,9 @@ def test_presets_and_flop_accounting():
     seed = get_config("seed")
     assert (seed.num_layers, seed.num_heads, seed.head_dim, seed.hidden_dim, seed.batch_size) == (8, 4, 256, 1024, 32)
     assert seed.max_seq_len in (4096, 8192) and seed.distribution == "uniform"
-    # Reference still allowed with head dims the Triton kernels lack.
-    assert get_config("tiny", kernels="reference", head_dim=48, hidden_dim=96).head_dim == 48
+    # Head dims the kernels lack: padded by the unfused layer's attention call; any with the reference.
+    assert get_config("tiny", head_dim=48, hidden_dim=96).head_dim == 48
+    assert get_config("tiny", kernels="reference", head_dim=320, hidden_dim=640).head_dim == 320
     model = HSTURankingModel(get_config("tiny"))
     h, d, layers = 2, 32, 2
     per_layer = 64 * 4 * h * d + h * d * 64

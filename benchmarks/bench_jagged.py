@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     import autotune
     from autotune.runtime import dispatch
     from autotune.runtime.buckets import sample_lengths
-    from autotune.tuning.lengths import read_length_sample
+    from autotune.runtime.lengths import read_length_sample
 
     sample = read_length_sample(args.lengths)
     rows = []

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     add_batch_args(p)
     args = p.parse_args(argv)
     import autotune
-    from autotune.tuning.lengths import read_length_sample
+    from autotune.runtime.lengths import read_length_sample
 
     autotune.load(args.artifacts, allow_same_arch=args.allow_same_arch)
     sample = read_length_sample(args.lengths) if args.lengths else None

@@ -7,16 +7,29 @@ overrides, seed). ``validate`` raises ``ValueError`` naming the bad field before
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
+
+@functools.lru_cache(maxsize=8)
+def file_lengths(path: str) -> tuple[int, ...]:
+    """The lengths of a lengths file, read once per path (``ValueError`` naming the file when unusable)."""
+    from autotune.runtime.lengths import LengthsError, read_length_sample
+
+    try:
+        return tuple(read_length_sample(path))
+    except LengthsError as e:
+        raise ValueError(str(e).replace("--lengths", "lengths_file", 1)) from None
+
+
 KERNEL_SOURCES = ("reference", "default", "tuned")
 LAYER_IMPLS = ("unfused", "fused")
 PRECISIONS = ("autocast", "bf16")
 RECOMPUTE = ("none", "uvqk", "pre", "ln", "uvqk+ln", "pre+ln")
-LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed")
+LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed", "file")
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,9 @@ class ModelConfig:
     max_seq_len: int = 32
     min_seq_len: int = 4
     length_dist: str = "uniform"
+    # length_dist="file": real sequence lengths (any format of autotune.runtime.lengths) that the synthetic
+    # batches draw from, raised to min_seq_len; `autotune run --from-model` tunes on the same lengths.
+    lengths_file: str = ""
     zipf_alpha: float = 1.1
     num_categories: int = 16
     taste_size: int = 4
@@ -84,6 +100,22 @@ class ModelConfig:
     def distribution(self) -> str:
         """Artifact length-distribution key: full lengths were tuned as "uniform", the rest "jagged"."""
         return "uniform" if self.length_dist == "full" else "jagged"
+
+    def _validate_lengths_file(self) -> None:
+        """length_dist="file" needs a readable lengths file whose longest sequence fits max_seq_len."""
+        if (self.length_dist == "file") != bool(self.lengths_file):
+            raise ValueError(
+                f"lengths_file and length_dist='file' go together, got length_dist={self.length_dist!r}, "
+                f"lengths_file={self.lengths_file!r}"
+            )
+        if not self.lengths_file:
+            return
+        longest = max(file_lengths(self.lengths_file))
+        if longest > self.max_seq_len:
+            raise ValueError(
+                f"lengths_file {self.lengths_file} has a sequence of {longest} tokens, above max_seq_len "
+                f"{self.max_seq_len}"
+            )
 
     def _validate_head_dim(self) -> None:
         """The kernels' head dims: the unfused layer's attention call pads others up to the largest (256);
@@ -133,6 +165,7 @@ class ModelConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         self._validate_head_dim()
+        self._validate_lengths_file()
         if self.layer == "fused" and self.kernels == "reference":
             raise ValueError("layer='fused' runs dispatched kernels; kernels must be 'default' or 'tuned'")
         if self.layer == "unfused" and (self.precision != "autocast" or self.recompute != "none"):

@@ -21,15 +21,19 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .config import ModelConfig
+from .config import ModelConfig, file_lengths
 
 
 def sample_length(rng: np.random.Generator, cfg: ModelConfig) -> int:
-    """One sequence length: full (= max), uniform in [min, max], or heavy-tailed (max * u^3)."""
+    """One sequence length: full (= max), uniform in [min, max], heavy-tailed (max * u^3), or a draw from
+    the config's lengths file raised to min_seq_len."""
     if cfg.length_dist == "full":
         return cfg.max_seq_len
     if cfg.length_dist == "uniform":
         return int(rng.integers(cfg.min_seq_len, cfg.max_seq_len + 1))
+    if cfg.length_dist == "file":
+        lengths = file_lengths(cfg.lengths_file)
+        return int(max(cfg.min_seq_len, lengths[int(rng.integers(len(lengths)))]))
     n = math.ceil(cfg.max_seq_len * float(rng.random()) ** 3)
     return int(min(cfg.max_seq_len, max(cfg.min_seq_len, n)))
 

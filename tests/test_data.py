@@ -61,3 +61,32 @@ def test_loader_order_independent_of_workers():
     serial = [b.items for b in make_loader(cfg, 4, workers=0)]
     parallel = [b.items for b in make_loader(cfg, 4, workers=2)]
     assert len(serial) == 4 and all(torch.equal(a, b) for a, b in zip(serial, parallel, strict=True))
+
+
+def test_lengths_file_drives_the_batches_and_the_tuning_tasks(tmp_path):
+    """length_dist="file": batch lengths are draws from the file (raised to min_seq_len), and the graph tasks
+    of the same config draw from the same lengths; a bad file or a missing pairing names the field."""
+    import json
+
+    import pytest
+
+    from autotune.tuning import graph_tasks as gt
+    from models.data import length_sample
+
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps({"2": 5, "20": 3, "31": 1}))
+    cfg = get_config("tiny", length_dist="file", lengths_file=str(path))
+    assert cfg.distribution == "jagged"
+    drawn = length_sample(cfg, 300)
+    assert set(drawn) == {cfg.min_seq_len, 20, 31}
+    batch = SyntheticJaggedDataset(cfg).batch(0)
+    assert set(batch.lengths) <= {cfg.min_seq_len, 20, 31} and len(batch.lengths) == cfg.batch_size
+    assert set(gt.config_length_sample(cfg.to_dict())) == {cfg.min_seq_len, 20, 31}
+    for overrides, match in (
+        (dict(length_dist="file"), "go together"),
+        (dict(lengths_file=str(path)), "go together"),
+        (dict(length_dist="file", lengths_file=str(tmp_path / "none.json")), "lengths_file .*none.json: no such file"),
+        (dict(length_dist="file", lengths_file=str(path), max_seq_len=16), "31 tokens, above max_seq_len 16"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            get_config("tiny", **overrides)

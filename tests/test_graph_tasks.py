@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
+from autotune.runtime.lengths import LengthsError, read_lengths_file
 from autotune.tuning import graph_tasks as gt
 from autotune.tuning.cli import main
-from autotune.tuning.lengths import LengthsError, read_lengths_file
 from autotune.tuning.tasks import Task
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autotune.runtime.buckets import sample_lengths
-from autotune.tuning.lengths import LengthsError, compact, describe, read_length_sample, read_lengths_file
+from autotune.runtime.lengths import LengthsError, compact, describe, read_length_sample, read_lengths_file
 from autotune.tuning.tasks import Task
 
 

@@ -150,7 +150,7 @@ def build_task_list(args: argparse.Namespace, gpu: str) -> list:
         raise CLIError("--heads, --batch and --trials must be >= 1")
     sample = None
     if getattr(args, "lengths", None):
-        from autotune.tuning.lengths import compact, read_length_sample
+        from autotune.runtime.lengths import compact, read_length_sample
 
         try:
             sample = compact(read_length_sample(args.lengths))

@@ -103,8 +103,8 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
 
 def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
     """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
+    from autotune.runtime.lengths import read_lengths_file
     from autotune.tuning.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx
-    from autotune.tuning.lengths import read_lengths_file
 
     try:
         with warnings.catch_warnings():

@@ -52,7 +52,7 @@ from autotune.runtime.graph import (  # noqa: F401 - re-exported: the tuner's gr
     value_of,
     walk_nodes,
 )
-from autotune.tuning.lengths import LengthsFile, compact
+from autotune.runtime.lengths import LengthsFile, compact
 from autotune.tuning.tasks import Task
 
 GEMM = "gemm_silu"

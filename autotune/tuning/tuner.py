@@ -141,7 +141,7 @@ class TaskResult:
 
 def _sample_descriptor(task: Task) -> dict[str, Any]:
     """What an entry tuned on a lengths sample records of it (and of its representative batch)."""
-    from autotune.tuning.lengths import describe
+    from autotune.runtime.lengths import describe
 
     lengths = task.lengths()
     return {**describe(task.sample), "batch_fill": round(batch_fill(lengths, task.max_len), 4)}

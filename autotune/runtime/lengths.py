@@ -12,7 +12,8 @@ records a descriptor of the sample in each entry. Accepted files:
 
 A list of batches (JSON, or text lines) also gives the batch size and whether batches are uniform:
 ``autotune run --from-model/--from-onnx`` reads them where the graph does not fix those. This module is
-the one reader of lengths files, for the grid tasks and the graph tasks alike.
+the one reader of lengths files: for the grid tasks, the graph tasks and the model's data config
+(``models.config.ModelConfig.lengths_file``, whose synthetic batches then draw their lengths from it).
 
 Every length must be a non-negative integer no longer than the largest bucket (32768); the sample
 must hold at least one non-zero length. Errors name the file and the bad value.

@@ -211,6 +211,27 @@ def test_head_dims_the_kernels_lack_run_zero_padded(dqk, dv, dtype):
                 )
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dqk", "dv"), [(96, 96), (48, 200)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_padded_head_dims_on_the_gpu(dqk, dv, dtype):
+    """The padded call through the tuned path (CuTe where it has the padded dim) in half precision."""
+    from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+    inp = make_jagged_inputs([0, 1, 77, 300, 129], 2, dqk, dv, torch.float32, "cuda", seed=3)
+    do = torch.randn(inp.q.shape[0], 2, dv, device="cuda")
+    ins = [t.to(dtype).requires_grad_(True) for t in (inp.q, inp.k, inp.v)]
+    out = ops.hstu_attention(*ins, inp.seq_offsets, inp.max_seq_len)
+    got = (out, *torch.autograd.grad(out, ins, do.to(dtype)))
+    refs = {}
+    for name, prec in (("ref32", torch.float32), ("lowp", dtype)):
+        r_in = [t.to(prec).requires_grad_(True) for t in (inp.q, inp.k, inp.v)]
+        r = hstu_attention_reference(*r_in, inp.seq_offsets, inp.max_seq_len, 1 / dqk**0.5)
+        refs[name] = (r, *torch.autograd.grad(r, r_in, do.to(prec)))
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        check_tolerance(f"d{dqk}/{dv} {name}", got[i], refs["ref32"][i].float(), refs["lowp"][i])
+
+
 # ------------------------------------------------------------------------------------------------
 # The device check kernel computes the host check's mask (run here by the interpreter).
 # ------------------------------------------------------------------------------------------------

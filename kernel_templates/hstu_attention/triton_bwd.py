@@ -91,6 +91,80 @@ def _bwd_kv_tile(
     return dk, dv
 
 
+@triton.jit
+def _bwd_kv_range(
+    dk,
+    dv,
+    m_lo,
+    m_hi,
+    k,
+    v,
+    q_ptrs,
+    do_ptrs,
+    dq_ptrs,
+    dq_desc,
+    dq_row0,
+    dq_col,
+    offs_m,
+    offs_n,
+    n,
+    alpha,
+    dq_scale,
+    contextual_seq_len,
+    max_attn_len,
+    m_id,
+    stride_qm,
+    stride_dom,
+    stride_dqm,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    TMA_DQ: tl.constexpr,
+    COMPUTE_DK: tl.constexpr,
+    COMPUTE_DV: tl.constexpr,
+    HAS_CONTEXT: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``_bwd_kv_tile`` over the query blocks starting in [m_lo, m_hi), every one masked or none."""
+    for start_m in range(m_lo, m_hi, BLOCK_M):
+        dk, dv = _bwd_kv_tile(
+            dk,
+            dv,
+            k,
+            v,
+            q_ptrs,
+            do_ptrs,
+            dq_ptrs,
+            dq_desc,
+            dq_row0,
+            dq_col,
+            start_m,
+            offs_m,
+            offs_n,
+            n,
+            alpha,
+            dq_scale,
+            contextual_seq_len,
+            max_attn_len,
+            m_id,
+            stride_qm,
+            stride_dom,
+            stride_dqm,
+            MASKED,
+            ATOMIC_DQ,
+            TMA_DQ,
+            COMPUTE_DK,
+            COMPUTE_DV,
+            HAS_CONTEXT,
+            HAS_TARGETS,
+            HAS_WINDOW,
+            PRECISION,
+        )
+    return dk, dv
+
+
 # L (the batch's row count) changes every batch: no recompiles for it.
 @triton.jit(do_not_specialize=["L"])
 def _hstu_bwd_kv_kernel(
@@ -175,74 +249,17 @@ def _hstu_bwd_kv_kernel(
     dq_scale = alpha * inv_scale
     dq_row0 = seq_start.to(tl.int32)
     dq_col = h * D_QK
-    for start_m in range(lo, full_start, BLOCK_M):
-        dk, dv = _bwd_kv_tile(
-            dk,
-            dv,
-            k,
-            v,
-            q_ptrs,
-            do_ptrs,
-            dq_ptrs,
-            DQ_DESC,
-            dq_row0,
-            dq_col,
-            start_m,
-            offs_m,
-            offs_n,
-            n,
-            alpha,
-            dq_scale,
-            contextual_seq_len,
-            max_attn_len,
-            m_id,
-            stride_qm,
-            stride_dom,
-            stride_dqm,
-            True,
-            ATOMIC_DQ,
-            TMA_DQ,
-            COMPUTE_DK,
-            COMPUTE_DV,
-            HAS_CONTEXT,
-            HAS_TARGETS,
-            HAS_WINDOW,
-            PRECISION,
-        )
-    for start_m in range(full_start, hi, BLOCK_M):
-        dk, dv = _bwd_kv_tile(
-            dk,
-            dv,
-            k,
-            v,
-            q_ptrs,
-            do_ptrs,
-            dq_ptrs,
-            DQ_DESC,
-            dq_row0,
-            dq_col,
-            start_m,
-            offs_m,
-            offs_n,
-            n,
-            alpha,
-            dq_scale,
-            contextual_seq_len,
-            max_attn_len,
-            m_id,
-            stride_qm,
-            stride_dom,
-            stride_dqm,
-            False,
-            ATOMIC_DQ,
-            TMA_DQ,
-            COMPUTE_DK,
-            COMPUTE_DV,
-            HAS_CONTEXT,
-            HAS_TARGETS,
-            HAS_WINDOW,
-            PRECISION,
-        )
+    # Query blocks that need the mask (diagonal, targets, window edges), then the ones that do not.
+    dk, dv = _bwd_kv_range(
+        dk, dv, lo, full_start, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, dq_row0, dq_col, offs_m, offs_n, n, alpha,
+        dq_scale, contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm, BLOCK_M, True,
+        ATOMIC_DQ, TMA_DQ, COMPUTE_DK, COMPUTE_DV, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+    )  # fmt: skip
+    dk, dv = _bwd_kv_range(
+        dk, dv, full_start, hi, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, dq_row0, dq_col, offs_m, offs_n, n, alpha,
+        dq_scale, contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm, BLOCK_M, False,
+        ATOMIC_DQ, TMA_DQ, COMPUTE_DK, COMPUTE_DV, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
+    )  # fmt: skip
     if COMPUTE_DK:
         tl.store(
             DK + seq_start * stride_dkm + h * stride_dkh + offs_n[:, None] * stride_dkm + offs_dqk[None, :],

@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .config import HSTUBwdConfig
+from .reference import score_scale
 from .triton_common import (
     key_block_setup,
     query_block_setup,
@@ -475,7 +476,7 @@ def hstu_attention_bwd(
         if atomic
         else (torch.empty_like(q) if dq_out is None else dq_out)
     )
-    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
+    scale = score_scale(max_seq_len, scaling_seqlen)
     common = dict(
         HAS_CONTEXT=contextual_seq_len > 0,
         HAS_TARGETS=num_targets is not None,

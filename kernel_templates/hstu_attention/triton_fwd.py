@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .config import HSTUFwdConfig
+from .reference import score_scale
 from .triton_common import query_block_setup, row_head_strides, valid_mask
 
 
@@ -195,7 +196,7 @@ def hstu_attention_fwd(
     batch = seq_offsets.numel() - 1
     if L == 0 or batch == 0 or max_seq_len == 0:
         return out.zero_()
-    scale = scaling_seqlen if scaling_seqlen is not None else max_seq_len
+    scale = score_scale(max_seq_len, scaling_seqlen)
     num_m_blocks = triton.cdiv(max_seq_len, config.block_m)
     grid = (batch * H, num_m_blocks)
     _hstu_fwd_kernel[grid](

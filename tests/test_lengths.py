@@ -33,6 +33,7 @@ def test_reads_every_format(tmp_path, name, content, expected):
     [
         ("a.txt", "5 6\n7 7 7\n", [[5, 6], [7, 7, 7]], False, 3),
         ("b.txt", "5\n6\n7\n", None, False, None),  # one length a line: a flat sample, not batches of one
+        ("f.txt", "5 6 7 7\n", None, False, None),  # one line: a flat sample, not one batch
         ("c.json", [[8, 8], [3, 3, 3]], [[8, 8], [3, 3, 3]], True, 3),
         ("d.json", [9, 9, 9], None, True, None),
         ("e.json", {"9": 4}, None, True, None),

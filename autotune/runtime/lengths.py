@@ -7,8 +7,8 @@ records a descriptor of the sample in each entry. Accepted files:
 - ``.npy``: a 1-D integer array of lengths;
 - JSON: a list of lengths, a list of batches (lists of lengths), a histogram ``{"512": 30, ...}``,
   or ``{"lengths": [...], "counts": [...]}``;
-- text: lengths separated by spaces, commas or newlines (``#`` starts a comment); when a line holds more
-  than one length, each non-empty line is a batch.
+- text: lengths separated by spaces, commas or newlines (``#`` starts a comment); in a file of several
+  lines where a line holds more than one length, each non-empty line is a batch.
 
 A list of batches (JSON, or text lines) also gives the batch size and whether batches are uniform:
 ``autotune run --from-model/--from-onnx`` reads them where the graph does not fix those. This module is
@@ -131,7 +131,7 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
             except ValueError:
                 raise LengthsError(f"{where}: not JSON and not whitespace-separated integers") from None
             raw = [n for row in rows for n in row]
-            batches = rows if any(len(row) > 1 for row in rows) else None
+            batches = rows if len(rows) > 1 and any(len(row) > 1 for row in rows) else None
     for n in raw:
         if isinstance(n, bool) or not isinstance(n, int):
             raise LengthsError(f"{where}: length {n!r} is not an integer")

@@ -29,71 +29,7 @@ from .triton_fwd import dot_precision
 
 
 @triton.jit
-def _bwd_kv_tile(
-    dk,
-    dv,
-    k,
-    v,
-    q_ptrs,
-    do_ptrs,
-    dq_ptrs,
-    dq_desc,
-    dq_row0,
-    dq_col,
-    start_m,
-    offs_m,
-    offs_n,
-    n,
-    alpha,
-    dq_scale,
-    contextual_seq_len,
-    max_attn_len,
-    m_id,
-    stride_qm,
-    stride_dom,
-    stride_dqm,
-    MASKED: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
-    TMA_DQ: tl.constexpr,
-    COMPUTE_DK: tl.constexpr,
-    COMPUTE_DV: tl.constexpr,
-    HAS_CONTEXT: tl.constexpr,
-    HAS_TARGETS: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    rows = start_m + offs_m
-    row_ok = rows < n
-    q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)
-    do = tl.load(do_ptrs + start_m * stride_dom, mask=row_ok[:, None], other=0.0)
-    # Transposed scores: (BLOCK_N, BLOCK_M), keys along rows.
-    st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * alpha
-    sig = tl.sigmoid(st)
-    pt = st * sig
-    dsilu = sig * (1.0 + st * (1.0 - sig))
-    if MASKED:
-        valid = tl.trans(
-            valid_mask(rows, offs_n, n, contextual_seq_len, max_attn_len, m_id, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW)
-        )
-        pt = tl.where(valid, pt, 0.0)
-        dsilu = tl.where(valid, dsilu, 0.0)
-    if COMPUTE_DV:
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
-    if COMPUTE_DK:
-        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dst = (dpt * dsilu).to(q.dtype)
-        dk = tl.dot(dst, q, dk, input_precision=PRECISION)
-        if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * dq_scale
-            if TMA_DQ:
-                dq_desc.atomic_add([dq_row0 + start_m, dq_col], dq)
-            else:
-                tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
-    return dk, dv
-
-
-@triton.jit
-def _bwd_kv_range(
+def _bwd_kv_blocks(
     dk,
     dv,
     m_lo,
@@ -128,41 +64,37 @@ def _bwd_kv_range(
     HAS_WINDOW: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """``_bwd_kv_tile`` over the query blocks starting in [m_lo, m_hi), every one masked or none."""
+    """dK / dV of one key block over the query blocks starting in [m_lo, m_hi), every one masked or none."""
     for start_m in range(m_lo, m_hi, BLOCK_M):
-        dk, dv = _bwd_kv_tile(
-            dk,
-            dv,
-            k,
-            v,
-            q_ptrs,
-            do_ptrs,
-            dq_ptrs,
-            dq_desc,
-            dq_row0,
-            dq_col,
-            start_m,
-            offs_m,
-            offs_n,
-            n,
-            alpha,
-            dq_scale,
-            contextual_seq_len,
-            max_attn_len,
-            m_id,
-            stride_qm,
-            stride_dom,
-            stride_dqm,
-            MASKED,
-            ATOMIC_DQ,
-            TMA_DQ,
-            COMPUTE_DK,
-            COMPUTE_DV,
-            HAS_CONTEXT,
-            HAS_TARGETS,
-            HAS_WINDOW,
-            PRECISION,
-        )
+        rows = start_m + offs_m
+        row_ok = rows < n
+        q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_ptrs + start_m * stride_dom, mask=row_ok[:, None], other=0.0)
+        # Transposed scores: (BLOCK_N, BLOCK_M), keys along rows.
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * alpha
+        sig = tl.sigmoid(st)
+        pt = st * sig
+        dsilu = sig * (1.0 + st * (1.0 - sig))
+        if MASKED:
+            valid = tl.trans(
+                valid_mask(
+                    rows, offs_n, n, contextual_seq_len, max_attn_len, m_id, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW
+                )
+            )
+            pt = tl.where(valid, pt, 0.0)
+            dsilu = tl.where(valid, dsilu, 0.0)
+        if COMPUTE_DV:
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        if COMPUTE_DK:
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            dst = (dpt * dsilu).to(q.dtype)
+            dk = tl.dot(dst, q, dk, input_precision=PRECISION)
+            if ATOMIC_DQ:
+                dq = tl.dot(tl.trans(dst), k, input_precision=PRECISION) * dq_scale
+                if TMA_DQ:
+                    dq_desc.atomic_add([dq_row0 + start_m, dq_col], dq)
+                else:
+                    tl.atomic_add(dq_ptrs + start_m * stride_dqm, dq, mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -251,12 +183,12 @@ def _hstu_bwd_kv_kernel(
     dq_row0 = seq_start.to(tl.int32)
     dq_col = h * D_QK
     # Query blocks that need the mask (diagonal, targets, window edges), then the ones that do not.
-    dk, dv = _bwd_kv_range(
+    dk, dv = _bwd_kv_blocks(
         dk, dv, lo, full_start, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, dq_row0, dq_col, offs_m, offs_n, n, alpha,
         dq_scale, contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm, BLOCK_M, True,
         ATOMIC_DQ, TMA_DQ, COMPUTE_DK, COMPUTE_DV, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,
     )  # fmt: skip
-    dk, dv = _bwd_kv_range(
+    dk, dv = _bwd_kv_blocks(
         dk, dv, full_start, hi, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, dq_row0, dq_col, offs_m, offs_n, n, alpha,
         dq_scale, contextual_seq_len, max_attn_len, m_id, stride_qm, stride_dom, stride_dqm, BLOCK_M, False,
         ATOMIC_DQ, TMA_DQ, COMPUTE_DK, COMPUTE_DV, HAS_CONTEXT, HAS_TARGETS, HAS_WINDOW, PRECISION,

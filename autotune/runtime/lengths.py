@@ -80,8 +80,9 @@ def _from_json(data: Any, where: str) -> list[Any]:
                 raise LengthsError(f"{where}: histogram key {k!r} is not an integer length") from None
             out += [n] * _count(c, where)
         return out
-    if isinstance(data, list) and data and all(isinstance(b, list) for b in data):
-        return [n for b in data for n in b]
+    batches = _batches_json(data)
+    if batches is not None:
+        return [n for b in batches for n in b]
     if isinstance(data, list):
         return data
     raise LengthsError(f"{where}: expected a list, a list of lists or a histogram object")

@@ -82,10 +82,7 @@ def check_tolerance(
     if kernel.numel() and not torch.isfinite(kernel.float()).all():
         raise AssertionError(f"{name}: non-finite values in kernel output")
     err, torch_err = max_abs_err(kernel, ref32), max_abs_err(ref_lowp, ref32)
-    if atol is None:
-        bound = error_bound(torch_err, kernel.dtype, max_abs_err(ref32, torch.zeros_like(ref32)))
-    else:
-        bound = ERR_FACTOR * torch_err + atol
+    bound = error_bound(torch_err, kernel.dtype, ref32) if atol is None else ERR_FACTOR * torch_err + atol
     if not err <= bound:
         raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (2x PyTorch-in-dtype + atol)")
     return err, bound

@@ -27,10 +27,10 @@ from benchmarks.rows import append_rows, time_ms  # noqa: E402
 from kernel_templates.hstu_attention.testing import offsets_from_lengths  # noqa: E402
 
 
-def _inputs(lengths: list[int], heads: int, d: int, seed: int) -> tuple:
+def _inputs(lengths: list[int], heads: int, d: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> tuple:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total = sum(lengths)
-    q, k, v, do = (torch.randn(total, heads, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    q, k, v, do = (torch.randn(total, heads, d, generator=gen, device="cuda").to(dtype) for _ in range(4))
     offsets = offsets_from_lengths(lengths, "cuda", torch.int32)
     return q, k, v, do, offsets
 
@@ -39,7 +39,7 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, label: st
     from autotune.runtime.ops import hstu_attention
     from kernel_templates.hstu_attention.reference import hstu_attention_flops
 
-    q, k, v, do, off = _inputs(lengths, args.heads, args.head_dim, args.seed)
+    q, k, v, do, off = _inputs(lengths, args.heads, args.head_dim, args.seed, getattr(torch, args.dtype))
     fwd_flops, bwd_flops = hstu_attention_flops(off.cpu(), args.heads, args.head_dim, args.head_dim, 0, None, 0)[:2]
     qg = q.detach().requires_grad_(True)
 
@@ -65,6 +65,7 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=256)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--no-save", action="store_true")
 
 

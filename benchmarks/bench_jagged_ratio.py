@@ -3,9 +3,9 @@
     python benchmarks/bench_jagged_ratio.py --buckets 1024 2048 4096 8192 --laws u3 pareto one-long \
         --lengths benchmarks/data/lognormal_lengths.json
 
-For each bucket N it times ``hstu_attention`` forward and backward (``--batch`` sequences, bf16, causal,
-tuned configs) on a uniform batch (every length N) and on heavy-tailed batches whose longest sequence is
-N, and reports each as a share of the uniform TFLOP/s. Dispatch sees only what the host knows (bucket and
+For each bucket N it times ``hstu_attention`` forward and backward (``--batch`` sequences, bf16 or
+``--dtype float16``, causal, tuned configs) on a uniform batch (every length N) and on heavy-tailed
+batches whose longest sequence is N, and reports each as a share of the uniform TFLOP/s. Dispatch sees only what the host knows (bucket and
 fill ratio) unless ``--hints`` also times the explicit ``distribution="jagged"`` hint. It also times the
 batch's longest sequence alone (``alone``): no schedule of one-CTA-per-tile kernels can finish the batch
 before that, so ``alone / batch`` says how much of the batch time is the critical path.
@@ -70,7 +70,7 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, hint: str
     from autotune.runtime.ops import hstu_attention
     from kernel_templates.hstu_attention.reference import hstu_attention_flops
 
-    q, k, v, do, off = _inputs(lengths, args.heads, args.head_dim, args.seed)
+    q, k, v, do, off = _inputs(lengths, args.heads, args.head_dim, args.seed, getattr(torch, args.dtype))
     fwd_flops, bwd_flops = hstu_attention_flops(off.cpu(), args.heads, args.head_dim, args.head_dim)
     qg = q.detach().requires_grad_(True)
 
@@ -93,6 +93,7 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, hint: str
     fill = sum(lengths) / (len(lengths) * bucket)
     return {
         "bucket": bucket, "batch": len(lengths), "tokens": sum(lengths), "fill": round(fill, 4), "hint": hint,
+        "dtype": args.dtype, "source": args.source,
         "timing": "cuda_graph" if args.cuda_graph else "call",
         "fwd_flops": fwd_flops, "bwd_flops": bwd_flops,
         "fwd_p20_ms": tf["p20_ms"], "fwd_ms": tf["p50_ms"], "fwd_p80_ms": tf["p80_ms"],
@@ -104,7 +105,7 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, hint: str
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--buckets", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-    p.add_argument("--laws", nargs="+", default=["u3", "pareto", "one-long"], choices=LAWS)
+    p.add_argument("--laws", nargs="*", default=["u3", "pareto", "one-long"], choices=LAWS, help="none: uniform only")
     p.add_argument("--lengths", default=None, help="a lengths file: adds the 'file' law")
     p.add_argument("--artifacts", default=None, help="artifacts root (default: the shipped ones)")
     p.add_argument("--allow-same-arch", action="store_true")

@@ -114,6 +114,36 @@ def test_unseen_head_dim_falls_back(tmp_path):
     assert any("dqk=128" in w for w in dispatch.WARNINGS)
 
 
+def test_other_16bit_dtype_serves_only_when_rechecked_in_the_call_dtype(tmp_path):
+    """An fp16 call with no fp16 entry takes the bf16 entry whose full re-check ran fp16, never an unchecked one."""
+    checked = ["many-short/causal/bfloat16", "many-short/causal/float16"]
+    dispatch.load(write_artifacts(tmp_path, extra=[_entry(8192, 16, verified=checked)]), gpu="h100")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fp16 = dispatch.select(FWD, "float16", 64, 64, 4, 8192, "uniform")
+        bf16 = dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192, "uniform")
+    assert (_block_m(fp16), fp16.source, fp16.bucket) == (16, "tuned", 8192) and fp16 == bf16
+    # The 1024 / 4096 entries list no fp16 case: an fp16 call there falls to the checked entry's bucket.
+    with pytest.warns(dispatch.DispatchWarning, match="dtype=bfloat16 instead of float16"):
+        near = dispatch.select(FWD, "float16", 64, 64, 4, 1024, "uniform")
+    assert (_block_m(near), near.source) == (16, "nearest")
+    assert dispatch.select(FWD, "bfloat16", 64, 64, 4, 1024, "uniform").source == "tuned"
+    # fp32 has no 16-bit sibling; the backward artifact has no fp16-checked entry: both keep the default.
+    with pytest.warns(dispatch.DispatchWarning, match="unseen head dim"):
+        assert dispatch.select(FWD, "float32", 64, 64, 4, 8192, "uniform").source == "default"
+    with pytest.warns(dispatch.DispatchWarning, match="dtype=float16"):
+        assert dispatch.select(BWD, "float16", 64, 64, 4, 4096, "uniform").source == "default"
+
+
+def test_own_dtype_entries_win_over_the_other_16bit_dtype(tmp_path):
+    checked = ["many-short/causal/bfloat16", "many-short/causal/float16"]
+    fp16_entry = _entry(8192, 64, dtype="float16")
+    dispatch.load(write_artifacts(tmp_path, extra=[_entry(8192, 16, verified=checked), fp16_entry]), gpu="h100")
+    assert _block_m(dispatch.select(FWD, "float16", 64, 64, 4, 8192, "uniform")) == 64
+    with pytest.warns(dispatch.DispatchWarning, match="nearest tuned bucket 8192"):  # fp16 bucket 4096: own dtype
+        assert _block_m(dispatch.select(FWD, "float16", 64, 64, 4, 4096, "uniform")) == 64
+
+
 def test_unavailable_backend_falls_back(tmp_path):
     bogus = _entry(8192, 16, backend="nosuchbackend")
     dispatch.load(write_artifacts(tmp_path, extra=[bogus]), gpu="h100")

@@ -7,6 +7,8 @@ per (kind, dtype, head dims, heads, length, distribution, source, mask, fill bin
 call a lookup is one dict access. Entries are keyed by (dtype, dims, heads, bucket, distribution,
 mask); when the exact one is missing, dispatch uses the closest entry (same bucket first, then the
 nearest tuned bucket), then the heuristic default, and warns once per reason saying what differs.
+A bf16 or fp16 call with no entry of its own dtype for its head dims is served by the other 16-bit
+dtype's entries that the full re-check ran in the call's dtype (same tiles, same tensor-core rate).
 
 Without a distribution hint, a call is matched to its bucket's entries by what the host knows
 without a sync: the fill ratio L / (B x max_seq_len) of the batch against the fill of the batch
@@ -394,6 +396,34 @@ def entry_fill(entry: Any) -> float:
     return law_fill(int(_get(entry, "bucket")), _get(entry, "distribution"))
 
 
+SIBLING_DTYPES = {"bfloat16": "float16", "float16": "bfloat16"}
+
+
+def verified_for(entry: Any, dtype: str) -> bool:
+    """Whether the full re-check ran ``entry``'s config in ``dtype`` and it passed (``verified`` lists
+    the passing cases as "case/mask/dtype")."""
+    return any(str(case).rsplit("/", 1)[-1] == dtype for case in _get(entry, "verified") or ())
+
+
+def _serving_dtype(entries: list[Any], dtype: str, dqk: int, dv: int) -> str:
+    """The dtype whose entries serve a call: its own when the artifact has entries of these head
+    dims in it; else the other 16-bit dtype's when one of them was re-checked in the call's dtype.
+
+    bf16 and fp16 run the same tiles at the same tensor-core rate, so a config tuned in one is as
+    fast in the other; what has to be shown is that it is correct there, which the full re-check
+    (every mask in bf16 and fp16) records. Entries re-checked only in their own dtype never serve
+    the other one: the call keeps its own dtype and falls back to the default.
+    """
+
+    def dims(e: Any, dt: str) -> bool:
+        return _get(e, "dtype") == dt and int(_get(e, "dqk")) == dqk and int(_get(e, "dv")) == dv
+
+    sibling = SIBLING_DTYPES.get(dtype)
+    if sibling is None or any(dims(e, dtype) for e in entries):
+        return dtype
+    return sibling if any(dims(e, sibling) and verified_for(e, dtype) for e in entries) else dtype
+
+
 def _same_task_but_distribution(e: Any, dtype: str, dqk: int, dv: int, bucket: int, heads: int, mask: str) -> bool:
     return (
         _get(e, "dtype") == dtype
@@ -426,7 +456,7 @@ def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
     diffs = []
     if _get(entry, "bucket") != call["bucket"]:
         diffs.append(f"the nearest tuned bucket {_get(entry, 'bucket')}")
-    for name in ("distribution", "num_heads", "mask"):
+    for name in ("dtype", "distribution", "num_heads", "mask"):
         if call[name] is not None and _get(entry, name) != call[name]:
             diffs.append(f"{name}={_get(entry, name)} instead of {call[name]}")
     wanted = ", ".join(f"{k}={v}" for k, v in call.items() if k != "bucket")
@@ -457,6 +487,8 @@ def _resolve(
         _warn_once(f"{problem}; using the heuristic default config")
         return default_choice(kind, dqk, dv, dtype, num_heads)
     artifact = _STATE.artifacts[kind]
+    serve = _serving_dtype(_entries(artifact), dtype, dqk, dv)
+    pool = [e for e in _entries(artifact) if serve == dtype or verified_for(e, dtype)]
     bucket = bucket_for(max_seq_len)
     if max_seq_len > LARGEST_BUCKET:
         _warn_once(
@@ -464,20 +496,16 @@ def _resolve(
             "bucket's config, which was never tuned or timed at these lengths",
             key=f"{kind}: above the largest bucket",
         )
-    entry = artifact.lookup(dtype, dqk, dv, bucket, distribution, num_heads, mask)
+    entry = artifact.lookup(serve, dqk, dv, bucket, distribution, num_heads, mask)
+    if entry is not None and not any(e is entry for e in pool):
+        entry = None
     if entry is not None and distribution is None and fbin is not None:
-        same = [
-            e for e in _entries(artifact) if _same_task_but_distribution(e, dtype, dqk, dv, bucket, num_heads, mask)
-        ]
+        same = [e for e in pool if _same_task_but_distribution(e, serve, dqk, dv, bucket, num_heads, mask)]
         entry = _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")
         return choice or default_choice(kind, dqk, dv, dtype, num_heads)
-    same_dims = [
-        e
-        for e in _entries(artifact)
-        if _get(e, "dtype") == dtype and int(_get(e, "dqk")) == dqk and int(_get(e, "dv")) == dv
-    ]
+    same_dims = [e for e in pool if (_get(e, "dtype"), int(_get(e, "dqk")), int(_get(e, "dv"))) == (serve, dqk, dv)]
     if not same_dims:
         _warn_once(
             f"{kind}: no tuned entry for dtype={dtype}, head dims dqk={dqk} dv={dv} (unseen head dim) in the "

@@ -3,12 +3,12 @@
     python benchmarks/bench_jagged_ratio.py --buckets 1024 2048 4096 8192 --laws u3 pareto one-long \
         --lengths benchmarks/data/lognormal_lengths.json
 
-For each bucket N it times ``hstu_attention`` forward and backward (``--batch`` sequences, bf16 or
-``--dtype float16``, causal, tuned configs) on a uniform batch (every length N) and on heavy-tailed
-batches whose longest sequence is N, and reports each as a share of the uniform TFLOP/s. Dispatch sees only what the host knows (bucket and
-fill ratio) unless ``--hints`` also times the explicit ``distribution="jagged"`` hint. It also times the
-batch's longest sequence alone (``alone``): no schedule of one-CTA-per-tile kernels can finish the batch
-before that, so ``alone / batch`` says how much of the batch time is the critical path.
+For each bucket N it times ``hstu_attention`` forward and backward (``--batch`` sequences, bf16 or ``--dtype
+float16``, causal, tuned configs) on a uniform batch (every length N) and on heavy-tailed batches whose
+longest sequence is N, and reports each as a share of the uniform TFLOP/s. Dispatch sees only what the host
+knows (bucket and fill ratio) unless ``--hints`` also times the explicit ``distribution="jagged"`` hint. It
+also times the batch's longest sequence alone (``alone``): no schedule of one-CTA-per-tile kernels can finish
+the batch before that, so ``alone / batch`` says how much of the batch time is the critical path.
 
 Laws (each batch has one sequence of exactly N; the rest drawn with the seed):
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,18 +180,30 @@ class ModelConfig:
             raise ValueError(f"length_dist must be one of {LENGTH_DISTRIBUTIONS}, got {self.length_dist!r}")
         if self.min_seq_len > self.max_seq_len:
             raise ValueError(f"min_seq_len ({self.min_seq_len}) must be <= max_seq_len ({self.max_seq_len})")
-        if self.num_actions < 5:
-            raise ValueError(f"num_actions must be >= 5 (none + click x like), got {self.num_actions}")
+        if not isinstance(self.num_actions, int) or isinstance(self.num_actions, bool) or self.num_actions < 5:
+            raise ValueError(f"num_actions must be an int >= 5 (none + click x like), got {self.num_actions!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        self._validate_floats()
         if self.num_items < self.num_categories:
             raise ValueError(f"num_items ({self.num_items}) must be >= num_categories ({self.num_categories})")
         if self.taste_size > self.num_categories:
             raise ValueError(f"taste_size ({self.taste_size}) must be <= num_categories ({self.num_categories})")
-        for name in ("dropout", "taste_prob", "label_noise"):
+
+    def _validate_floats(self) -> None:
+        """Real numbers (ints allowed), finite, in range; NaN fails every comparison, so it is named here."""
+        for name, low, high in (("dropout", 0.0, 1.0), ("taste_prob", 0.0, 1.0), ("label_noise", 0.0, 1.0)):
             val = getattr(self, name)
-            if not 0.0 <= val < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {val!r}")
-        if self.zipf_alpha <= 0 or self.lr <= 0 or self.eps <= 0:
-            raise ValueError("zipf_alpha, lr and eps must be positive")
+            if not _is_real(val) or not low <= val < high:
+                raise ValueError(f"{name} must be a number in [{low:g}, {high:g}), got {val!r}")
+        for name in ("zipf_alpha", "lr", "eps"):
+            val = getattr(self, name)
+            if not _is_real(val) or not 0.0 < val < math.inf:
+                raise ValueError(f"{name} must be a positive finite number, got {val!r}")
+
+
+def _is_real(val: Any) -> bool:
+    return isinstance(val, (int, float)) and not isinstance(val, bool)
 
 
 _SEED = dict(

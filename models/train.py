@@ -138,6 +138,8 @@ def run(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
     if balance not in distributed.BALANCE:
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
     r = _prepare(cfg, torch.device(device), dtype, artifacts, gpu, allow_same_arch)
@@ -370,7 +372,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
-    p.add_argument("--kernels", default="default", help="reference | default | tuned")
+    p.add_argument("--kernels", default=None, help="reference | default | tuned (default: the preset's, 'default')")
     p.add_argument("--layer", default=None, help="unfused | fused (one autograd function over tuned kernels)")
     p.add_argument("--precision", default=None, help="autocast (fp32 residual stream) | bf16 (fused layer)")
     p.add_argument("--recompute", default=None, help="none | uvqk | ln | uvqk+ln (fused layer)")
@@ -410,7 +412,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = make_parser().parse_args(argv)
     console = Console(stderr=True)
     overrides = parse_overrides(args.set)
-    overrides["kernels"] = args.kernels
+    if args.kernels is not None:  # else the preset's, or what --set kernels=... says
+        overrides["kernels"] = args.kernels
     for name in ("layer", "precision", "recompute"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)

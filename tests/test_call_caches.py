@@ -32,33 +32,33 @@ def checks(monkeypatch):
 def test_async_check_once_per_unchanged_tensor(checks):
     off = torch.tensor([0, 3, 7, 7, 12])
     for _ in range(3):
-        ops._check_offsets("triton", "async", off, None, 12, 8)
+        ops.check_call_offsets("triton", "async", off, None, 12, 8)
     assert len(checks) == 1
     off.add_(0)  # written: its version moves on
-    ops._check_offsets("triton", "async", off, None, 12, 8)
-    ops._check_offsets("triton", "async", off, None, 12, 6)  # another max_seq_len
-    ops._check_offsets("triton", "async", off.clone(), None, 12, 6)  # another tensor, same values
+    ops.check_call_offsets("triton", "async", off, None, 12, 8)
+    ops.check_call_offsets("triton", "async", off, None, 12, 6)  # another max_seq_len
+    ops.check_call_offsets("triton", "async", off.clone(), None, 12, 6)  # another tensor, same values
     assert len(checks) == 4
-    ops._check_offsets("triton", "full", off, None, 12, 6)  # "full" always reads the offsets
+    ops.check_call_offsets("triton", "full", off, None, 12, 6)  # "full" always reads the offsets
     assert len(checks) == 5 and checks[-1][0] == "full"
 
 
 def test_async_check_recorded_once_per_graph_capture(checks, monkeypatch):
     off = torch.tensor([0, 3, 7])
-    ops._check_offsets("triton", "async", off, None, 7, 4)
+    ops.check_call_offsets("triton", "async", off, None, 7, 4)
     monkeypatch.setattr(tensor_memo, "capture_id", lambda: 11)  # the eager check is not seen by a graph
     for _ in range(3):
-        ops._check_offsets("triton", "async", off, None, 7, 4)
+        ops.check_call_offsets("triton", "async", off, None, 7, 4)
     assert len(checks) == 2
     monkeypatch.setattr(tensor_memo, "capture_id", lambda: 12)  # another capture records its own
-    ops._check_offsets("triton", "async", off, None, 7, 4)
+    ops.check_call_offsets("triton", "async", off, None, 7, 4)
     assert len(checks) == 3
     monkeypatch.setattr(tensor_memo, "capture_id", lambda: None)  # a capture of unknown id: every call
     for _ in range(2):
-        ops._check_offsets("triton", "async", off, None, 7, 4)
+        ops.check_call_offsets("triton", "async", off, None, 7, 4)
     assert len(checks) == 5
     monkeypatch.setattr(tensor_memo, "capture_id", lambda: 0)  # eager again: the eager entry holds
-    ops._check_offsets("triton", "async", off, None, 7, 4)
+    ops.check_call_offsets("triton", "async", off, None, 7, 4)
     assert len(checks) == 5
 
 
@@ -95,12 +95,12 @@ def test_async_check_repeats_for_other_targets(checks):
     """The skip needs the same targets tensor, unchanged: another one (or one written since) is checked."""
     off, nt = torch.tensor([0, 3, 7]), torch.tensor([1, 2])
     for _ in range(2):
-        ops._check_offsets("triton", "async", off, nt, 7, 4)
+        ops.check_call_offsets("triton", "async", off, nt, 7, 4)
     assert len(checks) == 1
-    ops._check_offsets("triton", "async", off, nt.clone(), 7, 4)
+    ops.check_call_offsets("triton", "async", off, nt.clone(), 7, 4)
     nt.add_(0)
-    ops._check_offsets("triton", "async", off, nt, 7, 4)
-    ops._check_offsets("triton", "async", off, None, 7, 4)
+    ops.check_call_offsets("triton", "async", off, nt, 7, 4)
+    ops.check_call_offsets("triton", "async", off, None, 7, 4)
     assert len(checks) == 4
 
 

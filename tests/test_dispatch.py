@@ -299,3 +299,13 @@ def test_public_call_dispatches_by_fill_without_reading_offsets(tmp_path, monkey
         q = torch.empty(rows, 4, 64, dtype=torch.bfloat16, requires_grad=True)  # the autograd path
         ops.hstu_attention(q, q, q, offsets, 4096, validate="none")
         assert json.loads(seen[-1][11])["block_m"] == want
+
+
+def test_no_runnable_default_says_what_to_do(monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU runs the default backends")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1.*'reference' source"):
+        dispatch.default_choice(FWD, 64, 64, "float32", 2)

@@ -145,3 +145,37 @@ def test_config_rejects_unsupported_combinations():
         get_config("tiny", precision="bf16")
     with pytest.raises(ValueError, match="kernels must be"):
         get_config("tiny", layer="fused", kernels="reference")
+
+
+@pytest.mark.parametrize(
+    ("offsets", "max_seq_len", "match"),
+    [
+        ([0, 40, 43], 32, "max_seq_len=32 is below the longest sequence"),
+        ([0, 4, 8], 32, "seq_offsets must end at L = 10"),
+        ([0, 6, 4, 10], 32, "non-decreasing"),
+        ([1, 4, 10], 32, "seq_offsets must start at 0"),
+    ],
+)
+def test_fused_layer_rejects_bad_offsets_like_the_attention_call(offsets, max_seq_len, match):
+    """The layer's kernels take the offsets as given: the call checks them first, as ``hstu_attention`` does."""
+    from autotune.runtime.layer import hstu_layer, plan_layer
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=max_seq_len, layer="fused")
+    layer = HSTULayer(cfg)
+    rows = 43 if offsets[-1] == 43 else 10
+    x = torch.randn(rows, cfg.hidden_dim)
+    off = torch.tensor(offsets, dtype=torch.int64)
+    with pytest.raises(ValueError, match=match):
+        layer(x, off)
+    plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, max_seq_len, 0.1, cfg.eps, 0.0, "default")
+    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
+              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
+              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    seed = torch.zeros(1, dtype=torch.int64)
+    for mode in ("full", "async"):
+        with pytest.raises(ValueError, match=match):
+            hstu_layer(x, params, off, plan, seed, validate=mode)
+    with pytest.raises(ValueError, match="seq_offsets must be a 1-D int32 or int64"):
+        hstu_layer(x, params, off.float(), plan, seed)
+    with pytest.raises(ValueError, match="x must be a 2-D"):
+        hstu_layer(x[None], params, off, plan, seed)

@@ -127,3 +127,27 @@ def test_bad_arguments_name_the_argument(device):
         ln_mul_dropout_fwd(x, u[:4], w, b, 1e-5, 0.1, seed)
     with pytest.raises(ValueError, match="weight and bias"):
         ln_mul_dropout_fwd(x, u, w[:3], b, 1e-5, 0.1, seed)
+
+
+def test_launchers_refuse_short_buffers_and_bad_eps_and_read_strided_weights(device):
+    """A short dout / mean / rstd would be read out of bounds by the kernel: refused by name. A strided
+    weight is read as a contiguous copy (the kernel indexes it densely)."""
+    from kernel_templates.fused_ln_mul_dropout.launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
+
+    x, u, w, b = _inputs(device, rows=17, d=48)
+    seed = torch.tensor([3], device=device)
+    out, mean, rstd = ln_mul_dropout_fwd(x, u, w, b, 1e-5, 0.2, seed)
+    ws = torch.stack([w, -w], 1)[:, 0]
+    out_s, _, _ = ln_mul_dropout_fwd(x, u, ws, b, 1e-5, 0.2, seed)
+    assert torch.equal(out, out_s)
+    dout = torch.randn_like(x)
+    grads = ln_mul_dropout_bwd(dout, x, u, w, b, mean, rstd, 0.2, seed)
+    grads_s = ln_mul_dropout_bwd(dout, x, u, ws, b, torch.stack([mean, mean], 1)[:, 0], rstd, 0.2, seed)
+    assert all(torch.equal(g, h) for g, h in zip(grads, grads_s, strict=True))
+    with pytest.raises(ValueError, match="dout must have shape"):
+        ln_mul_dropout_bwd(dout[:3], x, u, w, b, mean, rstd, 0.2, seed)
+    with pytest.raises(ValueError, match="mean must be float32 of shape"):
+        ln_mul_dropout_bwd(dout, x, u, w, b, mean[:3], rstd, 0.2, seed)
+    for eps in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            ln_mul_dropout_fwd(x, u, w, b, eps, 0.2, seed)

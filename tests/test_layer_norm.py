@@ -124,3 +124,37 @@ def test_resource_model_accepts_defaults_and_rejects_oversized_tiles():
         assert check_config(default_bwd_config(d), d) is None
     assert check_config(LayerNormFwdConfig(16, 1), 1024) is not None
     assert check_config(LayerNormFwdConfig(1, 16), 64) is not None
+
+
+def test_strided_parameters_and_statistics_read_like_contiguous_ones(device):
+    """The kernels index weight, bias, mean and rstd densely: the launchers hand them contiguous copies."""
+    fcfg, bcfg = _cfgs(device)
+    x, w, b = _inputs(device, 37, 64, torch.float32)
+    ws, bs = (torch.stack([t, -t], 1)[:, 0] for t in (w, b))  # stride 2
+    assert ws.stride() == (2,)
+    y, mean, rstd = layer_norm_fwd(x, w, b, EPS, config=fcfg)
+    y_s, _, _ = layer_norm_fwd(x, ws, bs, EPS, config=fcfg)
+    assert torch.equal(y, y_s)
+    dy = torch.randn_like(x)
+    dx, dw, db = layer_norm_bwd(dy, x, w, b, mean, rstd, config=bcfg)
+    means, rstds = (torch.stack([t, t], 1)[:, 0] for t in (mean, rstd))
+    dx_s, dw_s, db_s = layer_norm_bwd(dy, x, ws, bs, means, rstds, config=bcfg)
+    assert torch.equal(dx, dx_s) and torch.equal(dw, dw_s) and torch.equal(db, db_s)
+
+
+@pytest.mark.parametrize("eps", [float("nan"), float("inf"), -1.0, "1e-5"])
+def test_eps_must_be_a_positive_finite_number(device, eps):
+    fcfg, _ = _cfgs(device)
+    x, w, b = _inputs(device, 4, 64, torch.float32)
+    with pytest.raises(ValueError, match="eps must be a positive finite number"):
+        layer_norm_fwd(x, w, b, eps, config=fcfg)
+
+
+def test_short_statistics_and_parameter_grad_buffers_are_refused(device):
+    _, bcfg = _cfgs(device)
+    x, w, b = _inputs(device, 8, 64, torch.float32)
+    _, mean, rstd = layer_norm_reference(x, w, b, EPS)
+    with pytest.raises(ValueError, match="rstd must be float32 of shape"):
+        layer_norm_bwd(x, x, w, b, mean, rstd[:3], config=bcfg)
+    with pytest.raises(ValueError, match=r"out\[1\] must have shape"):
+        layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=(torch.empty_like(x), w.new_empty(3), b.new_empty(64)))

@@ -85,6 +85,14 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path):
         ("tiny", {"length_dist": "zipf"}, "length_dist"),
         ("tiny", {"num_layer": 3}, "unknown config field"),
         ("tiny", {"dropout": 1.5}, "dropout"),
+        ("tiny", {"dropout": "0.1"}, "dropout must be a number"),
+        ("tiny", {"eps": float("nan")}, "eps must be a positive finite number, got nan"),
+        ("tiny", {"lr": float("inf")}, "lr must be a positive finite number"),
+        ("tiny", {"zipf_alpha": 0}, "zipf_alpha must be a positive"),
+        ("tiny", {"label_noise": None}, "label_noise must be a number"),
+        ("tiny", {"seed": -1}, "seed must be an int >= 0"),
+        ("tiny", {"seed": 1.5}, "seed must be an int >= 0"),
+        ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
     ],
 )
 def test_bad_configs_raise_clear_errors(preset, overrides, match):
@@ -121,3 +129,12 @@ def test_whole_model_compiles_without_graph_breaks(device):
     assert explained.graph_break_count == 0, explained.break_reasons
     compiled = torch.compile(model.loss, backend="aot_eager")(batch)
     torch.testing.assert_close(compiled, eager)
+
+
+def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
+    out = tmp_path / "m.json"
+    main(["--preset", "tiny", "--set", "kernels=reference", "--steps", "1", "--warmup", "0", "--device", "cpu",
+          "--no-progress", "--json", str(out)])  # fmt: skip
+    assert json.loads(out.read_text())["kernels"] == "reference"
+    with pytest.raises(ValueError, match="log_every must be an int >= 1"):
+        run(get_config("tiny", kernels="reference"), steps=1, warmup=0, log_every=0, progress=False)

@@ -111,6 +111,21 @@ def test_nan_output_is_incorrect(tmp_path, monkeypatch):
     assert r.config == OK
 
 
+@pytest.mark.parametrize(("mode", "what"), [("overrun", "past its last element"), ("clobber", "input 'x'")])
+def test_config_writing_outside_its_outputs_never_wins(tmp_path, monkeypatch, mode, what):
+    """Right values in the output, a stray write beside it: the guarded check refuses it, names the write,
+    and the configs after it run on a fresh worker (its inputs may be the ones it overwrote)."""
+    _plant(monkeypatch, f"{mode},ok")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path))
+    by_mode = _trials(tmp_path, task)
+    t = by_mode[mode]
+    assert t.user_attrs["status"] == "incorrect" and what in t.user_attrs["error"], t.user_attrs
+    assert t.state != optuna.trial.TrialState.COMPLETE
+    assert by_mode["ok"].user_attrs["status"] == "ok" and by_mode["slow"].user_attrs["status"] == "ok"
+    assert r.error is None and r.config == OK and _written(tmp_path) == OK
+
+
 @pytest.mark.parametrize(("mode", "status"), [("hang", "timeout"), ("crash", "crash")])
 def test_hang_and_crash_are_retried_once_on_a_fresh_worker(tmp_path, monkeypatch, mode, status):
     _plant(monkeypatch, f"{mode},ok")

@@ -324,7 +324,13 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
     for backend, config in defaults.items():
         if backend_available(backend, kind):
             return Choice(backend, _config_json(config), "default")
-    raise RuntimeError(f"{kind}: no backend of its defaults ({', '.join(defaults)}) can run in this process")
+    hint = ""
+    if not torch.cuda.is_available() and not _interpreting():
+        hint = (
+            "; there is no CUDA GPU here: set TRITON_INTERPRET=1 to run the Triton kernels on the CPU (slow), or "
+            "use the 'reference' source (source='reference', or kernels='reference' in the model)"
+        )
+    raise RuntimeError(f"{kind}: no backend of its defaults ({', '.join(defaults)}) can run in this process{hint}")
 
 
 def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from autotune.runtime import dispatch
+from autotune.runtime import dispatch, ops
+from kernel_templates.hstu_attention.input_check import validate_mode
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -211,14 +212,43 @@ class HSTULayerFunction(torch.autograd.Function):
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
 
 
+def _check_call(x: torch.Tensor, seq_offsets: torch.Tensor, plan: LayerPlan, mode: str) -> None:
+    """The attention op's input rules for the layer's call (``ValueError`` naming the argument); the offsets
+    as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if (
+        not isinstance(seq_offsets, torch.Tensor)
+        or seq_offsets.dim() != 1
+        or seq_offsets.numel() < 1
+        or seq_offsets.dtype not in (torch.int32, torch.int64)
+    ):
+        t = seq_offsets
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
+        raise ValueError(f"seq_offsets must be a 1-D int32 or int64 tensor of B+1 offsets, got {got}")
+    if seq_offsets.device != x.device:
+        raise ValueError(f"seq_offsets is on {seq_offsets.device}, x on {x.device}")
+    backend = plan.step("hstu_attention_fwd").backend
+    ops.check_call_offsets(backend, mode, seq_offsets, None, x.shape[0], plan.max_seq_len)
+
+
 def hstu_layer(
     x: torch.Tensor,
     params: dict[str, torch.Tensor],
     seq_offsets: torch.Tensor,
     plan: LayerPlan,
     seed: torch.Tensor,
+    validate: str | bool = "async",
 ) -> torch.Tensor:
-    """One layer on a jagged (L, hidden) activation. ``params``: ln1_w/ln1_b, w_uvqk/b_uvqk, ln2_w/ln2_b, w_o/b_o."""
+    """One layer on a jagged (L, hidden) activation. ``params``: ln1_w/ln1_b, w_uvqk/b_uvqk, ln2_w/ln2_b, w_o/b_o.
+
+    ``validate`` checks ``seq_offsets`` against x and ``plan.max_seq_len`` as ``hstu_attention`` does ("async":
+    no sync, a device assertion on a GPU and a ``ValueError`` on CPU; "full": a ``ValueError`` at the call;
+    "none": nothing): the layer's kernels take the offsets as given.
+    """
+    mode = validate_mode(validate)
+    if mode != "none":
+        _check_call(x, seq_offsets, plan, mode)
     p = params
     if x.shape[0] == 0:  # no tokens: out = x, every parameter gradient zero (no kernel launched)
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0

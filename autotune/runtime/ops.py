@@ -90,7 +90,7 @@ _BWD_SCHEMA = (
 _CHECKED = TensorMemo()
 
 
-def _check_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
+def check_call_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
     """The offsets check of one op call; the reference reads the offsets on the host anyway, so its
     "async" is "full" (a ValueError at the call). An "async" check of an unchanged offsets tensor
     already checked with the same unchanged targets, rows and ``max_seq_len`` is skipped."""
@@ -159,7 +159,7 @@ def attention_fwd(
 
 
 def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate):
-    _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
+    check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher, cfg, index = dispatch.runner(backend, FWD, config)
@@ -202,7 +202,7 @@ def attention_bwd(
 def _bwd_impl(
     do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate
 ):
-    _check_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
+    check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if validate_mode(validate) != "none":  # the autograd backward passes "none": its forward checked these
         _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend)
     if backend == "reference":

@@ -15,6 +15,9 @@ imported (``plugins=["autotune.tuning.fake"]``); its worker imports it too. Two 
     for many sequences);
   * ``narrow``: correct on the check and timed batches, wrong on many short sequences (only the
     final re-check of the winner sees it);
+  * ``overrun``: right output, plus one element stored past its end (where the storage has room: the
+    checks' guard band; elsewhere torch refuses it, as an out-of-bounds store would fault);
+  * ``clobber``: right output, computed before it overwrites an element of its input;
   * ``nan``, ``crash``, ``hang``, ``wrong``: as in ``fake_op``.
 
 Environment hooks for process-level faults: ``AUTOTUNE_FAKE_SETUP_DEATHS=PATH:N`` makes the first N
@@ -42,7 +45,7 @@ FAULTS_OP = "fake_faults"
 # AUTOTUNE_FAKE_FAST_DEFAULT=1 makes the default ('slow') the fastest correct config.
 _DEFAULT_S = 0.0 if os.environ.get("AUTOTUNE_FAKE_FAST_DEFAULT") == "1" else 0.02
 SLEEP_S = {"slow": _DEFAULT_S, "ok": 0.004, "ok2": 0.006, "wrong": 0.0, "nan": 0.0, "crash": 0.0, "hang": 0.0}
-FAULT_SLEEP_S = {**SLEEP_S, "sticky": 0.0, "bigwrong": 0.001, "narrow": 0.002}
+FAULT_SLEEP_S = {**SLEEP_S, "sticky": 0.0, "bigwrong": 0.001, "narrow": 0.002, "overrun": 0.0, "clobber": 0.0}
 CHECK_BATCH = 5  # sequences in the worker's check batch (autotune.tuning.worker.check_lengths)
 _BROKEN: list[str] = []  # set by a 'sticky' launch: this process is unusable from then on
 
@@ -75,6 +78,10 @@ def _launch(inputs: dict, config: FakeConfig, out: tuple | None) -> tuple:
     seqs = inputs["n_seqs"]
     wrong = mode == "wrong" or (mode == "bigwrong" and seqs > CHECK_BATCH) or (mode == "narrow" and seqs > 40)
     o.copy_(inputs["x"] * 2 + (1.0 if wrong else 0.0))
+    if mode == "overrun":
+        o.as_strided((1,), (1,), o.storage_offset() + o.numel()).fill_(0.0)
+    if mode == "clobber":
+        inputs["x"][0] += 1.0
     return (o,)
 
 

@@ -5,8 +5,9 @@ across trials and tasks). A request that times out kills the worker (a hang); a 
 (segfault, abort, fatal CUDA error) is a crash. The tuner decides what follows (``autotune.tuning.tuner``):
 a retry on a fresh worker, a health probe with a known-good config after any failed request, and
 set-up failures treated as infrastructure, never as a config's fault. Every output that is timed is
-first checked against the reference on the same inputs (outputs pre-filled with NaN), and the
-final winner is re-checked on several shapes, masks and dtypes of its bucket (``verify``).
+first checked against the reference on the same inputs (outputs pre-filled with NaN and guarded, inputs
+fingerprinted: ``bounds``), and the final winner is re-checked on several shapes, masks and dtypes of
+its bucket (``verify``).
 """
 
 from __future__ import annotations
@@ -142,12 +143,27 @@ class _Reference:
         self.op = op
 
     def check(self, backend: Any, config: Any) -> tuple[bool, Any]:
-        """Launch ``config`` once on NaN-filled outputs, synchronise, compare with the reference."""
-        from autotune.tuning import measure
+        """Launch ``config`` once on NaN-filled, guarded outputs, synchronise, compare with the reference;
+        a write outside the outputs or into an input fails it whatever the outputs hold (``bounds``)."""
+        from autotune.tuning import bounds, measure
 
-        outs = backend.launch(self.inputs, config, self.op.alloc_out(self.inputs))
+        guard, prints = bounds.OutputGuard(self.op.alloc_out(self.inputs)), bounds.InputPrints(self.inputs)
+        outs = backend.launch(self.inputs, config, guard.outs)
         measure.synchronize()
-        return measure.check_outputs(outs, self.ref32, self.errs, self.names)
+        return checked(measure.check_outputs(outs, self.ref32, self.errs, self.names), guard, prints, self.names)
+
+
+class StrayWrite(Exception):
+    """A checked launch wrote outside its outputs or into its inputs: the process's tensors (inputs,
+    references, anything past the guard) can no longer be trusted, so the worker is replaced."""
+
+
+def checked(result: tuple[bool, Any], guard: Any, prints: Any, names: Any) -> tuple[bool, Any]:
+    """``check_outputs``'s verdict, or ``StrayWrite`` naming every write the launch made outside its outputs."""
+    stray = guard.problems(names) + prints.problems()
+    if stray:
+        raise StrayWrite("; ".join(stray))
+    return result
 
 
 class _Session:
@@ -180,17 +196,17 @@ class _Session:
 
     def evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile (first launch, on poisoned outputs), read the report, check, then time (checked)."""
-        from autotune.tuning import measure
+        from autotune.tuning import bounds, measure
 
         backend, config = self._config(msg)
         ref = self.check_ref
-        out = self.op.alloc_out(ref.inputs)
+        guard, prints = bounds.OutputGuard(self.op.alloc_out(ref.inputs)), bounds.InputPrints(ref.inputs)
         nbytes = sum(t.numel() * t.element_size() for t in ref.inputs.values() if hasattr(t, "numel"))
         measure.poison_allocator(2 * nbytes)
         t0 = time.perf_counter()
         try:
             with measure.capture_compiled(backend.jit_functions()) as kernels:
-                outs = backend.launch(ref.inputs, config, out)
+                outs = backend.launch(ref.inputs, config, guard.outs)
                 measure.synchronize()
         except Exception as e:  # noqa: BLE001 - any failure of the first launch is a compile failure
             return _failure("compile", e)
@@ -203,7 +219,9 @@ class _Session:
         spills = report.get("n_spills")
         if spills is not None and spills > msg.get("spill_limit", 1 << 30):
             return {**res, "status": "spill", "error": f"{spills} spills > limit {msg['spill_limit']}"}
-        ok, detail = measure.check_outputs(outs, ref.ref32, ref.errs, self.op.output_names)
+        ok, detail = checked(
+            measure.check_outputs(outs, ref.ref32, ref.errs, self.op.output_names), guard, prints, self.op.output_names
+        )
         res["check"] = detail
         if not ok:
             return {**res, "status": "incorrect", "error": f"outside tolerance on the check batch: {detail}"}
@@ -249,7 +267,10 @@ class _Session:
         pairs = [self._config(msg["a"]), self._config(msg["b"])]
         times: list[list[float]] = [[], []]
         for side, (backend, config) in enumerate(pairs):
-            ok, detail = self.timed.check(backend, config)
+            try:
+                ok, detail = self.timed.check(backend, config)
+            except StrayWrite as e:
+                return {**_failure("incorrect", e), "side": "ab"[side]}
             if not ok:
                 return {"status": "incorrect", "side": "ab"[side], "error": f"outside tolerance: {detail}"}
         outs = [self.op.alloc_out(self.inputs) for _ in pairs]
@@ -323,8 +344,11 @@ def recheck(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _failure(status: str, e: BaseException) -> dict[str, Any]:
+    """The reply for an exception; a stray write is the config's fault ("incorrect") and ends the worker."""
     text = f"{type(e).__name__}: {e}"
     fatal = any(m in text for m in FATAL_MARKERS)
+    if isinstance(e, StrayWrite):
+        status, fatal = "incorrect", True
     return {"status": status, "error": text[-2000:], "trace": traceback.format_exc()[-4000:], "fatal": fatal}
 
 

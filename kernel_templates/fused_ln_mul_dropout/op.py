@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_ln_mul_dropout import ln_mul_dropout_bwd, ln_mul_dropout_fwd
+from .launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
 
 _FWD_SCHEMA = (
     "(Tensor x, Tensor u, Tensor weight, Tensor bias, float eps, float p, Tensor seed) -> (Tensor, Tensor, Tensor)"

@@ -27,7 +27,7 @@ def _kernel(direction: str) -> KernelSpec:
         backends=(
             BackendSpec(
                 name="triton",
-                launcher=f"{_P}.triton_ln_mul_dropout:ln_mul_dropout_{direction}",
+                launcher=f"{_P}.launch:ln_mul_dropout_{direction}",
                 config=f"{_P}.config:{cls}",
                 space=f"search_spaces.ln_mul_dropout_triton:LN_MUL_DROPOUT_{direction.upper()}_TRITON",
                 tune_launch=f"{_P}.tuning:launch_triton_{direction}",

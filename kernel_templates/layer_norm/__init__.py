@@ -1,7 +1,7 @@
 """Input LayerNorm of the HSTU layer: Triton forward/backward with explicit configs, torch reference."""
 
 from .config import LayerNormBwdConfig, LayerNormFwdConfig, default_bwd_config, default_fwd_config
-from .triton_layer_norm import layer_norm_bwd, layer_norm_fwd
+from .launch import layer_norm_bwd, layer_norm_fwd
 
 __all__ = [
     "LayerNormBwdConfig",

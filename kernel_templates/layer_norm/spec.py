@@ -26,7 +26,7 @@ def _kernel(direction: str) -> KernelSpec:
         backends=(
             BackendSpec(
                 name="triton",
-                launcher=f"{_P}.triton_layer_norm:layer_norm_{direction}",
+                launcher=f"{_P}.launch:layer_norm_{direction}",
                 config=f"{_P}.config:{cls}",
                 space=f"search_spaces.layer_norm_triton:LAYER_NORM_{direction.upper()}_TRITON",
                 tune_launch=f"{_P}.tuning:launch_triton_{direction}",

@@ -43,9 +43,11 @@ class TensorMemo:
 
     Keyed by (id, key), so one tensor can hold several values (a table per block size); a weakref proves
     the entry is the same object (a new tensor at a reused id misses) and the version counter proves it
-    was not written since. At most ``capacity`` eager entries (cleared past that). Under graph capture
-    the entries live apart, for the one capture under way: eager ones are not seen there, and a new
-    capture drops the last one's (which hold the memory of that graph's pool).
+    was not written since (writes through ``.data``, or to memory shared with numpy, bypass that
+    counter; inference tensors have none and are never memoised). At most ``capacity`` eager entries
+    (cleared past that). Under graph capture the entries live apart, for the one capture under way:
+    eager ones are not seen there, and a new capture drops the last one's (which hold the memory of that
+    graph's pool).
     """
 
     def __init__(self, capacity: int = 64) -> None:
@@ -65,6 +67,8 @@ class TensorMemo:
 
     def get(self, t: torch.Tensor, key: tuple = ()) -> object:
         """The value stored for ``t`` with ``key`` in the current scope, or ``MISS``."""
+        if t.is_inference():  # inference tensors have no version counter: nothing proves they were not written
+            return MISS
         entries = self._scope()
         hit = None if entries is None else entries.get((id(t), key))
         if hit is not None and hit[0]() is t and hit[1] == t._version:
@@ -73,7 +77,7 @@ class TensorMemo:
 
     def put(self, t: torch.Tensor, value: object, key: tuple = ()) -> None:
         entries = self._scope()
-        if entries is None:
+        if entries is None or t.is_inference():
             return
         if len(entries) > self._capacity:
             entries.clear()

@@ -148,3 +148,13 @@ def test_call_without_gradients_skips_autograd(source, device):
     with torch.no_grad():
         assert ops.hstu_attention(qg, k, v, off, 12, source=source).grad_fn is None
     torch.testing.assert_close(plain, tracked.detach(), atol=0, rtol=0)
+
+
+def test_inference_tensors_are_never_memoised(checks):
+    """Inference tensors carry no version counter: every call checks (and casts) them again, no error."""
+    with torch.inference_mode():
+        off = torch.tensor([0, 3, 7])
+        for _ in range(2):
+            ops.check_call_offsets("triton", "async", off, None, 7, 4)
+        assert ops._index_as(off, torch.int32).tolist() == [0, 3, 7]
+    assert len(checks) == 2 and len(ops._CAST) == 0

@@ -25,7 +25,12 @@ from torch import nn
 from autotune.runtime import dispatch
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
-from kernel_templates.hstu_attention.op import validate_hstu_grad, validate_hstu_inputs
+from kernel_templates.hstu_attention.op import (
+    first_order_only,
+    kernel_targets,
+    validate_hstu_grad,
+    validate_hstu_inputs,
+)
 from kernel_templates.tensor_memo import MISS, TensorMemo
 
 FWD = "hstu_attention_fwd"
@@ -150,8 +155,14 @@ def attention_fwd(
 ) -> torch.Tensor:
     """Forward with an explicit backend/config. ``bwd_*`` ride along for the autograd backward.
 
-    ``validate`` checks the offsets as ``hstu_attention`` documents (the kernels clamp them anyway).
+    ``validate`` checks shapes, dtypes and devices (naming the argument) and the offsets as
+    ``hstu_attention`` documents; "none" trusts them.
     """
+    if validate_mode(validate) != "none":
+        validate_hstu_inputs(
+            q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+            check_offsets=False, check_head_dims=backend != "reference",
+        )  # fmt: skip
     return _fwd_impl(
         q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
         backend, config, validate,
@@ -163,6 +174,7 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     if backend == "reference":
         return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher, cfg, index = dispatch.runner(backend, FWD, config)
+    num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
@@ -208,6 +220,7 @@ def _bwd_impl(
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher, cfg, index = dispatch.runner(backend, BWD, config)
+    num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
@@ -240,6 +253,8 @@ def _backward(ctx, do):
     dq, dk, dv = attention_bwd(
         do.contiguous(), q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, bb, bc, "none"
     )
+    if bb != "reference":  # the written-out reference backward is itself differentiable
+        dq, dk, dv = first_order_only((dq, dk, dv), (do, q, k, v))
     return dq, dk, dv, *([None] * 12)
 
 
@@ -299,9 +314,10 @@ def hstu_attention(
     entry was tuned on (shapes only, no sync); when none is close, the lowest-fill entry for a call
     more skewed than every tuned batch, else the uniform entry.
 
-    No input makes a kernel read or write out of bounds: the kernels clamp what they read from
-    ``seq_offsets`` and ``num_targets``. ``validate`` says how bad inputs are reported (True/False
-    are the old spellings of "async"/"none"):
+    No offsets make a kernel read or write out of bounds: the kernels clamp what they read from
+    ``seq_offsets`` and ``num_targets``; tensors of the wrong shape are stopped by the host checks (all
+    modes but "none"). ``validate`` says how bad inputs are reported (True/False are the old spellings of
+    "async"/"none"):
 
     - "async" (default): shapes, dtypes, strides and devices checked on the host (about 2 us, no
       sync), plus one launch of a one-program check kernel on a GPU (no sync, no allocation): bad
@@ -321,8 +337,13 @@ def hstu_attention(
     ``benchmarks/bench_validation.py`` measures the per-call host cost of each mode.
     """
     mode = validate_mode(validate)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if alpha is not None and (isinstance(alpha, (bool, str)) or not isinstance(alpha, (int, float, torch.Tensor))):
+        raise ValueError(f"alpha must be a number or None (1/sqrt(Dqk)), got {alpha!r}")
     if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
         return _padded_call(
             q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
@@ -425,6 +446,8 @@ class _AttentionFunction(torch.autograd.Function):
             bc,
             "none",
         )
+        if bb != "reference":  # the written-out reference backward is itself differentiable
+            dq, dk, dv = first_order_only((dq, dk, dv), (do, q, k, v))
         return dq, dk, dv, *([None] * 12)
 
 

@@ -90,7 +90,7 @@ def shapes_look_valid(
         return False
     if seq_offsets.dim() != 1 or seq_offsets.numel() < 1 or seq_offsets.dtype not in _INTS:
         return False
-    if type(max_seq_len) is not int or max_seq_len <= 0:
+    if type(max_seq_len) is not int or not 0 < max_seq_len < 2**31:
         return False
     if type(contextual_seq_len) is not int or contextual_seq_len < 0:
         return False
@@ -120,6 +120,10 @@ def offsets_problems(
     off = seq_offsets.detach().to("cpu", torch.int64)
     batch = off.numel() - 1
     bits, found = 0, []
+    if num_targets is not None and tuple(num_targets.shape) != (batch,):
+        bits |= BAD_TARGETS
+        found.append(f"num_targets must have shape ({batch},) (one per sequence), got {tuple(num_targets.shape)}")
+        num_targets = None
     first, last = int(off[0]), int(off[-1])
     if first != 0:
         bits |= BAD_START

@@ -13,6 +13,27 @@ from .triton_bwd import hstu_attention_bwd
 from .triton_fwd import hstu_attention_fwd
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_SEQ_LEN_LIMIT = 2**31  # the kernels index positions in int32
+
+
+def _is_int(x: object) -> bool:
+    """A Python int that is not a bool (True would pass for 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def kernel_targets(
+    num_targets: torch.Tensor | None, contextual_seq_len: int, seq_offsets: torch.Tensor
+) -> torch.Tensor | None:
+    """The targets a kernel launch gets: zeros for a call with context and no targets.
+
+    HSTU.md defines the same mask for "no targets" and "zero targets", but the kernels' context path
+    without targets takes the keys before the context's end as fully visible, which is wrong for a
+    sequence shorter than its context (only the diagonal is valid there); with targets the same kernels
+    clamp position ids and get it right. One (B,) zero fill per such call.
+    """
+    if num_targets is not None or int(contextual_seq_len) <= 0:
+        return num_targets
+    return torch.zeros(seq_offsets.shape[0] - 1, dtype=seq_offsets.dtype, device=seq_offsets.device)
 
 
 def _interpreting() -> bool:
@@ -63,28 +84,33 @@ def validate_hstu_inputs(
             raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
         if d < 1:
             raise ValueError(f"{name} must be at least 1, got {d}")
+    if not isinstance(seq_offsets, torch.Tensor) or seq_offsets.dim() != 1 or seq_offsets.numel() < 1:
+        got = (
+            f"shape {tuple(seq_offsets.shape)}" if isinstance(seq_offsets, torch.Tensor) else type(seq_offsets).__name__
+        )
+        raise ValueError(f"seq_offsets must be a 1-D tensor of B+1 offsets, got {got}")
+    if num_targets is not None and not isinstance(num_targets, torch.Tensor):
+        raise ValueError(f"num_targets must be a 1-D int tensor or None, got {type(num_targets).__name__}")
     devices = {str(t.device) for t in (q, k, v, seq_offsets)} | (
         set() if num_targets is None else {str(num_targets.device)}
     )
     if len(devices) != 1:
         raise ValueError(f"q, k, v, seq_offsets and num_targets must be on one device, got {sorted(devices)}")
-    if not isinstance(seq_offsets, torch.Tensor) or seq_offsets.dim() != 1 or seq_offsets.numel() < 1:
-        raise ValueError("seq_offsets must be a 1-D tensor of B+1 offsets")
     if seq_offsets.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"seq_offsets must be int32 or int64, got {seq_offsets.dtype}")
-    if not isinstance(max_seq_len, int) or max_seq_len < 0:
-        raise ValueError(f"max_seq_len must be a non-negative int, got {max_seq_len!r}")
+    if not _is_int(max_seq_len) or not 0 <= max_seq_len < MAX_SEQ_LEN_LIMIT:
+        raise ValueError(f"max_seq_len must be an int in [0, 2**31), got {max_seq_len!r}")
     batch = seq_offsets.numel() - 1
     if num_targets is not None:
         if num_targets.dim() != 1 or num_targets.numel() != batch:
             raise ValueError(f"num_targets must have shape ({batch},), got {tuple(num_targets.shape)}")
         if num_targets.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"num_targets must be int32 or int64, got {num_targets.dtype}")
-    if not isinstance(contextual_seq_len, int) or contextual_seq_len < 0:
+    if not _is_int(contextual_seq_len) or contextual_seq_len < 0:
         raise ValueError(f"contextual_seq_len must be a non-negative int, got {contextual_seq_len!r}")
-    if not isinstance(max_attn_len, int) or max_attn_len < 0:
+    if not _is_int(max_attn_len) or max_attn_len < 0:
         raise ValueError(f"max_attn_len must be a non-negative int (0 = no window), got {max_attn_len!r}")
-    if scaling_seqlen is not None and (not isinstance(scaling_seqlen, int) or scaling_seqlen <= 0):
+    if scaling_seqlen is not None and (not _is_int(scaling_seqlen) or scaling_seqlen <= 0):
         raise ValueError(f"scaling_seqlen must be a positive int or None, got {scaling_seqlen!r}")
     if scaling_seqlen is None and max_seq_len == 0 and q.shape[0] > 0:
         raise ValueError("max_seq_len must be positive when it is the divisor (scaling_seqlen is None)")
@@ -159,7 +185,32 @@ class HSTUAttentionFunction(torch.autograd.Function):
             scaling_seqlen,
             bwd_config,
         )
+        dq, dk, dv = first_order_only((dq, dk, dv), (do, q, k, v))
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """A kernel gradient passed through unchanged, whose own gradient raises when anything needs it."""
+
+    @staticmethod
+    def forward(ctx, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
+        return grad.view_as(grad)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            "hstu_attention: the kernels' gradients are not differentiable (no double backward); "
+            "use source='reference' for higher-order gradients"
+        )
+
+
+def first_order_only(grads: tuple, sources: tuple) -> tuple:
+    """``grads`` as they are, unless the backward builds a graph (``create_graph=True``): then each is tied to
+    ``sources`` through a node that raises when differentiated, so a gradient of a gradient fails loudly
+    instead of treating the kernels' gradients as constants (silently dropping second-order terms)."""
+    if not torch.is_grad_enabled() or not any(isinstance(t, torch.Tensor) and t.requires_grad for t in sources):
+        return grads
+    return tuple(g if g is None else _FirstOrderOnly.apply(g, *sources) for g in grads)
 
 
 def hstu_attention(
@@ -175,16 +226,20 @@ def hstu_attention(
     scaling_seqlen: int | None = None,
     fwd_config: HSTUFwdConfig | None = None,
     bwd_config: HSTUBwdConfig | None = None,
-    validate: bool = True,
+    validate: bool | str = True,
 ) -> torch.Tensor:
     """Jagged HSTU attention with the Triton templates (contract: ``shared/docs/HSTU.md``).
 
-    ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims.
+    ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
+    True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.
     """
-    if validate:
+    from .input_check import validate_mode
+
+    if validate_mode(validate) != "none":
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
+    num_targets = kernel_targets(num_targets, contextual_seq_len, seq_offsets)
     if alpha is None:
         alpha = 1.0 / math.sqrt(q.shape[2])
     interp = _interpreting()

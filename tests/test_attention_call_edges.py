@@ -1,0 +1,112 @@
+"""Edges of the public attention call: a context longer than its sequence, double backward, inference mode,
+the custom op called directly, and arguments of the wrong type. fp32 on CPU (interpreter), bf16 on a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from autotune.runtime import dispatch, ops
+from kernel_templates.hstu_attention import hstu_attention, hstu_attention_reference
+from kernel_templates.hstu_attention.testing import offsets_from_lengths
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch():
+    dispatch.reset()
+    yield
+    dispatch.reset()
+
+
+def _qkv(device: str, rows: int, heads: int = 2, d: int = 32, seed: int = 0, grad: bool = True):
+    gen = torch.Generator().manual_seed(seed)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    return [torch.randn(rows, heads, d, generator=gen).to(device, dt).requires_grad_(grad) for _ in range(3)]
+
+
+@pytest.mark.parametrize("call", ["public", "template"])
+def test_context_longer_than_the_sequence_without_targets(device, call):
+    """HSTU.md: a sequence no longer than its context has only the diagonal valid; the kernels must agree
+    with the reference there as well as on the long sequence beside it (forward and every gradient)."""
+    lengths, ctx = [70, 40, 3, 0, 90], 41
+    off = offsets_from_lengths(lengths, device)
+    q, k, v = _qkv(device, sum(lengths))
+    alpha = 1.0 / math.sqrt(32)
+    if call == "public":
+        out = ops.hstu_attention(q, k, v, off, 90, alpha, None, ctx, source="default")
+    else:
+        out = hstu_attention(q, k, v, off, 90, alpha, None, ctx)
+    q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = hstu_attention_reference(q32, k32, v32, off, 90, alpha, None, ctx)
+    tol = 3e-2 if device == "cuda" else 1e-4
+    scale = ref.abs().max().item()
+    assert (out.float() - ref).abs().max().item() <= tol * scale
+    go = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (q, k, v), go.to(out.dtype))
+    refs = torch.autograd.grad(ref, (q32, k32, v32), go)
+    for name, g, r in zip("qkv", grads, refs, strict=True):
+        err = (g.float() - r).abs().max().item()
+        assert err <= tol * r.abs().max().item() + 1e-6, f"d{name}: {err}"
+
+
+def test_a_gradient_of_the_kernels_gradient_raises_instead_of_dropping_terms(device):
+    off = offsets_from_lengths([7, 13], device)
+    q, k, v = _qkv(device, 20)
+    gq = torch.autograd.grad(ops.hstu_attention(q, k, v, off, 32, source="default").float().pow(2).sum(), q,
+                             create_graph=True)[0]  # fmt: skip
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad((gq.float() * q.float()).sum(), q)
+    # create_graph=True without differentiating the attention gradients is fine
+    gq = torch.autograd.grad(ops.hstu_attention(q, k, v, off, 32, source="default").sum(), q, create_graph=True)[0]
+    assert gq.shape == q.shape
+
+
+def test_reference_source_keeps_its_double_backward():
+    off = offsets_from_lengths([7, 13], "cpu")
+    q, k, v = _qkv("cpu", 20)
+    gq = torch.autograd.grad(ops.hstu_attention(q, k, v, off, 32, source="reference").pow(2).sum(), q,
+                             create_graph=True)[0]  # fmt: skip
+    g2 = torch.autograd.grad((gq * q).sum(), q)[0]
+    assert (g2 - gq).abs().max() > 1e-6  # the second-order term is there
+
+
+def test_inference_mode_call_with_async_validation(device):
+    with torch.inference_mode():
+        off = offsets_from_lengths([4, 6], device)
+        q, k, v = _qkv(device, 10, grad=False)
+        for _ in range(2):
+            out = ops.hstu_attention(q, k, v, off, 8, source="default")
+    ref = hstu_attention_reference(q.float(), k.float(), v.float(), off, 8, 1 / math.sqrt(32))
+    assert (out.float() - ref).abs().max() <= (3e-2 if device == "cuda" else 1e-4) * ref.abs().max()
+
+
+def test_custom_op_checks_its_inputs_unless_told_not_to(device):
+    fb, fc, bb, bc = ops._choose(torch.float32, 32, 32, 2, 32, None, "default", "causal", None)
+    off = offsets_from_lengths([7, 13, 0, 9], device)
+    q, k, v = (t.detach() for t in _qkv(device, 29))
+    with pytest.raises(ValueError, match="k must have q's shape"):
+        torch.ops.hstu.attention_fwd(q, k[:20], v, off, None, 32, 0.2, 0, 0, None, fb, fc, bb, bc, "full")
+    with pytest.raises(ValueError, match=r"num_targets must have shape \(4,\)"):
+        nt = torch.tensor([1], device=device)
+        torch.ops.hstu.attention_fwd(q, k, v, off, nt, 32, 0.2, 0, 0, None, fb, fc, bb, bc, "full")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seq_offsets": [0, 4, 10]}, "seq_offsets must be a 1-D tensor"),
+        ({"num_targets": [1, 2]}, "num_targets must be a 1-D int tensor or None"),
+        ({"q": "q"}, "q must be a torch.Tensor"),
+        ({"alpha": "x"}, "alpha must be a number"),
+        ({"max_seq_len": True}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
+        ({"max_seq_len": 2**40}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
+        ({"contextual_seq_len": True}, "contextual_seq_len must be a non-negative int"),
+    ],
+)
+def test_wrong_argument_types_name_the_argument(kwargs, match):
+    q, k, v = (t.detach() for t in _qkv("cpu", 10))
+    args = {"q": q, "k": k, "v": v, "seq_offsets": torch.tensor([0, 4, 10]), "max_seq_len": 8, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        ops.hstu_attention(**args, source="default")

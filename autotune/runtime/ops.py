@@ -354,11 +354,15 @@ def hstu_attention(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=source != "reference",
         )  # fmt: skip
-    dqk, dv, heads = q.shape[2], v.shape[2], q.shape[1]
+    # Dispatch takes plain ints: under torch.compile a dynamic dim is specialised here (a guard), and the
+    # fill ratio, which changes with every jagged batch, is left out (dispatch then uses the bucket alone).
+    dqk, dv, heads = int(q.shape[2]), int(v.shape[2]), int(q.shape[1])
+    compiling = torch.compiler.is_compiling()
     mask = dispatch.mask_of(int(contextual_seq_len), num_targets is not None, int(max_attn_len))
     rows, batch = q.shape[0], seq_offsets.shape[0] - 1
     # The fill ratio is host-side shape arithmetic (no sync); traced calls with symbolic rows keep None.
-    fill = dispatch.call_fill(rows, batch, int(max_seq_len)) if type(rows) is int and type(batch) is int else None
+    plain = not compiling and type(rows) is int and type(batch) is int
+    fill = dispatch.call_fill(rows, batch, int(max_seq_len)) if plain else None
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
         q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source, mask, fill
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .op import kernel_targets
 from .reference import hstu_attention_flops, hstu_attention_reference, row_chunks, score_scale, sequence_rows
 from .testing import offsets_from_lengths
 
@@ -29,6 +30,7 @@ def _make_inputs(task: Any, lengths: list[int], seed: int, device: str, dtype: t
     if target_frac > 0:
         nt = [min(n, max(1, int(n * target_frac))) if n else 0 for n in lengths]
         num_targets = torch.tensor(nt, dtype=torch.int32, device=device)
+    num_targets = kernel_targets(num_targets, context, offsets)  # what the runtime call launches with a context
     inputs = {
         "q": rnd(task.dqk),
         "k": rnd(task.dqk),

@@ -101,6 +101,9 @@ def _groups(items: list[Recheck], jobs: int) -> list[list[Recheck]]:
     return [q for q in queues if q]
 
 
+START_TIMEOUT_S = 300.0  # a new worker's start-up, apart from each entry's own time limit
+
+
 def _run_queue(
     queue: list[Recheck], gpu: str, level: str, plugins: list[str], timeout_s: float, seq_cap: int | None, done
 ) -> None:
@@ -119,6 +122,8 @@ def _run_queue(
                 "level": level,
             }
             try:
+                if not worker.alive():  # start-up (spawn, imports, plugins) is not the entry's time
+                    worker.call({"cmd": "ping"}, max(timeout_s, START_TIMEOUT_S))
                 reply = worker.call(msg, timeout_s)
             except WorkerError as e:
                 reply = {"status": e.kind, "error": str(e)}

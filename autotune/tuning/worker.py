@@ -388,6 +388,8 @@ def _main(conn, plugins: list[str]) -> None:
                 session = None
                 session = _Session(msg)
                 reply = {"status": "ok", "flops": session.flops, "setup_s": session.setup_s}
+            elif cmd == "ping":  # started and ready (imports and plugins loaded)
+                reply = {"status": "ok"}
             elif cmd == "recheck":
                 reply = recheck(msg)
             elif session is None:

@@ -114,8 +114,9 @@ def _check_farm(url: str, roots: list[Path], n_tasks: int = N_TASKS) -> dict:
         for t in done:
             task, result = t.user_attrs["task"], t.user_attrs["result"]
             entry = a.lookup("float32", task["dqk"], task["dv"], task["bucket"], task["distribution"])
-            # 'ok' or 'ok2' (4 and 6 ms): under this load either may time faster; never a planted fault
-            assert entry == result["entry"] and entry["config"]["mode"] in ("ok", "ok2")
+            # 'ok' or 'ok2' (4 and 6 ms): under this load either may time faster, and on a busy host the
+            # interleaved comparison may not separate them from the default ('slow'); never a planted fault
+            assert entry == result["entry"] and entry["config"]["mode"] in ("ok", "ok2", "slow")
     return {"farm": farm, "trials": trials, "done": done, "workers": Counter(t.user_attrs["worker"] for t in done)}
 
 

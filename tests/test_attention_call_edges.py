@@ -103,6 +103,7 @@ def test_custom_op_checks_its_inputs_unless_told_not_to(device):
         ({"max_seq_len": True}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
         ({"max_seq_len": 2**40}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
         ({"contextual_seq_len": True}, "contextual_seq_len must be a non-negative int"),
+        ({"distribution": "Jagged"}, "distribution must be None or one of"),
     ],
 )
 def test_wrong_argument_types_name_the_argument(kwargs, match):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from autotune.runtime import dispatch
+from autotune.runtime.buckets import DISTRIBUTIONS
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
 from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
 from kernel_templates.hstu_attention.op import (
@@ -342,6 +343,8 @@ def hstu_attention(
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if distribution is not None and distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
     if alpha is not None and (isinstance(alpha, (bool, str)) or not isinstance(alpha, (int, float, torch.Tensor))):
         raise ValueError(f"alpha must be a number or None (1/sqrt(Dqk)), got {alpha!r}")
     if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):

@@ -13,6 +13,13 @@ import math
 import torch
 
 
+def width(x: torch.Tensor) -> int:
+    """D of a 2-D (rows, D) input, named ``x`` in the error otherwise."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be 2-D (rows, D), got shape {tuple(getattr(x, 'shape', ()))}")
+    return x.shape[1]
+
+
 def finite_eps(eps: object) -> float:
     """``eps`` as a float, when it is a positive finite number (NaN passes an ``eps <= 0`` test)."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < float(eps) < math.inf:

@@ -412,6 +412,9 @@ def check_origin(
         return f"the file contradicts itself: gpu '{own}' but {said}", [], False
     file_cc = env.get("compute_capability") or _registry_cc(own)
     run_cc = (running or {}).get("compute_capability")
+    if run_cc and name_key is None:
+        said = f"environment.gpu_name {env.get('gpu_name')!r} is no registry GPU (a Triton interpreter / CPU run?)"
+        return f"{said}; re-tune with `autotune run --gpu auto`", [], False
     run_name = (running or {}).get("gpu_name") if run_cc else None
     run_key = _gpu_key(run_name)
     tuned = f"artifact tuned on '{own}' ({env.get('gpu_name') or 'device name not recorded'}, sm {file_cc or '?'})"

@@ -348,20 +348,55 @@ class _RichReporter:
 def cmd_merge(args: argparse.Namespace) -> int:
     """Fold artifacts written by other runs (another device call, host or checkout) into
     ``<artifacts>/<gpu>/<kernel>.json``, entry by entry, as a tuning run would have written them: each
-    file must be valid and current (its templates unchanged), and an existing target tuned in another
-    timing environment is replaced, never mixed (``artifact_io.merge_entries``)."""
+    file must be valid and current (its templates unchanged) and, for a GPU folder, made on a GPU (not
+    the Triton interpreter). A target tuned in another timing environment would lose its entries
+    (``artifact_io.merge_entries``): refused unless ``--replace``."""
     from autotune.runtime import artifacts as art
-    from autotune.tuning.artifact_io import merge_entries
+    from autotune.tuning.artifact_io import (
+        EnvironmentMismatch,
+        environment_differences,
+        interpreter_made,
+        merge_entries,
+    )
 
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     loaded = []
     for f in args.files:  # every file is checked before any target is touched
         try:
-            loaded.append((f, art.load_artifact(f)))
+            a = art.load_artifact(f)
         except art.ArtifactError as e:
             raise CLIError(f"cannot merge {f}: {e}") from None
+        if a.gpu.lower() in GPUS and interpreter_made(a.environment):
+            raise CLIError(
+                f"cannot merge {f} into {root / a.gpu}: it was made under the Triton interpreter / on a CPU "
+                f"(environment.gpu_name {a.environment.get('gpu_name')!r}); its timings say nothing about {a.gpu}"
+            )
+        loaded.append((f, a))
+    # Entries a merge would drop: a target (or an earlier file of this merge) of another timing environment.
+    targets: dict[Path, tuple[dict, int, str]] = {}
+    losses = []
     for f, a in loaded:
-        path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment)
+        path = art.artifact_path(a.gpu, a.kernel, root)
+        if path not in targets:
+            old = art.load_artifact_or_none(path) if path.exists() else None
+            targets[path] = (old.environment, len(old.entries), str(path)) if old else ({}, 0, str(path))
+        env, count, owner = targets[path]
+        differ = environment_differences(env, a.environment)
+        if count and differ:
+            losses.append(f"{f} would drop {count} entries of {owner} ({', '.join(differ)})")
+            count = 0
+        targets[path] = (a.environment, count + len(a.entries), f)
+    if losses and not args.replace:
+        raise CLIError(
+            "refusing to merge files of another timing environment: "
+            + "; ".join(losses)
+            + " (pass --replace to drop them)"
+        )
+    for f, a in loaded:
+        try:
+            path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment, replace=args.replace)
+        except EnvironmentMismatch as e:
+            raise CLIError(f"cannot merge {f}: {e} (pass --replace to drop them)") from None
         print(f"merged {len(a.entries)} entries of {f} into {path}")
     return 0
 
@@ -602,6 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="fold artifacts written by other runs into artifacts/<gpu>/<kernel>.json")
     merge.add_argument("files", nargs="+", help="artifact JSON files (each: one kernel on one GPU)")
     merge.add_argument("--artifacts", default=None, help="artifacts root to merge into (default ./artifacts)")
+    merge.add_argument(
+        "--replace",
+        action="store_true",
+        help="drop the entries of a target tuned in another timing environment (GPU, driver, versions)",
+    )
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
     bench.add_argument("--heatmap", action="store_true", help="batch x length heatmaps (TFLOP/s, MFU), CSV + PNG")

@@ -12,6 +12,7 @@ autotune bench --gpu auto --buckets 4K --dims 256
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -69,13 +70,32 @@ def parse_duration(text: str | None) -> float | None:
         value = float(t[:-1]) * scale if scale else float(t)
     except ValueError:
         raise CLIError(f"bad duration {text!r}: use e.g. 90s, 6m, 1.5h") from None
-    if value <= 0:
-        raise CLIError(f"duration must be positive, got {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise CLIError(f"duration must be positive and finite, got {text!r}")
     return value
+
+
+def load_plugin_modules(names: list[str]) -> None:
+    """``registry.load_plugins``, with an import failure as a usage error naming the module."""
+    from autotune.tuning.registry import load_plugins, plugin_modules
+
+    for name in plugin_modules(names):
+        try:
+            load_plugins([name])
+        except ImportError as e:
+            raise CLIError(f"--plugin {name}: cannot import it ({e})") from None
 
 
 def _split(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _nonempty(option: str, text: str) -> list[str]:
+    """The comma-separated values of ``option``; a usage error when it names none."""
+    values = _split(text)
+    if not values:
+        raise CLIError(f"{option} {text!r} names nothing; give at least one value")
+    return values
 
 
 def _kernels(text: str) -> list[str]:
@@ -133,16 +153,18 @@ def build_task_list(args: argparse.Namespace, gpu: str) -> list:
         from autotune.tuning.cli_graph import graph_task_list
 
         return graph_task_list(args, gpu)
+    for option, text in (("--kernel", args.kernel), ("--dims", args.dims)):
+        _nonempty(option, str(text))
     try:
-        buckets = [parse_bucket(b) for b in _split(args.buckets)]
+        buckets = [parse_bucket(b) for b in _nonempty("--buckets", args.buckets)]
         dims = parse_dims(args.dims)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    dists = _split(args.distributions)
+    dists = _nonempty("--distributions", args.distributions)
     for d in dists:
         if d not in DISTRIBUTIONS:
             raise CLIError(f"unknown distribution {d!r}; choose from {', '.join(DISTRIBUTIONS)}")
-    masks = _split(args.masks)
+    masks = _nonempty("--masks", args.masks)
     for m in masks:
         if m not in MASKS:
             raise CLIError(f"unknown mask {m!r}; choose from {', '.join(MASKS)}")
@@ -190,11 +212,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     budget = parse_duration(args.time_budget)
+    _check_run_numbers(args)
     gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
-    from autotune.tuning.registry import backends_for, get_op, load_plugins
+    from autotune.tuning.registry import backends_for, get_op
 
-    load_plugins(args.plugin)
+    load_plugin_modules(args.plugin)
     tasks = build_task_list(args, gpu)
+    declared: set[str] = set()
     for k in sorted({t.kernel for t in tasks}):
         try:
             get_op(k)
@@ -202,6 +226,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(str(e)) from None
         if not backends_for(k, args.backends, available_only=False):
             raise CLIError(f"no backend {args.backends} registered for {k}")
+        declared |= {b.name for b in backends_for(k, None, available_only=False)}
+    unknown = [b for b in args.backends or () if b not in declared]
+    if unknown:
+        known = ", ".join(sorted(declared))
+        raise CLIError(f"--backends: {', '.join(unknown)} is no backend of these kernels ({known})")
     from autotune.tuning.tasks import space_context
 
     for t in tasks:
@@ -283,6 +312,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             if r.error:
                 console.print(f"  {r.task.label()}: {r.error}", markup=False, soft_wrap=True)
     return 1 if failed else 0
+
+
+def _check_run_numbers(args: argparse.Namespace) -> None:
+    """Usage errors for numbers ``autotune run`` cannot work with."""
+    if args.backends is not None and not args.backends:
+        raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
+    if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:
+        raise CLIError(f"--eval-timeout must be a positive number of seconds, got {args.eval_timeout}")
+    if args.compare_rounds < 1:
+        raise CLIError(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
+    if args.compare_max_rounds < args.compare_rounds:
+        raise CLIError(
+            f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
+        )
 
 
 def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
@@ -523,11 +566,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpu = resolve_gpu(args.gpu, False, False)
     import torch
 
-    from autotune.tuning.registry import load_plugins
-
     if not torch.cuda.is_available():
         raise CLIError("bench needs a CUDA GPU")
-    load_plugins(args.plugin)
+    load_plugin_modules(args.plugin)
     console = _console()
     tasks = build_task_list(args, gpu)
     table = Table(title=f"autotune bench: {gpu}")

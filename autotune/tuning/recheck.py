@@ -242,12 +242,12 @@ def cmd_verify(args: Any) -> int:
     import json
 
     from autotune.runtime import artifacts as art
-    from autotune.tuning.cli import CLIError, _console, _kernels, resolve_gpu
-    from autotune.tuning.registry import load_plugins, plugin_modules
+    from autotune.tuning.cli import CLIError, _console, _kernels, load_plugin_modules, resolve_gpu
+    from autotune.tuning.registry import plugin_modules
 
     if args.jobs < 1:
         raise CLIError("--jobs must be >= 1")
-    load_plugins(args.plugin)
+    load_plugin_modules(args.plugin)
     gpu = resolve_gpu(args.gpu, args.interpret, False)
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     if not (root / gpu).is_dir():

@@ -340,3 +340,11 @@ def test_every_shipped_artifact_matches_the_current_templates():
         if reason:
             stale[str(path.relative_to(REPO))] = reason
     assert not stale, stale
+
+
+def test_an_interpreter_file_is_rejected_on_a_gpu(tmp_path, monkeypatch):
+    """A file whose environment.gpu_name is no registry GPU (an interpreter run) is not used on a GPU."""
+    root = write(tmp_path, "h100", "h100", CPU)
+    _running(monkeypatch, H100)
+    v = art.assess_artifact(root / "h100" / f"{FWD}.json", "h100", gpus.environment())
+    assert not v.usable and "no registry GPU" in v.reason

@@ -76,6 +76,22 @@ def test_upsert_replaces_the_same_key():
         (lambda d: d["entries"][0]["config"].update(block_m=100), "HSTUFwdConfig"),
         (lambda d: d["entries"][0]["config"].update(bogus=1), "HSTUFwdConfig"),
         (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
+        (lambda d: d["entries"][0].update(fill=0), r"fill must be in \(0, 1\]"),
+        (lambda d: d["entries"][0].update(fill=-0.5), r"fill must be in \(0, 1\]"),
+        (lambda d: d["entries"][0].update(fill=1.5), r"fill must be in \(0, 1\]"),
+        (lambda d: d["entries"][0].update(fill="x"), "fill must be"),
+        (lambda d: d["entries"][0].update(lengths={"batch_fill": 0.0}), r"lengths.batch_fill must be in \(0, 1\]"),
+        (lambda d: d["entries"][0].update(lengths={"batch_fill": "a"}), "lengths.batch_fill must be"),
+        (lambda d: d["entries"][0]["config"].update(l2_group=8.0), "config.l2_group must be int"),
+        (lambda d: d["entries"][0]["config"].update(num_warps=True), "config.num_warps must be int"),
+        (lambda d: d["entries"][0].update(backend="reference"), "'reference' is the fp32 oracle"),
+        (lambda d: d["entries"][0].update(backend="nope"), "'nope' is not a backend of hstu_attention_fwd"),
+        (lambda d: d["entries"][0].update(verified=[1, "x"]), r"verified\[0\] must be a string"),
+        (lambda d: d["entries"][0].update(verified=[["a"]]), r"verified\[0\] must be a string"),
+        (lambda d: d["entries"][0].update(tflops=-1.0), "tflops must be >= 0"),
+        (lambda d: d["entries"][0].update(default_ms=-1.0), "default_ms must be >= 0"),
+        (lambda d: d["entries"][0].update(speedup=-2), "speedup must be >= 0"),
+        (lambda d: d["entries"][0].update(tuning_s=-3.0), "tuning_s must be >= 0"),
         (lambda d: d["entries"][0].update(backend="cute"), "not a valid HSTUCuteFwdConfig"),
         (
             lambda d: d["entries"][0].update(
@@ -212,3 +228,32 @@ def test_only_templates_that_entries_use_make_an_artifact_stale(tmp_path):
     art.save_artifact(a, path)
     verdict = art.assess_artifact(path)
     assert not verdict.usable and "stale artifact: the triton template" in verdict.reason
+
+
+def test_optional_numbers_may_be_null_and_a_fill_of_one_is_valid(tmp_path):
+    a = _artifact([_entry(default_ms=None, default_tflops=None, speedup=None, fill=1, verified=["a/causal/bf16"])])
+    path = art.save_artifact(a, tmp_path / "h100" / "hstu_attention_fwd.json")
+    assert art.load_artifact(path).entries[0]["fill"] == 1
+
+
+def test_a_file_whose_kernel_is_not_its_name_is_not_used(tmp_path, capsys):
+    """A backward artifact saved as hstu_attention_fwd.json: rejected by the verdict that load and show share."""
+    from autotune.tuning.cli import main
+
+    a = _artifact()
+    path = art.save_artifact(a, tmp_path / "h100" / "hstu_attention_bwd.json")
+    v = art.assess_artifact(path, "h100")
+    assert not v.usable and "holds kernel 'hstu_attention_fwd', not 'hstu_attention_bwd'" in v.reason
+    assert main(["show", "--gpu", "h100", "--artifacts", str(tmp_path)]) == 1
+    assert "holds kernel" in capsys.readouterr().out
+
+
+def test_saved_artifacts_are_readable_as_the_umask_allows(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        path = art.save_artifact(_artifact(), tmp_path / "h100" / "hstu_attention_fwd.json")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -48,6 +48,21 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
         (["--kernel", "softmax_attention"], "unknown kernel"),
         (["--time-budget", "soon"], "bad duration"),
         (["--trials", "0"], ">= 1"),
+        (["--buckets", ","], "--buckets ',' names nothing"),
+        (["--kernel", ","], "--kernel ',' names nothing"),
+        (["--distributions", ","], "--distributions ',' names nothing"),
+        (["--masks", ","], "--masks ',' names nothing"),
+        (["--backends", "triton,nope"], "--backends: nope is no backend"),
+        (["--backends", ","], "--backends names nothing"),
+        (["--time-budget", "nan"], "positive and finite"),
+        (["--time-budget", "inf"], "positive and finite"),
+        (["--compare-rounds", "0"], "--compare-rounds must be >= 1"),
+        (["--compare-rounds", "-2"], "--compare-rounds must be >= 1"),
+        (["--compare-rounds", "8", "--compare-max-rounds", "6"], "--compare-max-rounds (6) must be >="),
+        (["--eval-timeout", "0"], "--eval-timeout must be a positive"),
+        (["--eval-timeout", "-1"], "--eval-timeout must be a positive"),
+        (["--eval-timeout", "nan"], "--eval-timeout must be a positive"),
+        (["--plugin", "nonexistent_plugin_module"], "--plugin nonexistent_plugin_module: cannot import"),
     ],
 )
 def test_bad_arguments(capsys, args, message):
@@ -122,3 +137,30 @@ def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_
     key = art.entry_key
     assert sorted(map(key, merged.entries)) == sorted(map(key, data["entries"]))
     assert {key(e): e for e in merged.entries} == {key(e): e for e in data["entries"]}
+
+
+def test_merge_refuses_to_drop_entries_of_another_environment_and_interpreter_files(capsys, tmp_path):
+    """A file of another timing environment would drop every entry of the target: refused (naming the files
+    and the count) unless --replace; a file made under the Triton interpreter never lands in a GPU folder."""
+    import json
+
+    shipped = art.artifact_path("h100", "hstu_attention_bwd")
+    data = json.loads(shipped.read_text())
+    root = tmp_path / "artifacts"
+    target = art.artifact_path("h100", "hstu_attention_bwd", root)
+    target.parent.mkdir(parents=True)
+    target.write_text(shipped.read_text())
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**data, "environment": {**data["environment"], "driver": "999.0"}, "entries": []}))
+    interp = tmp_path / "interp.json"
+    cpu_env = {**data["environment"], "gpu_name": "triton-interpreter (cpu)", "compute_capability": None}
+    interp.write_text(json.dumps({**data, "environment": cpu_env}))
+    n = len(data["entries"])
+    rc, text = _run(capsys, "merge", str(other), "--artifacts", str(root))
+    assert rc == 2 and "other.json" in text and f"drop {n} entries" in text and "--replace" in text
+    assert len(art.load_artifact(target).entries) == n
+    rc, text = _run(capsys, "merge", str(interp), "--artifacts", str(root), "--replace")
+    assert rc == 2 and "interp.json" in text and "interpreter" in text
+    assert len(art.load_artifact(target).entries) == n
+    rc, text = _run(capsys, "merge", str(other), "--artifacts", str(root), "--replace")
+    assert rc == 0 and art.load_artifact(target).entries == []

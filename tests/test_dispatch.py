@@ -144,12 +144,43 @@ def test_own_dtype_entries_win_over_the_other_16bit_dtype(tmp_path):
         assert _block_m(dispatch.select(FWD, "float16", 64, 64, 4, 4096, "uniform")) == 64
 
 
+def _add_raw_entry(root: Path, entry: dict, kind: str = FWD) -> None:
+    """Append ``entry`` to a saved artifact as a hand edit would (no validation on the way)."""
+    path = root / "h100" / f"{kind}.json"
+    data = json.loads(path.read_text())
+    data["entries"].append(entry)
+    data["template_hash"].setdefault(entry["backend"], "0" * 64)
+    path.write_text(json.dumps(data))
+
+
 def test_unavailable_backend_falls_back(tmp_path):
-    bogus = _entry(8192, 16, backend="nosuchbackend")
-    dispatch.load(write_artifacts(tmp_path, extra=[bogus]), gpu="h100")
+    """An entry of a backend the kernel's spec does not declare makes the file invalid: the default runs."""
+    root = write_artifacts(tmp_path)
+    _add_raw_entry(root, _entry(8192, 16, backend="nosuchbackend"))
+    dispatch.load(root, gpu="h100")
     with pytest.warns(dispatch.DispatchWarning, match="nosuchbackend"):
         c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192, "uniform")
     assert c.backend == "triton" and c.source == "default"
+
+
+def test_a_reference_entry_is_never_served_as_tuned(tmp_path):
+    """The fp32 oracle (O(n^2) memory) is a source a caller asks for, never a backend read from a file."""
+    root = write_artifacts(tmp_path)
+    _add_raw_entry(root, _entry(8192, 16, backend="reference", config={}))
+    dispatch.load(root, gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="reference"):
+        c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192, "uniform")
+    assert c.backend == "triton" and c.source == "default"
+    with pytest.warns(dispatch.DispatchWarning, match="reference"):
+        assert dispatch._entry_choice(FWD, _entry(8192, 16, backend="reference"), "tuned") is None
+
+
+def test_entry_fill_skips_recorded_values_outside_zero_one():
+    """A bad recorded fill (validation rejects it at load) never reaches log2: the law's fill is used."""
+    for bad in (0, -0.5, 1.5, "x", True, None):
+        assert dispatch.entry_fill({"distribution": "uniform", "bucket": 1024, "fill": bad}) == 1.0
+        jagged = {"distribution": "jagged", "bucket": 1024, "fill": bad, "lengths": {"batch_fill": bad}}
+        assert 0 < dispatch.entry_fill(jagged) < 1
 
 
 def test_sources_and_unloaded_state_do_not_warn(tmp_path):

@@ -122,3 +122,53 @@ def test_run_with_lengths_records_the_sample(tmp_path):
     assert "lengths" in by_dist["jagged"] and "lengths" not in by_dist["uniform"]
     desc = by_dist["jagged"]["lengths"]
     assert desc["count"] == 70 and desc["max"] == 64 and 0 < desc["batch_fill"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        ("a.json", '{"lengths": 5}', "'lengths' must be a list"),
+        ("b.json", '{"lengths": 5, "counts": [1]}', "'lengths' must be a list"),
+        ("c.json", "[" * 100_000 + "]" * 100_000, "JSON not readable"),
+        ("d.json", "1" * 5000, "JSON not readable"),
+        ("e.txt", "7 " + "1" * 5000, "is not an integer length"),
+        ("f.txt", "100.5 200", "'100.5' is not an integer length"),
+        ("g.json", "[1, [2, [3]]]", r"length \[2, \[3\]\] is not an integer"),
+        ("h.json", '"512"', "expected a list"),
+        ("i.json", "512.5", "expected a list"),
+    ],
+)
+def test_malformed_files_are_lengths_errors_naming_the_file(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(LengthsError, match=match) as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_npz_named_npy_is_a_lengths_error(tmp_path):
+    path = tmp_path / "l.npy"
+    with open(path, "wb") as f:
+        np.savez(f, a=np.array([1, 2]))
+    with pytest.raises(LengthsError, match="npz") as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_file_of_one_length_is_a_sample_of_one(tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_text("512\n")
+    assert read_length_sample(path) == [512]
+
+
+def test_a_huge_histogram_count_is_subsampled_by_counts(tmp_path):
+    """3e9 sequences of one length are never expanded: the strided subsample is built from the counts."""
+    from autotune.runtime.lengths import MAX_SAMPLE
+
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({"100": 3_000_000_000, "7": 1_000_000_000}))
+    sample = read_length_sample(path)
+    assert len(sample) == MAX_SAMPLE and set(sample) == {100, 7}
+    assert sample.count(100) == pytest.approx(0.75 * MAX_SAMPLE, abs=2)
+    path.write_text(json.dumps({"lengths": [10, 20], "counts": [3, 1]}))
+    assert read_length_sample(path) == [10, 10, 10, 20]

@@ -169,3 +169,14 @@ def test_committed_entries_of_this_gpu_still_pass_the_full_re_check(tmp_path):
     assert len(results) == picked > 0
     bad = [(r.kernel, r.entry["dqk"], r.entry["bucket"], r.status, r.error) for r in results if r.status != "ok"]
     assert not bad
+
+
+def test_recheck_status_ignores_non_string_verified_items():
+    """A hand-edited ``verified`` list (rejected at load) never crashes ``autotune show``'s column."""
+    from autotune.tuning.recheck import recheck_status
+
+    entry = json.loads(art.artifact_path("h100", "hstu_attention_fwd").read_text())["entries"][0]
+    good = recheck_status("hstu_attention_fwd", "h100", entry, True)
+    assert recheck_status("hstu_attention_fwd", "h100", {**entry, "verified": [[1], {"a": 2}]}, True).startswith("0/")
+    assert recheck_status("hstu_attention_fwd", "h100", {**entry, "verified": entry["verified"] + [[1]]}, True) == good
+    assert missing_cases("hstu_attention_fwd", "h100", {**entry, "verified": [[1]]})

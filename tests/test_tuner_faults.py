@@ -213,6 +213,24 @@ def test_kill_during_the_defaults_trial_then_resume_measures_the_default(tmp_pat
     ]
 
 
+def test_a_default_that_timed_out_is_measured_again_on_resume_and_nothing_is_written_without_it(tmp_path, monkeypatch):
+    """A default that timed out (a short --eval-timeout, a busy machine) writes no winner: nothing was
+    compared with it. The resumed run measures the default again, then compares the winner with it."""
+    _plant(monkeypatch, "ok")
+    monkeypatch.setenv("AUTOTUNE_FAKE_DEFAULT_SLEEP", "30")
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path, eval_timeout_s=1.5))
+    assert _trials(tmp_path, task)["slow"].user_attrs["status"] == "timeout"
+    assert r.config is None and r.error and "default" in r.error
+    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
+    monkeypatch.delenv("AUTOTUNE_FAKE_DEFAULT_SLEEP")
+    (again,) = run_tasks([task], _opts(tmp_path))
+    assert _trials(tmp_path, task)["slow"].user_attrs["status"] == "ok"
+    assert again.error is None and again.config == OK and again.default_ms is not None
+    entry = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries[0]
+    assert entry["default_ms"] is not None and entry["compare"]["rounds"] >= 6
+
+
 def test_compare_verdict_needs_a_gain_beyond_the_spread():
     steady = compare_verdict([1.0] * 6, [1.10] * 6)
     assert steady["beats"] and steady["speedup"] == pytest.approx(1.10) and steady["rounds"] == 6

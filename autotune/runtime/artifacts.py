@@ -80,6 +80,8 @@ OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {
     "fill": _NUM,  # L / (B x max_len) of the batch the entry was timed on (dispatch matches calls on it)
 }
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
+# Measured numbers that are never negative (None where the schema allows it).
+NON_NEGATIVE = ("tflops", "default_ms", "default_tflops", "speedup", "tuning_s")
 
 
 class ArtifactError(ValueError):
@@ -196,12 +198,54 @@ def _config_class(kernel: str, backend: str) -> type | None:
     return resolve(target) if target else None
 
 
+def _declared_backends(kernel: str) -> tuple[str, ...] | None:
+    """The backends the op spec declares for ``kernel``; None for a kernel no spec registers here."""
+    from autotune.spec import kernel as kernel_spec
+
+    try:
+        return tuple(b.name for b in kernel_spec(kernel).backends)
+    except ValueError:
+        return None
+
+
+def _field_types(default: Any) -> tuple[type, ...] | None:
+    """The JSON types a config field with this default may hold (None: not checked)."""
+    if default is None:
+        return (int, type(None))
+    if isinstance(default, bool):
+        return (bool,)
+    if isinstance(default, int):
+        return (int,)
+    if isinstance(default, float):
+        return (int, float)
+    if isinstance(default, str):
+        return (str,)
+    return None
+
+
+def _check_config_types(cls: type, config: dict[str, Any], where: str) -> None:
+    """Each value has the JSON type of its dataclass field's default (an int field takes no float or bool)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(cls):
+        return
+    for f in dataclasses.fields(cls):
+        if f.name not in config or f.default is dataclasses.MISSING:
+            continue
+        types = _field_types(f.default)
+        v = config[f.name]
+        if types is not None and (isinstance(v, bool) and bool not in types or not isinstance(v, types)):
+            names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ArtifactError(f"{where}.config.{f.name} must be {names} (as {cls.__name__}), got {v!r}")
+
+
 def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:
     for k, v in config.items():
         if not isinstance(k, str) or not isinstance(v, (int, float, str, bool)):
             raise ArtifactError(f"{where}.config: {k!r}={v!r} is not a JSON scalar")
     cls = _config_class(kernel, backend)
     if cls is not None:
+        _check_config_types(cls, config, where)
         try:
             cls.from_dict(config)
         except Exception as e:  # noqa: BLE001 - any failure to build it (huge ints: OverflowError) = invalid
@@ -230,8 +274,32 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
         raise ArtifactError(f"{where}: dqk, dv and num_heads must be >= 1")
     if entry["median_ms"] <= 0 or entry["spread_ms"] < 0 or entry["trials"] < 0:
         raise ArtifactError(f"{where}: median_ms must be > 0, spread_ms and trials >= 0")
+    for k in NON_NEGATIVE:
+        if entry.get(k) is not None and entry[k] < 0:
+            raise ArtifactError(f"{where}.{k} must be >= 0, got {entry[k]!r}")
+    if "fill" in entry:
+        _check_fill(entry["fill"], f"{where}.fill")
+    if "lengths" in entry and "batch_fill" in entry["lengths"]:
+        _check_fill(entry["lengths"]["batch_fill"], f"{where}.lengths.batch_fill")
+    for i, case in enumerate(entry.get("verified", ())):
+        if not isinstance(case, str):
+            raise ArtifactError(f"{where}.verified[{i}] must be a string (a re-check case), got {case!r}")
+    if entry["backend"] == "reference":
+        raise ArtifactError(f"{where}.backend 'reference' is the fp32 oracle, never a tuned backend")
     if kernel is not None:
+        declared = _declared_backends(kernel)
+        if declared is not None and entry["backend"] not in declared:
+            raise ArtifactError(
+                f"{where}.backend {entry['backend']!r} is not a backend of {kernel} (declared: {', '.join(declared)})"
+            )
         _validate_config(kernel, entry["backend"], entry["config"], where)
+
+
+def _check_fill(value: Any, where: str) -> None:
+    """A fill ratio L / (B x max_len): a finite number in (0, 1]."""
+    _check_type(value, _NUM, where)
+    if not 0 < value <= 1:
+        raise ArtifactError(f"{where} must be in (0, 1], got {value!r}")
 
 
 def validate_artifact(
@@ -412,6 +480,9 @@ def check_origin(
         return f"the file contradicts itself: gpu '{own}' but {said}", [], False
     file_cc = env.get("compute_capability") or _registry_cc(own)
     run_cc = (running or {}).get("compute_capability")
+    if run_cc and name_key is None:
+        said = f"environment.gpu_name {env.get('gpu_name')!r} is no registry GPU (a Triton interpreter / CPU run?)"
+        return f"{said}; re-tune with `autotune run --gpu auto`", [], False
     run_name = (running or {}).get("gpu_name") if run_cc else None
     run_key = _gpu_key(run_name)
     tuned = f"artifact tuned on '{own}' ({env.get('gpu_name') or 'device name not recorded'}, sm {file_cc or '?'})"
@@ -464,6 +535,9 @@ def assess_artifact(
         return Verdict(str(path), False, str(e))
     except Exception as e:  # noqa: BLE001 - the promise is "never raises": anything else is a bad file too
         return Verdict(str(path), False, f"{path}: artifact not readable ({type(e).__name__}: {e})")
+    if artifact.kernel != path.stem:
+        reason = f"{path}: the file holds kernel {artifact.kernel!r}, not {path.stem!r} (its file name)"
+        return Verdict(str(path), False, reason)
     try:
         _, unused = changed_templates(artifact)
         info = tuple(f"the {b} template changed since tuning, but no entry uses {b}" for b in unused)
@@ -491,8 +565,16 @@ def save_artifact(artifact: Artifact, path: str | Path) -> Path:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file is read by others like any written one
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -335,6 +335,9 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
 
 def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
     backend = _get(entry, "backend", "triton")
+    if backend == "reference":  # the fp32 oracle is asked for by source="reference", never read from a file
+        _warn_once(f"{kind}: an entry names the 'reference' backend, not a tuned one; using the default")
+        return None
     if not backend_available(backend, kind):
         _warn_once(f"{kind}: tuned backend '{backend}' is not available in this process; using the default")
         return None
@@ -392,9 +395,10 @@ def fill_bin(fill: float | None) -> int | None:
 def entry_fill(entry: Any) -> float:
     """The fill ratio of the batch an entry was tuned on: recorded by the tuner (``fill``, or the
     lengths sample's ``batch_fill``), else 1 for 'uniform' and the fill of its synthetic law's batch."""
-    recorded = _get(entry, "fill") or (_get(entry, "lengths") or {}).get("batch_fill")
-    if recorded:
-        return float(recorded)
+    for recorded in (_get(entry, "fill"), (_get(entry, "lengths") or {}).get("batch_fill")):
+        # Artifacts are validated at load; a value outside (0, 1] is skipped rather than trusted.
+        if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and 0 < recorded <= 1:
+            return float(recorded)
     if _get(entry, "distribution") == "uniform":
         return 1.0
     from autotune.runtime.buckets import law_fill

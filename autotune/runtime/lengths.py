@@ -16,13 +16,16 @@ the one reader of lengths files: for the grid tasks, the graph tasks and the mod
 (``models.config.ModelConfig.lengths_file``, whose synthetic batches then draw their lengths from it).
 
 Every length must be a non-negative integer no longer than the largest bucket (32768); the sample
-must hold at least one non-zero length. Errors name the file and the bad value.
+must hold at least one non-zero length; a histogram whose counts add up past 1M is subsampled from its
+counts. A file holding one length (JSON or text) is a sample of one. Every error is a ``LengthsError``
+that names the file and the bad value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,35 +66,80 @@ def _batches_json(data: Any) -> list[Any] | None:
     return None
 
 
-def _from_json(data: Any, where: str) -> list[Any]:
+def _show(value: Any, limit: int = 60) -> str:
+    """A value for an error message, cut to ``limit`` characters (a bad value may be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _from_json(data: Any, where: str) -> tuple[list[Any], list[int] | None]:
+    """(lengths, counts per length or None) of parsed JSON."""
     if isinstance(data, dict) and "lengths" in data:
         lengths, counts = data["lengths"], data.get("counts")
+        if not isinstance(lengths, list):
+            raise LengthsError(f"{where}: 'lengths' must be a list of lengths, got {_show(lengths)}")
         if counts is None:
-            return list(lengths)
+            return list(lengths), None
         if not isinstance(counts, list) or len(counts) != len(lengths):
             raise LengthsError(f"{where}: 'counts' must be a list as long as 'lengths'")
-        return [n for n, c in zip(lengths, counts, strict=True) for _ in range(_count(c, where))]
+        return list(lengths), [_count(c, where) for c in counts]
     if isinstance(data, dict):  # histogram {"length": count}
-        out = []
+        values, counts = [], []
         for k, c in data.items():
             try:
                 n = int(k)
             except ValueError:
-                raise LengthsError(f"{where}: histogram key {k!r} is not an integer length") from None
-            out += [n] * _count(c, where)
-        return out
+                raise LengthsError(f"{where}: histogram key {_show(k)} is not an integer length") from None
+            values.append(n)
+            counts.append(_count(c, where))
+        return values, counts
     batches = _batches_json(data)
     if batches is not None:
-        return [n for b in batches for n in b]
+        return [n for b in batches for n in b], None
     if isinstance(data, list):
-        return data
-    raise LengthsError(f"{where}: expected a list, a list of lists or a histogram object")
+        return data, None
+    if isinstance(data, int) and not isinstance(data, bool):  # a file holding one length: a sample of one
+        return [data], None
+    raise LengthsError(f"{where}: expected a list, a list of lists or a histogram object, got {_show(data)}")
 
 
 def _count(c: Any, where: str) -> int:
     if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-        raise LengthsError(f"{where}: histogram count {c!r} is not a non-negative integer")
+        raise LengthsError(f"{where}: histogram count {_show(c)} is not a non-negative integer")
     return c
+
+
+def _expand(values: list[int], counts: list[int]) -> list[int]:
+    """``values[i]`` repeated ``counts[i]`` times, or, past ``MAX_SAMPLE`` in all, the evenly strided
+    subsample of that expansion, built from the counts (a count of 3e9 is never expanded)."""
+    total = sum(counts)
+    if total <= MAX_SAMPLE:
+        return [n for n, c in zip(values, counts, strict=True) for _ in range(c)]
+    step = total / MAX_SAMPLE  # sample i is the expansion's element int(i * step)
+    out: list[int] = []
+    end, taken = 0, 0
+    for n, c in zip(values, counts, strict=True):
+        end += c
+        upto = min(MAX_SAMPLE, math.ceil(end / step))  # samples i with i * step < end
+        out += [n] * (upto - taken)
+        taken = upto
+    return out
+
+
+def _text_lines(text: str) -> list[list[str]]:
+    """The words of each non-empty line (``#`` starts a comment; commas separate like spaces)."""
+    lines = [ln.split("#")[0].replace(",", " ").split() for ln in text.splitlines()]
+    return [ln for ln in lines if ln]
+
+
+def _ints(words: list[str], where: str) -> list[int]:
+    out = []
+    for w in words:
+        try:
+            out.append(int(w))
+        except ValueError:
+            raise LengthsError(f"{where}: {_show(w)} is not an integer length (not JSON either)") from None
+    return out
 
 
 def read_length_sample(path: str | Path) -> list[int]:
@@ -105,13 +153,17 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
     where = f"--lengths {path}"
     if not path.is_file():
         raise LengthsError(f"{where}: no such file")
+    counts: list[int] | None = None
     if path.suffix == ".npy":
         import numpy as np
 
         try:
             arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise LengthsError(f"{where}: not a readable .npy array ({e})") from None
+        except Exception as e:  # noqa: BLE001 - any failure to read it (truncated, pickled, not numpy) is the file's
+            raise LengthsError(f"{where}: not a readable .npy array ({type(e).__name__}: {e})") from None
+        if not isinstance(arr, np.ndarray):
+            arr.close()
+            raise LengthsError(f"{where}: not a .npy array (an .npz archive?); save one 1-D array with np.save")
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise LengthsError(f"{where}: expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
         raw: list[Any] = arr.tolist()
@@ -123,23 +175,24 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
             raise LengthsError(f"{where}: cannot read it as text ({e})") from None
         try:
             data = json.loads(text)
-            raw, batches = _from_json(data, where), _batches_json(data)
         except json.JSONDecodeError:
-            lines = [ln.split("#")[0].replace(",", " ").split() for ln in text.splitlines()]
-            lines = [ln for ln in lines if ln]
-            try:
-                rows = [[int(w) for w in ln] for ln in lines]
-            except ValueError:
-                raise LengthsError(f"{where}: not JSON and not whitespace-separated integers") from None
+            rows = [_ints(ln, where) for ln in _text_lines(text)]
             raw = [n for row in rows for n in row]
             batches = rows if len(rows) > 1 and any(len(row) > 1 for row in rows) else None
+        except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
+            raise LengthsError(f"{where}: JSON not readable ({type(e).__name__}: {_show(str(e), 120)})") from None
+        else:
+            raw, counts = _from_json(data, where)
+            batches = _batches_json(data)
     for n in raw:
         if isinstance(n, bool) or not isinstance(n, int):
-            raise LengthsError(f"{where}: length {n!r} is not an integer")
+            raise LengthsError(f"{where}: length {_show(n)} is not an integer")
         if n < 0:
             raise LengthsError(f"{where}: negative length {n}")
         if n > MAX_LENGTH:
             raise LengthsError(f"{where}: length {n} is longer than the largest bucket ({MAX_LENGTH})")
+    if counts is not None:
+        raw = _expand(raw, counts)
     if not any(raw):
         raise LengthsError(f"{where}: no non-zero length in the sample")
     if batches is not None and not all(batches):

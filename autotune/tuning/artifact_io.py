@@ -29,13 +29,37 @@ def search_space_hash(kernel: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def merge_entries(kernel: str, gpu: str, entries: list[dict[str, Any]], root: Path, env: dict[str, Any]) -> Path:
+class EnvironmentMismatch(ValueError):
+    """Merging would drop the entries of an artifact tuned in another timing environment."""
+
+
+def environment_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The timing-environment keys whose values differ between two ``environment`` blocks, described."""
+    return [f"{k} {a.get(k)!r} != {b.get(k)!r}" for k in TIMING_ENV_KEYS if a.get(k) != b.get(k)]
+
+
+def interpreter_made(env: dict[str, Any]) -> bool:
+    """Whether an artifact's environment is the Triton interpreter / a CPU (no compute capability):
+    its timings say nothing about a GPU."""
+    name = env.get("gpu_name")
+    return env.get("compute_capability") is None or (isinstance(name, str) and name.startswith("triton-interpreter"))
+
+
+def merge_entries(
+    kernel: str,
+    gpu: str,
+    entries: list[dict[str, Any]],
+    root: Path,
+    env: dict[str, Any],
+    replace: bool = True,
+) -> Path:
     """Upsert ``entries`` into artifacts/<gpu>/<kernel>.json without lost updates.
 
     Many tuners (farm workers, two runs) write one file: under an exclusive ``fcntl`` lock the file is
     re-read, merged and replaced atomically, so no writer overwrites another's entries. Entries of an
     artifact written in another timing environment (GPU, SMs, driver, versions) are dropped with a
-    warning instead of being relabelled with this one; stale or invalid files are replaced as before.
+    warning instead of being relabelled with this one (``replace=False``: ``EnvironmentMismatch`` and
+    nothing written); stale or invalid files are replaced as before.
     """
     import fcntl
 
@@ -52,14 +76,12 @@ def merge_entries(kernel: str, gpu: str, entries: list[dict[str, Any]], root: Pa
         hashes = {b.name: art.current_template_hash(kernel, b.name) for b in backends_for(kernel, available_only=False)}
         artifact = art.Artifact(kernel, gpu, env, hashes, search_space_hash(kernel))
         if existing is not None:
-            differ = [k for k in TIMING_ENV_KEYS if existing.environment.get(k) != env.get(k)]
+            differ = environment_differences(existing.environment, env)
             if differ and existing.entries:
-                warnings.warn(
-                    f"dropping {len(existing.entries)} entries of {path} tuned in another environment "
-                    f"({', '.join(f'{k} {existing.environment.get(k)!r} != {env.get(k)!r}' for k in differ)})",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                what = f"{len(existing.entries)} entries of {path} tuned in another environment ({', '.join(differ)})"
+                if not replace:
+                    raise EnvironmentMismatch(f"merging would drop {what}")
+                warnings.warn(f"dropping {what}", RuntimeWarning, stacklevel=3)
             else:
                 artifact.entries = list(existing.entries)
         for entry in entries:

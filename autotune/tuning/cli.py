@@ -12,6 +12,7 @@ autotune bench --gpu auto --buckets 4K --dims 256
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -69,13 +70,32 @@ def parse_duration(text: str | None) -> float | None:
         value = float(t[:-1]) * scale if scale else float(t)
     except ValueError:
         raise CLIError(f"bad duration {text!r}: use e.g. 90s, 6m, 1.5h") from None
-    if value <= 0:
-        raise CLIError(f"duration must be positive, got {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise CLIError(f"duration must be positive and finite, got {text!r}")
     return value
+
+
+def load_plugin_modules(names: list[str]) -> None:
+    """``registry.load_plugins``, with an import failure as a usage error naming the module."""
+    from autotune.tuning.registry import load_plugins, plugin_modules
+
+    for name in plugin_modules(names):
+        try:
+            load_plugins([name])
+        except ImportError as e:
+            raise CLIError(f"--plugin {name}: cannot import it ({e})") from None
 
 
 def _split(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _nonempty(option: str, text: str) -> list[str]:
+    """The comma-separated values of ``option``; a usage error when it names none."""
+    values = _split(text)
+    if not values:
+        raise CLIError(f"{option} {text!r} names nothing; give at least one value")
+    return values
 
 
 def _kernels(text: str) -> list[str]:
@@ -133,16 +153,18 @@ def build_task_list(args: argparse.Namespace, gpu: str) -> list:
         from autotune.tuning.cli_graph import graph_task_list
 
         return graph_task_list(args, gpu)
+    for option, text in (("--kernel", args.kernel), ("--dims", args.dims)):
+        _nonempty(option, str(text))
     try:
-        buckets = [parse_bucket(b) for b in _split(args.buckets)]
+        buckets = [parse_bucket(b) for b in _nonempty("--buckets", args.buckets)]
         dims = parse_dims(args.dims)
     except ValueError as e:
         raise CLIError(str(e)) from None
-    dists = _split(args.distributions)
+    dists = _nonempty("--distributions", args.distributions)
     for d in dists:
         if d not in DISTRIBUTIONS:
             raise CLIError(f"unknown distribution {d!r}; choose from {', '.join(DISTRIBUTIONS)}")
-    masks = _split(args.masks)
+    masks = _nonempty("--masks", args.masks)
     for m in masks:
         if m not in MASKS:
             raise CLIError(f"unknown mask {m!r}; choose from {', '.join(MASKS)}")
@@ -190,11 +212,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     budget = parse_duration(args.time_budget)
+    _check_run_numbers(args)
     gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
-    from autotune.tuning.registry import backends_for, get_op, load_plugins
+    from autotune.tuning.registry import backends_for, get_op
 
-    load_plugins(args.plugin)
+    load_plugin_modules(args.plugin)
     tasks = build_task_list(args, gpu)
+    declared: set[str] = set()
     for k in sorted({t.kernel for t in tasks}):
         try:
             get_op(k)
@@ -202,6 +226,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(str(e)) from None
         if not backends_for(k, args.backends, available_only=False):
             raise CLIError(f"no backend {args.backends} registered for {k}")
+        declared |= {b.name for b in backends_for(k, None, available_only=False)}
+    unknown = [b for b in args.backends or () if b not in declared]
+    if unknown:
+        known = ", ".join(sorted(declared))
+        raise CLIError(f"--backends: {', '.join(unknown)} is no backend of these kernels ({known})")
     from autotune.tuning.tasks import space_context
 
     for t in tasks:
@@ -285,6 +314,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_run_numbers(args: argparse.Namespace) -> None:
+    """Usage errors for numbers ``autotune run`` cannot work with."""
+    if args.backends is not None and not args.backends:
+        raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
+    if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:
+        raise CLIError(f"--eval-timeout must be a positive number of seconds, got {args.eval_timeout}")
+    if args.compare_rounds < 1:
+        raise CLIError(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
+    if args.compare_max_rounds < args.compare_rounds:
+        raise CLIError(
+            f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
+        )
+
+
 def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -348,20 +391,55 @@ class _RichReporter:
 def cmd_merge(args: argparse.Namespace) -> int:
     """Fold artifacts written by other runs (another device call, host or checkout) into
     ``<artifacts>/<gpu>/<kernel>.json``, entry by entry, as a tuning run would have written them: each
-    file must be valid and current (its templates unchanged), and an existing target tuned in another
-    timing environment is replaced, never mixed (``artifact_io.merge_entries``)."""
+    file must be valid and current (its templates unchanged) and, for a GPU folder, made on a GPU (not
+    the Triton interpreter). A target tuned in another timing environment would lose its entries
+    (``artifact_io.merge_entries``): refused unless ``--replace``."""
     from autotune.runtime import artifacts as art
-    from autotune.tuning.artifact_io import merge_entries
+    from autotune.tuning.artifact_io import (
+        EnvironmentMismatch,
+        environment_differences,
+        interpreter_made,
+        merge_entries,
+    )
 
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     loaded = []
     for f in args.files:  # every file is checked before any target is touched
         try:
-            loaded.append((f, art.load_artifact(f)))
+            a = art.load_artifact(f)
         except art.ArtifactError as e:
             raise CLIError(f"cannot merge {f}: {e}") from None
+        if a.gpu.lower() in GPUS and interpreter_made(a.environment):
+            raise CLIError(
+                f"cannot merge {f} into {root / a.gpu}: it was made under the Triton interpreter / on a CPU "
+                f"(environment.gpu_name {a.environment.get('gpu_name')!r}); its timings say nothing about {a.gpu}"
+            )
+        loaded.append((f, a))
+    # Entries a merge would drop: a target (or an earlier file of this merge) of another timing environment.
+    targets: dict[Path, tuple[dict, int, str]] = {}
+    losses = []
     for f, a in loaded:
-        path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment)
+        path = art.artifact_path(a.gpu, a.kernel, root)
+        if path not in targets:
+            old = art.load_artifact_or_none(path) if path.exists() else None
+            targets[path] = (old.environment, len(old.entries), str(path)) if old else ({}, 0, str(path))
+        env, count, owner = targets[path]
+        differ = environment_differences(env, a.environment)
+        if count and differ:
+            losses.append(f"{f} would drop {count} entries of {owner} ({', '.join(differ)})")
+            count = 0
+        targets[path] = (a.environment, count + len(a.entries), f)
+    if losses and not args.replace:
+        raise CLIError(
+            "refusing to merge files of another timing environment: "
+            + "; ".join(losses)
+            + " (pass --replace to drop them)"
+        )
+    for f, a in loaded:
+        try:
+            path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment, replace=args.replace)
+        except EnvironmentMismatch as e:
+            raise CLIError(f"cannot merge {f}: {e} (pass --replace to drop them)") from None
         print(f"merged {len(a.entries)} entries of {f} into {path}")
     return 0
 
@@ -488,11 +566,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpu = resolve_gpu(args.gpu, False, False)
     import torch
 
-    from autotune.tuning.registry import load_plugins
-
     if not torch.cuda.is_available():
         raise CLIError("bench needs a CUDA GPU")
-    load_plugins(args.plugin)
+    load_plugin_modules(args.plugin)
     console = _console()
     tasks = build_task_list(args, gpu)
     table = Table(title=f"autotune bench: {gpu}")
@@ -602,6 +678,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="fold artifacts written by other runs into artifacts/<gpu>/<kernel>.json")
     merge.add_argument("files", nargs="+", help="artifact JSON files (each: one kernel on one GPU)")
     merge.add_argument("--artifacts", default=None, help="artifacts root to merge into (default ./artifacts)")
+    merge.add_argument(
+        "--replace",
+        action="store_true",
+        help="drop the entries of a target tuned in another timing environment (GPU, driver, versions)",
+    )
     bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
     _add_task_args(bench)
     bench.add_argument("--heatmap", action="store_true", help="batch x length heatmaps (TFLOP/s, MFU), CSV + PNG")

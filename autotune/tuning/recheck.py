@@ -47,7 +47,7 @@ def recheck_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = Tru
 
 def missing_cases(kernel: str, gpu: str, entry: dict[str, Any], full: bool = True, on_gpu: bool = True) -> set[str]:
     """The re-check cases that the entry's ``verified`` list does not hold."""
-    return recheck_cases(kernel, gpu, entry, full, on_gpu) - set(entry.get("verified", []))
+    return recheck_cases(kernel, gpu, entry, full, on_gpu) - _verified(entry)
 
 
 def recheck_status(kernel: str, gpu: str, entry: dict[str, Any], on_gpu: bool) -> str:
@@ -56,7 +56,13 @@ def recheck_status(kernel: str, gpu: str, entry: dict[str, Any], on_gpu: bool) -
         wanted = recheck_cases(kernel, gpu, entry, True, on_gpu)
     except (KeyError, ValueError):
         return "?"
-    return f"{len(wanted & set(entry.get('verified', [])))}/{len(wanted)}"
+    return f"{len(wanted & _verified(entry))}/{len(wanted)}"
+
+
+def _verified(entry: dict[str, Any]) -> set[str]:
+    """The entry's ``verified`` cases (strings only: a hand-edited list may hold anything)."""
+    cases = entry.get("verified")
+    return {c for c in cases if isinstance(c, str)} if isinstance(cases, list) else set()
 
 
 @dataclasses.dataclass
@@ -207,7 +213,7 @@ def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[P
                 entry = artifact.entries[r.index]
                 if art.entry_key(entry) != art.entry_key(r.entry):
                     raise RuntimeError(f"{path} changed during the re-check (entry {r.index})")
-                entry["verified"] = sorted(set(entry.get("verified", [])) | set(r.checked))
+                entry["verified"] = sorted(_verified(entry) | {c for c in r.checked if isinstance(c, str)})
                 changed = True
         if changed:
             written.append(art.save_artifact(artifact, path))
@@ -241,12 +247,12 @@ def cmd_verify(args: Any) -> int:
     import json
 
     from autotune.runtime import artifacts as art
-    from autotune.tuning.cli import CLIError, _console, _kernels, resolve_gpu
-    from autotune.tuning.registry import load_plugins, plugin_modules
+    from autotune.tuning.cli import CLIError, _console, _kernels, load_plugin_modules, resolve_gpu
+    from autotune.tuning.registry import plugin_modules
 
     if args.jobs < 1:
         raise CLIError("--jobs must be >= 1")
-    load_plugins(args.plugin)
+    load_plugin_modules(args.plugin)
     gpu = resolve_gpu(args.gpu, args.interpret, False)
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     if not (root / gpu).is_dir():

@@ -52,6 +52,8 @@ FAIL_STATES = {"compile": TrialState.FAIL, "incorrect": TrialState.FAIL, "timeou
 FAIL_STATES.update({"crash": TrialState.FAIL, "spill": TrialState.PRUNED, "infeasible": TrialState.PRUNED})
 # Trials that failed for reasons outside the config: never counted as seen, so they run again.
 RETRY_STATUSES = ("interrupted", "infra")
+# A default trial that ended so in an earlier run is measured again when its study is reopened.
+DEFAULT_REMEASURE = ("timeout", "crash")
 VERIFY_LEVELS = ("full", "quick")
 
 
@@ -366,6 +368,11 @@ class _Study:
             k = t.user_attrs.get("config_key")
             if k and not t.user_attrs.get("duplicate") and t.user_attrs.get("status") not in RETRY_STATUSES:
                 self.seen[k] = t
+        # A default that timed out or crashed in an earlier run is measured again: the cause may have been
+        # the environment (a short --eval-timeout, a busy GPU), and no winner is written without it.
+        last_default = self.seen.get(self.default_key)
+        if last_default is not None and last_default.user_attrs.get("status") in DEFAULT_REMEASURE:
+            del self.seen[self.default_key]
 
     def _requeue_interrupted(self) -> None:
         """Trials a killed run left RUNNING are failed ("interrupted") and queued again.
@@ -594,19 +601,28 @@ def _verify(s: _Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
     """The config to write: the fastest one that passes the re-check on the bucket's other shapes and
-    beats the default by more than the measured spread in interleaved timings; else the default."""
+    beats the default by more than the measured spread in interleaved timings; else the default.
+
+    Nothing is written without a default measured correct on the timed batch: a winner is only ever
+    written after an interleaved comparison with it. A default that failed the final re-check is never
+    written; a re-checked candidate then wins even when the comparison does not favour it."""
     default = s.seen.get(s.default_key)
-    default_ok = default is not None and default.user_attrs.get("status") == "ok" and s.default_key not in s.rejected
+    status = default.user_attrs.get("status") if default is not None else "not measured"
+    if default is None or status != "ok" or default.state != TrialState.COMPLETE:
+        result.error = (
+            f"the default config could not be measured (status {status}"
+            + (f": {str(default.user_attrs.get('error'))[-200:]}" if default is not None else "")
+            + "); no winner is written without a measured default to compare with (re-run to measure it again)"
+        )
+        return None
+    default_ok = s.default_key not in s.rejected
     for cand in s.ranked()[: s.opts.max_verify]:
-        if default_ok and cand.number == default.number:
+        if cand.number == default.number:
             break
         v = _verify(s, cand)
         if v["status"] != "ok":
             s.reject(cand, f"{v['status']} on re-check: {v.get('error')}")
             continue
-        if not default_ok:
-            result.verified = v.get("checked", [])
-            return cand
         a = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
         b = {"backend": s.default_backend.name, "config": s.default_values}
         timeout = max(s.opts.eval_timeout_s, s.opts.verify_timeout_s)
@@ -621,7 +637,7 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
             s.reject(cand, f"{cmp['status']} in the final comparison: {cmp.get('error')}")
             continue
         result.comparison = verdict
-        if result.comparison["beats"]:
+        if result.comparison["beats"] or not default_ok:
             result.verified = v.get("checked", [])
             return cand
         break
@@ -682,7 +698,7 @@ def tune_task(
     if default is not None and default.state == TrialState.COMPLETE:
         result.default_ms = default.value
     if chosen is None:
-        result.error = "no config was correct on every check (see trial statuses and rejected)"
+        result.error = result.error or "no config was correct on every check (see trial statuses and rejected)"
     else:
         bname = chosen.user_attrs["backend"]
         result.backend = bname

@@ -111,3 +111,12 @@ def test_wrong_argument_types_name_the_argument(kwargs, match):
     args = {"q": q, "k": k, "v": v, "seq_offsets": torch.tensor([0, 4, 10]), "max_seq_len": 8, **kwargs}
     with pytest.raises(ValueError, match=match):
         ops.hstu_attention(**args, source="default")
+
+
+def test_gradients_built_with_create_graph_can_be_updated_in_place():
+    off = offsets_from_lengths([7, 13], "cpu")
+    q, k, v = _qkv("cpu", 20)
+    out = ops.hstu_attention(q, k, v, off, 32, source="default")
+    (dq,) = torch.autograd.grad(out, q, torch.ones_like(out), create_graph=True)
+    dq.mul_(2)  # a plain tensor, not a view of the first-order guard's output
+    assert dq.grad_fn is not None

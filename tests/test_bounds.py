@@ -62,3 +62,19 @@ def test_input_prints_see_any_changed_element_and_nothing_else():
     swapped = bounds.InputPrints({"b": x2})
     x2[[0, 1]] = x2[[1, 0]]  # same bytes, other places: the weighted sum sees it
     assert swapped.problems() == ["input 'b' was written by the launch"]
+
+
+def test_guarded_outputs_start_as_aligned_as_fresh_ones():
+    for dtype, numel in ((torch.bfloat16, 1000), (torch.float32, 3001), (torch.int8, 77)):
+        (o,) = bounds.OutputGuard((torch.zeros(numel, dtype=dtype),)).outs
+        assert (o.storage_offset() * o.element_size()) % bounds.ALIGN_BYTES == 0 and o.data_ptr() % 16 == 0
+
+
+def test_prints_of_inputs_that_start_mid_word_and_overlapping_outputs():
+    half = torch.arange(10, dtype=torch.float16)[1:5]  # contiguous, but 2 bytes into its storage
+    prints = bounds.InputPrints({"h": half})
+    half[0] = 7
+    assert prints.problems() == ["input 'h' was written by the launch"]
+    expanded = torch.zeros(1, 4).expand(3, 4)  # stride 0: handed over as it is
+    g = bounds.OutputGuard((expanded,))
+    assert g.outs[0] is expanded and g.problems(["e"]) == []

@@ -574,7 +574,14 @@ def save_artifact(artifact: Artifact, path: str | Path) -> Path:
 
 
 def _umask() -> int:
-    """The process's umask (read by setting it, then restoring it)."""
+    """The process's umask: from /proc where it is there (no process-wide change another thread could see),
+    else by setting it and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

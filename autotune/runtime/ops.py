@@ -175,8 +175,8 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     if backend == "reference":
         return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher, cfg, index = dispatch.runner(backend, FWD, config)
-    num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
+    num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
 
@@ -221,8 +221,8 @@ def _bwd_impl(
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     launcher, cfg, index = dispatch.runner(backend, BWD, config)
-    num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
+    num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
 
@@ -465,7 +465,12 @@ def backward_call(out: torch.Tensor, do: torch.Tensor):
     node = out.grad_fn
     if node is None or not isinstance(node, _AttentionFunction._backward_cls):
         raise ValueError("out must be the output of an eager hstu_attention call that requires grad")
-    return lambda: node.apply(do)[:3]
+
+    def run():
+        with torch.no_grad():  # as the engine runs a backward without create_graph
+            return node.apply(do)[:3]
+
+    return run
 
 
 class HSTUAttention(nn.Module):

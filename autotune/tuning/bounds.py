@@ -22,6 +22,7 @@ import torch
 PATTERN = 0xA5  # byte every guard byte holds before the launch
 MIN_GUARD = 1024  # elements on each side of an output, at least
 MAX_GUARD = 1 << 20  # and at most (the timed batch's outputs are large; an overrun is a tile or a row)
+ALIGN_BYTES = 256  # guards are whole multiples of this, so TMA and vectorised paths see an aligned output
 
 
 def _span(t: torch.Tensor) -> int:
@@ -38,7 +39,8 @@ class _Embedded:
         if any(s < 0 for s in t.stride()):
             raise ValueError("outputs with negative strides cannot be guarded")
         span = _span(t)
-        self.guard = min(max(span, MIN_GUARD), MAX_GUARD)
+        per_line = max(1, ALIGN_BYTES // t.element_size())  # the output starts as aligned as a fresh allocation
+        self.guard = -(-min(max(span, MIN_GUARD), MAX_GUARD) // per_line) * per_line
         self.span = span
         self.buf = torch.empty(2 * self.guard + span, dtype=t.dtype, device=t.device)
         self.buf.view(torch.uint8).fill_(PATTERN)
@@ -79,7 +81,8 @@ class OutputGuard:
         self._embedded: list[_Embedded | None] = []
         wrapped = []
         for t in outs if isinstance(outs, (tuple, list)) else (outs,):
-            e = _Embedded(t) if isinstance(t, torch.Tensor) else None
+            # An output whose elements overlap (a stride-0 dim) cannot be copied into a fresh footprint: as is.
+            e = _Embedded(t) if isinstance(t, torch.Tensor) and _span(t) >= t.numel() else None
             self._embedded.append(e)
             wrapped.append(e.view if e is not None else t)
         self.outs = type(outs)(wrapped) if isinstance(outs, (tuple, list)) else wrapped[0]
@@ -100,7 +103,8 @@ def _fingerprint(t: torch.Tensor) -> tuple[int, int]:
     multiple of 4), with int64 wrap-around: any changed word moves them, barring a collision a kernel
     bug will not aim for. Integer sums are exact in any order, so the same bytes give the same print."""
     raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
-    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+    aligned = raw.numel() % 4 == 0 and (raw.storage_offset() % 4 == 0)
+    words = raw.view(torch.int32) if aligned else raw
     plain = weighted = 0
     for start in range(0, words.numel(), CHUNK):
         c = words[start : start + CHUNK].to(torch.int64)

@@ -603,19 +603,22 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
     """The config to write: the fastest one that passes the re-check on the bucket's other shapes and
     beats the default by more than the measured spread in interleaved timings; else the default.
 
-    Nothing is written without a default measured correct on the timed batch: a winner is only ever
-    written after an interleaved comparison with it. A default that failed the final re-check is never
-    written; a re-checked candidate then wins even when the comparison does not favour it."""
+    A default whose measurement did not finish (timed out, crashed, never measured) may have failed for
+    the environment's sake: nothing is written then (a re-run measures it again). A default that ran and
+    was wrong (incorrect, failed to compile, over the spill limit) has nothing to be compared with: the
+    fastest re-checked config is written. A default that failed the final re-check is never written; a
+    re-checked candidate then wins even when the comparison does not favour it."""
     default = s.seen.get(s.default_key)
     status = default.user_attrs.get("status") if default is not None else "not measured"
-    if default is None or status != "ok" or default.state != TrialState.COMPLETE:
+    if default is None or status in (*DEFAULT_REMEASURE, *RETRY_STATUSES):
         result.error = (
             f"the default config could not be measured (status {status}"
             + (f": {str(default.user_attrs.get('error'))[-200:]}" if default is not None else "")
             + "); no winner is written without a measured default to compare with (re-run to measure it again)"
         )
         return None
-    default_ok = s.default_key not in s.rejected
+    measured = status == "ok" and default.state == TrialState.COMPLETE
+    default_ok = measured and s.default_key not in s.rejected
     for cand in s.ranked()[: s.opts.max_verify]:
         if cand.number == default.number:
             break
@@ -623,6 +626,9 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
         if v["status"] != "ok":
             s.reject(cand, f"{v['status']} on re-check: {v.get('error')}")
             continue
+        if not measured:  # the default ran wrong: nothing to compare with
+            result.verified = v.get("checked", [])
+            return cand
         a = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
         b = {"backend": s.default_backend.name, "config": s.default_values}
         timeout = max(s.opts.eval_timeout_s, s.opts.verify_timeout_s)

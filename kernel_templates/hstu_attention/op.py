@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from kernel_templates.tensor_memo import capturing
+
 from .config import SUPPORTED_HEAD_DIMS, HSTUBwdConfig, HSTUFwdConfig, default_bwd_config, default_fwd_config
 from .input_check import check_offsets_host, shapes_look_valid
 from .triton_bwd import hstu_attention_bwd
@@ -29,11 +31,22 @@ def kernel_targets(
     HSTU.md defines the same mask for "no targets" and "zero targets", but the kernels' context path
     without targets takes the keys before the context's end as fully visible, which is wrong for a
     sequence shorter than its context (only the diagonal is valid there); with targets the same kernels
-    clamp position ids and get it right. One (B,) zero fill per such call.
+    clamp position ids and get it right. The zeros are made once per (B, dtype, device) and only read.
     """
     if num_targets is not None or int(contextual_seq_len) <= 0:
         return num_targets
-    return torch.zeros(seq_offsets.shape[0] - 1, dtype=seq_offsets.dtype, device=seq_offsets.device)
+    key = (seq_offsets.shape[0] - 1, seq_offsets.dtype, seq_offsets.device)
+    zeros = _ZERO_TARGETS.get(key)
+    if zeros is None:
+        zeros = torch.zeros(key[0], dtype=key[1], device=key[2])
+        if not capturing():  # one made inside a graph capture belongs to that graph's pool: not kept
+            if len(_ZERO_TARGETS) >= 64:
+                _ZERO_TARGETS.clear()
+            _ZERO_TARGETS[key] = zeros
+    return zeros
+
+
+_ZERO_TARGETS: dict[tuple, torch.Tensor] = {}  # read-only zeros per (batch, dtype, device)
 
 
 def _interpreting() -> bool:
@@ -194,7 +207,7 @@ class _FirstOrderOnly(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
-        return grad.view_as(grad)
+        return grad.clone()  # not a view: the caller may update it in place
 
     @staticmethod
     def backward(ctx, *_):

@@ -247,6 +247,35 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``key=value`` strings (``--set``) as config overrides, each value read as its field's type (a string
+    field keeps "123" as text); ``ValueError`` naming the item for an unknown field or an unreadable value."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(ModelConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep:
+            raise ValueError(f"override {item!r} must look like key=value")
+        if key not in types:
+            raise ValueError(f"override {item!r}: unknown config field {key!r}; known: {sorted(types)}")
+        kind = types[key]
+        try:
+            if kind == "bool":
+                if raw.lower() not in _BOOLS:
+                    raise ValueError("expected true or false")
+                out[key] = _BOOLS[raw.lower()]
+            else:
+                out[key] = int(raw) if kind == "int" else float(raw) if kind == "float" else raw
+        except ValueError as e:
+            want = {"int": "an int", "float": "a number", "bool": "true or false"}.get(kind, kind)
+            raise ValueError(f"override {item!r}: {key} takes {want}, got {raw!r} ({e})") from None
+    return out
+
+
 def get_config(preset: str, **overrides: Any) -> ModelConfig:
     """The named preset with overrides applied; ValueError for an unknown preset or a bad field."""
     if preset not in PRESETS:

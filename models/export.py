@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import PRESETS, ModelConfig, get_config
+from .config import PRESETS, ModelConfig, get_config, parse_overrides
 from .data import JaggedBatch
 from .hstu import HSTURankingModel
 
@@ -307,7 +307,11 @@ def export_onnx(
     if weights is not None:
         if not Path(weights).is_file():
             raise ExportError(f"--weights {weights}: no such file")
-        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        try:
+            model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        except Exception as e:  # noqa: BLE001 - unpickling and key/shape mismatches all mean "not these weights"
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ExportError(f"--weights {weights}: not a state_dict of this model ({why})") from None
     module = JaggedModule(model).eval()
     notes: list[str] = []
     with torch.no_grad(), warnings.catch_warnings():
@@ -378,16 +382,10 @@ def compare_with_torch(path: str | Path, module: JaggedModule, cfg: ModelConfig,
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ExportError(f"--set {item!r}: use key=value")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    try:
+        return parse_overrides(items)
+    except ValueError as e:
+        raise ExportError(f"--set: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

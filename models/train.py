@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from . import distributed
-from .config import PRESETS, ModelConfig, get_config
+from .config import PRESETS, ModelConfig, get_config, parse_overrides
 from .data import JaggedBatch, make_loader
 from .hstu import HSTURankingModel
 from .metrics import detect_gpu_name, peak_tflops, step_flops
@@ -348,27 +348,6 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
     )
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values parsed as bool (true/false), int, float, else kept as strings."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} must look like key=value")
-        val: Any = {"true": True, "false": False}.get(raw.strip().lower(), raw)
-        if isinstance(val, bool):
-            out[key.strip()] = val
-            continue
-        for cast in (int, float):
-            try:
-                val = cast(raw)
-                break
-            except ValueError:
-                continue
-        out[key.strip()] = val
-    return out
-
-
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
@@ -385,7 +364,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="bf16 (autocast; default on GPU) or fp32 (default on CPU)")
+    p.add_argument(
+        "--dtype", default=None, choices=("bf16", "fp32"), help="bf16 (autocast; GPU default) or fp32 (CPU default)"
+    )
     p.add_argument("--artifacts", default="artifacts", help="tuned artifact directory (kernels=tuned)")
     p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
     p.add_argument(
@@ -408,10 +389,26 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_cli_args(args: argparse.Namespace) -> None:
+    """What ``run`` would refuse only after set-up, and a ``--json`` path that could not be written after
+    the whole run: ``ValueError`` naming the option."""
+    for name, low in (("steps", 1), ("warmup", 0), ("workers", 0), ("log_every", 1)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.json:
+        out = Path(args.json)
+        if out.is_dir() or (out.parent.exists() and not out.parent.is_dir()):
+            raise ValueError(f"--json {args.json}: not a writable file path")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     console = Console(stderr=True)
-    overrides = parse_overrides(args.set)
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as e:
+        parser.error(str(e))
     if args.kernels is not None:  # else the preset's, or what --set kernels=... says
         overrides["kernels"] = args.kernels
     for name in ("layer", "precision", "recompute"):
@@ -423,7 +420,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides["cuda_graph"] = True
     if args.graph_tokens is not None:
         overrides["graph_tokens"] = args.graph_tokens
-    cfg = get_config(args.preset, **overrides)
+    try:
+        cfg = get_config(args.preset, **overrides)
+        _check_cli_args(args)
+    except ValueError as e:
+        parser.error(str(e))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank0 = int(os.environ.get("RANK", "0")) == 0
     result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,

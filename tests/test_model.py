@@ -138,3 +138,21 @@ def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
     assert json.loads(out.read_text())["kernels"] == "reference"
     with pytest.raises(ValueError, match="log_every must be an int >= 1"):
         run(get_config("tiny", kernels="reference"), steps=1, warmup=0, log_every=0, progress=False)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--steps", "0"], ["--warmup", "-1"], ["--log-every", "0"], ["--dtype", "fp16"], ["--set", "foo=1"],
+     ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"]],
+)  # fmt: skip
+def test_train_cli_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--kernels", "reference", "--no-progress", *argv])
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_set_values_take_their_field_types():
+    from models.config import parse_overrides
+
+    got = parse_overrides(["lengths_file=123", "dropout=0.25", "zero_copy=false", "num_layers=3", "layer=fused"])
+    assert got == {"lengths_file": "123", "dropout": 0.25, "zero_copy": False, "num_layers": 3, "layer": "fused"}

@@ -340,3 +340,15 @@ def test_no_runnable_default_says_what_to_do(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1.*'reference' source"):
         dispatch.default_choice(FWD, 64, 64, "float32", 2)
+
+
+def test_load_takes_gpu_keys_in_any_case_and_says_what_a_wrong_folder_is(tmp_path):
+    root = write_artifacts(tmp_path)
+    assert dispatch.load(root, gpu="H100")["kernels"] == [BWD, FWD]
+    missing = dispatch.load(root / "h100", gpu="h100")["missing"]
+    assert "pass the folder above it" in missing[FWD]
+    assert "not a known GPU key" in dispatch.load(root, gpu="bogus")["missing"][FWD]
+    with pytest.raises(ValueError, match="path must be a folder path"):
+        dispatch.load(123, gpu="h100")
+    with pytest.raises(ValueError, match="gpu must be a GPU key"):
+        dispatch.load(root, gpu=100)

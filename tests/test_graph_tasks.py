@@ -227,3 +227,21 @@ def test_run_from_model_tunes_exactly_the_graph_tasks(capsys, monkeypatch):
     assert seen == [g.task for g in expected] and len(seen) == 3
     assert {t.dtype for t in seen} == {"float32"} and all(t.seq_cap == 64 for t in seen)
     assert [g.count for g in expected] == [2, 2, 2]
+
+
+def test_tasks_from_a_model_need_no_runnable_backend(monkeypatch):
+    """Tracing records dispatch's choices but runs no kernel: a CPU host without the interpreter lists the
+    tasks too, and the trace-only choice is not cached for real calls."""
+    import torch
+
+    from autotune.runtime import dispatch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU runs the default backends")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    dispatch.reset()
+    graph = gt.ops_from_model("tiny")
+    assert gt.build_tasks(graph, "h100")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        dispatch.select("hstu_attention_fwd", "float32", 32, 32, 2, 32, source="default")
+    dispatch.reset()

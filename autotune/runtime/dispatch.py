@@ -235,6 +235,11 @@ def load(
     from autotune.runtime import gpus
     from autotune.runtime.artifacts import assess_artifact
 
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path must be a folder path (str or os.PathLike) or None, got {type(path).__name__}")
+    if gpu is not None and not isinstance(gpu, str):
+        raise ValueError(f"gpu must be a GPU key such as 'h100' or None, got {type(gpu).__name__}")
+    gpu = gpu.strip().lower() if gpu is not None else None
     if path is None:
         from autotune.runtime.bundle import packaged_artifacts_root
 
@@ -253,7 +258,12 @@ def load(
         if not file.is_file():
             file = (_same_arch_file(Path(path), gpu, kind) if allow_same_arch else None) or file
         if not file.is_file():
-            state.missing[kind] = f"no artifact for GPU '{gpu}': {file} does not exist"
+            hint = ""
+            if (Path(path) / f"{kind}.json").is_file():
+                hint = f" ({path} holds {kind}.json itself: pass the folder above it, which holds one folder per GPU)"
+            elif gpu not in gpus.GPUS:
+                hint = f" ('{gpu}' is not a known GPU key: {', '.join(sorted(gpus.GPUS))})"
+            state.missing[kind] = f"no artifact for GPU '{gpu}': {file} does not exist{hint}"
             continue
         verdict = assess_artifact(file, gpu, running, allow_same_arch)
         if verdict.usable:
@@ -314,6 +324,12 @@ def _config_json(config: Any) -> str:
     return json.dumps(d, sort_keys=True)
 
 
+def _tracing() -> bool:
+    """Whether this call is being traced (torch.compile / torch.export), not run."""
+    compiler = torch.compiler
+    return compiler.is_compiling() or bool(getattr(compiler, "is_exporting", lambda: False)())
+
+
 def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_heads: int = 1) -> Choice:
     """The heuristic default for these dims and dtype: the first available backend of the kernel
     spec's defaults (float32 takes smaller attention tiles)."""
@@ -324,6 +340,9 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
     for backend, config in defaults.items():
         if backend_available(backend, kind):
             return Choice(backend, _config_json(config), "default")
+    if _tracing():  # a trace (torch.export of the model for its tasks) only records the choice: no kernel runs
+        backend, config = next(iter(defaults.items()))
+        return Choice(backend, _config_json(config), "default")
     hint = ""
     if not torch.cuda.is_available() and not _interpreting():
         hint = (
@@ -562,5 +581,6 @@ def select(
         raise ValueError(f"unknown mask {mask!r}; expected one of {MASKS} (see mask_of)")
     dims = (int(dqk), int(dv), int(num_heads), int(max_seq_len))
     choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin)
-    _CACHE[key] = choice
+    if choice.backend == "reference" or backend_available(choice.backend, kind):  # not a trace-only choice
+        _CACHE[key] = choice
     return choice

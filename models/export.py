@@ -276,6 +276,12 @@ def _annotate(proto: Any, records: list[dict[str, Any]], cfg: ModelConfig, prese
         "hstu.kernels": json.dumps({"gpu": gpu, "nodes": records}, sort_keys=True),
         "hstu.inputs": "items, prev_actions: (rows,) int64; seq_offsets: (batch+1,) int64; rows dynamic",
     }
+    if cfg.length_dist != "full":  # the sample itself: a lengths file need not travel with the ONNX file
+        from autotune.runtime.lengths import compact
+
+        from .data import length_sample
+
+        meta["hstu.lengths"] = json.dumps(list(compact(length_sample(cfg))))
     for k, v in meta.items():
         proto.metadata_props.add(key=k, value=v)
 

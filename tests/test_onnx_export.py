@@ -221,3 +221,24 @@ def test_bad_exporter_input_is_a_clear_error(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert rc == 2 and "models.export: error:" in err and message in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_file_carries_its_length_sample_wherever_it_is_read(tmp_path):
+    """A model that draws lengths from a file: the ONNX file carries the sample, so tasks read elsewhere
+    (the lengths file gone) still draw from it; a file without it whose lengths file is unreadable is an error."""
+    lengths = tmp_path / "lens.txt"
+    lengths.write_text("30 31 32 30\n2 3 4 32\n")
+    path = tmp_path / "f.onnx"
+    export.export_onnx("tiny", path, overrides={"length_dist": "file", "lengths_file": str(lengths)})
+    lengths.unlink()
+    graph = gt.ops_from_onnx(str(path))
+    assert graph.lengths and max(graph.lengths) == 32 and min(graph.lengths) >= 4
+    model = onnx.load(str(path))
+    for p in [p for p in model.metadata_props if p.key == "hstu.lengths"]:
+        model.metadata_props.remove(p)
+    onnx.save(model, str(path))
+    from models.config import file_lengths
+
+    file_lengths.cache_clear()  # this process read the file while it existed
+    with pytest.raises(gt.GraphTaskError, match="cannot be read here"):
+        gt.ops_from_onnx(str(path))

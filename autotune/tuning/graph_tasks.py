@@ -418,11 +418,37 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
         notes.append(f"no {DOMAIN}.{NAME} node in {path.name} (not written by models.export?)")
     graph = GraphOps(f"ONNX file {path.name}", fwd + bwd + gemm, notes, None)
     meta = {p.key: p.value for p in model.metadata_props}
+    return _with_lengths(graph, _onnx_length_sample(meta, path))
+
+
+def _onnx_length_sample(meta: dict[str, str], path: Path) -> list[int] | None:
+    """The model's length sample: the one the file carries (``hstu.lengths``), else drawn from its data
+    config; a config whose lengths file cannot be read here is an error, not a silent synthetic law."""
+    if "hstu.lengths" in meta:
+        try:
+            sample = json.loads(meta["hstu.lengths"])
+        except json.JSONDecodeError:
+            sample = None
+        if not isinstance(sample, list) or not all(isinstance(n, int) and n >= 0 for n in sample):
+            raise GraphTaskError(f"--from-onnx {path}: its hstu.lengths metadata is not a list of lengths")
+        return sample
     try:
         config = json.loads(meta["hstu.config"]) if "hstu.config" in meta else None
     except json.JSONDecodeError:
         config = None
-    return _with_lengths(graph, config_length_sample(config) if isinstance(config, dict) else None)
+    if not isinstance(config, dict):
+        return None
+    if config.get("length_dist") == "file":
+        from models.config import ModelConfig
+
+        try:
+            ModelConfig().replace(**config)
+        except (TypeError, ValueError) as e:
+            raise GraphTaskError(
+                f"--from-onnx {path}: the model draws its lengths from {config.get('lengths_file')!r}, which "
+                f"cannot be read here ({e}); pass --lengths FILE or re-export (the file then carries them)"
+            ) from None
+    return config_length_sample(config)
 
 
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}

@@ -87,6 +87,97 @@ def test_cli_rerenders_a_csv_without_a_gpu(tmp_path):
     assert main(["bench", "--heatmap", "--from-csv", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
 
 
+HEADER = "direction,dqk,heads,batch,length,source,ms,tflops,mfu\n"
+GOOD = "fwd,128,4,1,128,tuned,0.1,10,0.1\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("fwd,128,4,1\n", ":3: 4 fields, the header has 9"),
+        ("fwd,128.0,4,1,256,tuned,0.1,10,0.1\n", ":3: column dqk: '128.0' is not a positive integer"),
+        ("fwd,128,0,1,256,tuned,0.1,10,0.1\n", ":3: column heads: '0' is not a positive integer"),
+        ("fwd,128,4,1,256,tuned,0.1,abc,0.1\n", ":3: column tflops: 'abc' is not a finite"),
+        ("fwd,128,4,1,256,tuned,0.1,inf,0.1\n", ":3: column tflops: 'inf' is not a finite"),
+        ("fwd,128,4,1,256,tuned,0.1,10,abc\n", ":3: column mfu: 'abc' is not a finite"),
+        ("../../escaped,128,4,1,256,tuned,0.1,10,0.1\n", ":3: column direction: '../../escaped' is not one of"),
+        ("fwd,128,4,1,256,../x,0.1,10,0.1\n", ":3: column source: '../x' is not a name"),
+        ("fwd,128,4,1,256,,0.1,10,0.1\n", ":3: column source: '' is not a name"),
+        ("fwd,128,4,1,128,tuned,0.2,99,0.2\n", ":3: cell fwd, 128, 4, 1, 128, tuned again (first at line 2)"),
+    ],
+    ids=["short", "float-int", "zero", "text", "inf", "mfu", "direction", "source", "empty-source", "duplicate"],
+)
+def test_read_table_checks_every_row_naming_file_line_and_column(tmp_path, body, expected):
+    table = tmp_path / "t.csv"
+    table.write_text(HEADER + GOOD + body)
+    with pytest.raises(ValueError) as e:
+        heatmap.read_table(table)
+    assert str(e.value).startswith(str(table)) and expected in str(e.value)
+
+
+def test_read_table_refuses_an_empty_table_and_a_folder(tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header.csv").write_text(HEADER)
+    with pytest.raises(ValueError, match="is empty"):
+        heatmap.read_table(tmp_path / "empty.csv")
+    with pytest.raises(ValueError, match="no rows"):
+        heatmap.read_table(tmp_path / "header.csv")
+    with pytest.raises(ValueError, match="is not a file"):
+        heatmap.read_table(tmp_path)
+    same_cell_other_source = tmp_path / "two.csv"
+    same_cell_other_source.write_text(HEADER + GOOD + GOOD.replace("tuned", "default"))
+    assert [r["source"] for r in heatmap.read_table(same_cell_other_source)] == ["tuned", "default"]
+
+
+def test_reference_uses_the_rows_of_one_source(tmp_path, capsys):
+    """A reference with tuned and default rows gives ratios against its tuned rows, whatever their order;
+    several sources and none tuned is an error naming them; ratio_rows refuses a cell given twice."""
+    from autotune.tuning.cli import main
+
+    rows = _rows()
+    heatmap.write_csv(rows, tmp_path / "in.csv")
+    ref = tmp_path / "ref.csv"
+    tuned = [{**r, "tflops": 2 * r["tflops"]} for r in rows if r["source"] == "tuned"]
+    heatmap.write_csv(tuned + [r for r in rows if r["source"] == "default"], ref)  # default rows last
+    out = tmp_path / "out"
+    assert main(["bench", "--heatmap", "--from-csv", str(tmp_path / "in.csv"), "--reference", str(ref),
+                 "--out", str(out)]) == 0  # fmt: skip
+    with (out / "ratio.csv").open() as f:
+        ratios = list(csv.DictReader(f))
+    assert {r["source"]: float(r["tflops"]) for r in ratios if r["batch"] == "1" and r["length"] == "128"} == {
+        "tuned/reference": pytest.approx(0.5),
+        "default/reference": pytest.approx(0.25),
+    }
+    heatmap.write_csv([{**r, "source": "a" if r["source"] == "tuned" else "b"} for r in rows], ref)
+    assert main(["bench", "--heatmap", "--from-csv", str(tmp_path / "in.csv"), "--reference", str(ref),
+                 "--out", str(out)]) == 2  # fmt: skip
+    assert "holds sources a, b" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="twice"):
+        heatmap.ratio_rows(rows, rows, "tuned")
+
+
+def test_cli_reports_bad_inputs_and_outputs_as_usage_errors(tmp_path, capsys):
+    from autotune.tuning.cli import main
+
+    table = tmp_path / "in.csv"
+    heatmap.write_csv(_rows(), table)
+    (tmp_path / "taken").write_text("")
+    assert main(["bench", "--heatmap", "--from-csv", str(table), "--out", str(tmp_path / "taken")]) == 2
+    assert "--out" in capsys.readouterr().err
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    assert main(["bench", "--heatmap", "--from-csv", str(table), "--out", str(blocked / "sub")]) == 2
+    assert "blocked" in capsys.readouterr().err
+    assert main(["bench", "--heatmap", "--from-csv", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    escaping = tmp_path / "esc.csv"
+    escaping.write_text("direction,dqk,heads,batch,length,tflops\n../../escaped,128,4,1,128,10\n")
+    out = tmp_path / "a" / "b" / "out"
+    assert main(["bench", "--heatmap", "--from-csv", str(escaping), "--out", str(out)]) == 2
+    assert "column direction" in capsys.readouterr().err
+    assert not list(tmp_path.glob("**/*.png"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_gpu_measure_grid_times_every_direction(cuda_graph):

@@ -193,3 +193,30 @@ def test_export_refuses_unusable_artifacts_and_a_used_destination(tmp_path, caps
     assert "not an empty directory" in capsys.readouterr().err
     assert main(["export", "--gpu", "h100", "--out", str(tmp_path / "c"), "--artifacts", str(tmp_path / "none")]) == 1
     assert "no artifacts to export" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda m: m.update(files="x"), "'files' is a str, not a list"),
+        (lambda m: m.update(files=[1]), "files[0] is a int, not an object"),
+        (lambda m: m["files"][0].pop("path"), "files[0] has no 'path'"),
+        (lambda m: m["files"][0].pop("sha256"), "has no 'sha256'"),
+        (lambda m: m["files"][0].update(path="../../outside.json"), "points outside the bundle"),
+        (lambda m: m["files"][0].update(path="/etc/passwd"), "points outside the bundle"),
+        (lambda m: m["files"][0].update(path="h100"), "not a file"),
+    ],
+    ids=["files-str", "item-int", "no-path", "no-sha256", "dotdot", "absolute", "folder"],
+)
+def test_verify_bundle_reports_a_malformed_manifest(tmp_path, mutate, expected):
+    """A malformed file list is a problem named in the answer, never an exception, and a listed path that
+    leaves the bundle folder is refused without being read."""
+    root = _fresh_artifacts(tmp_path / "arts")
+    out = tmp_path / "bundle"
+    bundle.export_bundle("h100", out, root)
+    (tmp_path / "outside.json").write_text("{}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    mutate(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = bundle.verify_bundle(out)
+    assert any(expected in p for p in problems), problems

@@ -128,7 +128,8 @@ def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, ker
 
 
 def verify_bundle(path: str | Path) -> list[str]:
-    """Problems of a bundle (missing/bad manifest, a missing, changed or unlisted file); [] when sound."""
+    """Problems of a bundle (missing/bad manifest, a malformed or escaping file entry, a missing, changed or
+    unlisted file); [] when sound. Listed paths must stay inside the bundle folder."""
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -136,15 +137,45 @@ def verify_bundle(path: str | Path) -> list[str]:
         return [f"{path / MANIFEST}: cannot read the manifest ({e})"]
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return [f"{path / MANIFEST}: not an {FORMAT} manifest"]
+    files = manifest.get("files", [])
+    if not isinstance(files, list):
+        return [f"{path / MANIFEST}: 'files' is a {type(files).__name__}, not a list"]
     problems = []
     listed = set()
-    for item in manifest.get("files", []):
-        f = path / item["path"]
-        listed.add(f.resolve())
-        if not f.is_file():
-            problems.append(f"{item['path']}: listed in the manifest but missing")
-        elif _sha256(f) != item["sha256"]:
-            problems.append(f"{item['path']}: sha256 differs from the manifest (edited after export)")
+    base = path.resolve()
+    for i, item in enumerate(files):
+        where = f"{path / MANIFEST}: files[{i}]"
+        if not isinstance(item, dict):
+            problems.append(f"{where} is a {type(item).__name__}, not an object")
+            continue
+        rel, digest = item.get("path"), item.get("sha256")
+        if not isinstance(rel, str) or not rel:
+            problems.append(f"{where} has no 'path' (a relative file name)")
+            continue
+        try:
+            f = (path / rel).resolve()
+        except (OSError, ValueError) as e:
+            problems.append(f"{where}: path {rel!r} cannot be resolved ({e})")
+            continue
+        if Path(rel).is_absolute() or not f.is_relative_to(base):
+            problems.append(f"{where}: path {rel!r} points outside the bundle")
+            continue
+        listed.add(f)
+        if not isinstance(digest, str) or not digest:
+            problems.append(f"{where} ({rel}) has no 'sha256'")
+            continue
+        if not f.exists():
+            problems.append(f"{rel}: listed in the manifest but missing")
+        elif not f.is_file():
+            problems.append(f"{rel}: listed in the manifest but not a file")
+        else:
+            try:
+                same = _sha256(f) == digest
+            except OSError as e:
+                problems.append(f"{rel}: cannot read ({e})")
+                continue
+            if not same:
+                problems.append(f"{rel}: sha256 differs from the manifest (edited after export)")
     for f in sorted(path.glob("*/*.json")):
         if f.resolve() not in listed:
             problems.append(f"{f.relative_to(path)}: not listed in the manifest")

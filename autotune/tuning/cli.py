@@ -521,8 +521,12 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     then write CSV and PNG heatmaps, with ratio maps against ``--reference`` when given."""
     from autotune.tuning import heatmap
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise CLIError(f"--out {args.out}: exists and is not a folder")
     try:
-        reference = heatmap.read_table(args.reference) if args.reference else None
+        reference = None
+        if args.reference:
+            reference = heatmap.reference_rows(heatmap.read_table(args.reference), args.reference)
         if args.from_csv:
             rows = heatmap.read_table(args.from_csv)
         else:
@@ -547,7 +551,7 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
                 cuda_graph=args.cuda_graph,
             )
         files = heatmap.write_report(rows, args.out, reference)
-    except ValueError as e:
+    except (OSError, ValueError) as e:
         raise CLIError(str(e)) from None
     _console().print(
         f"heatmap: {len(rows)} cells -> {', '.join(str(f) for f in files['csv'])}, {len(files['png'])} PNGs"
@@ -693,8 +697,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K")
     bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8")
     bench.add_argument("--directions", default="fwd,bwd,both")
-    bench.add_argument("--reference", help="CSV with direction,dqk,heads,batch,length,tflops: ratio maps against it")
-    bench.add_argument("--from-csv", help="re-render a heatmap CSV written earlier (no GPU needed)")
+    bench.add_argument(
+        "--reference",
+        help="CSV with direction,dqk,heads,batch,length,tflops (and optionally source): ratio maps against it; "
+        "of a table with several sources the 'tuned' rows are used (several sources, none tuned: an error)",
+    )
+    bench.add_argument(
+        "--from-csv", help="re-render a heatmap CSV written earlier (no GPU needed; one row per cell and source)"
+    )
     bench.add_argument("--out", default="runs/heatmap", help="output folder (default runs/heatmap)")
     status = sub.add_parser("status", help="progress of a tuning farm: tasks, workers, best so far")
     status.add_argument("--storage", required=True, help="the farm's storage URL (postgresql://...)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,22 +27,91 @@ def _key(row: dict[str, Any]) -> tuple:
     return tuple(str(row[k]) for k in KEY)
 
 
+_INTS = ("dqk", "heads", "batch", "length")
+_EXTRA = "\0extra"  # DictReader's key for the fields of a row longer than its header
+_SOURCE_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # goes into PNG file names: no separators, no dot-dot
+
+
+def _number(text: str | None, where: str, column: str, optional: bool) -> float:
+    """A finite non-negative number of a table cell; '' (or 'nan') is a missing value where ``optional``."""
+    t = (text or "").strip()
+    try:
+        v = float(t) if t else math.nan
+    except ValueError:
+        v = None
+    if v is not None and math.isnan(v) and optional:
+        return math.nan
+    if v is None or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{where}: column {column}: {text!r} is not a finite non-negative number")
+    return v
+
+
 def read_table(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a heatmap CSV (ours, or a reference with at least the KEY columns and ``tflops``)."""
+    """Rows of a heatmap CSV (ours, or a reference with at least the KEY columns and ``tflops``).
+
+    Every row is checked (``ValueError`` naming the file, line, column and value): ``direction`` one of
+    ``DIRECTIONS``, positive integer ``dqk``/``heads``/``batch``/``length``, finite non-negative ``tflops``
+    (``ms``, ``mfu`` where given; empty is a missing value), a ``source`` usable in a file name (``reference``
+    when the column is absent), and no cell twice for one source. An empty table is refused.
+    """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"heatmap table {path} does not exist")
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    missing = [c for c in (*KEY, "tflops") if rows and c not in rows[0]]
-    if not rows or missing:
-        raise ValueError(f"heatmap table {path}: needs columns {', '.join((*KEY, 'tflops'))}; missing {missing}")
-    for r in rows:
-        for k in ("dqk", "heads", "batch", "length"):
-            r[k] = int(r[k])
-        r["tflops"] = float(r["tflops"]) if r["tflops"] not in ("", None) else math.nan
-        r.setdefault("source", "reference")
+    if not path.is_file():
+        raise ValueError(f"heatmap table {path} is not a file")
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f, restkey=_EXTRA)
+        header = reader.fieldnames
+        if not header:
+            raise ValueError(f"heatmap table {path} is empty (no header line)")
+        need = (*KEY, "tflops")
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise ValueError(f"heatmap table {path}: needs columns {', '.join(need)}; missing {', '.join(missing)}")
+        rows, seen = [], {}
+        for r in reader:
+            where = f"{path}:{reader.line_num}"
+            if _EXTRA in r:
+                raise ValueError(f"{where}: {len(header) + len(r[_EXTRA])} fields, the header has {len(header)}")
+            if any(v is None for v in r.values()):
+                n = sum(v is not None for v in r.values())
+                raise ValueError(f"{where}: {n} fields, the header has {len(header)}")
+            r["direction"] = r["direction"].strip()
+            if r["direction"] not in DIRECTIONS:
+                raise ValueError(f"{where}: column direction: {r['direction']!r} is not one of {', '.join(DIRECTIONS)}")
+            for k in _INTS:
+                t = r[k].strip()
+                if not (t.isascii() and t.isdigit()) or int(t) <= 0:
+                    raise ValueError(f"{where}: column {k}: {r[k]!r} is not a positive integer")
+                r[k] = int(t)
+            r["tflops"] = _number(r["tflops"], where, "tflops", optional=True)
+            for k in ("ms", "mfu"):
+                if r.get(k, "").strip():
+                    v = _number(r[k], where, k, optional=True)
+                    r[k] = "" if math.isnan(v) else v
+            source = r.setdefault("source", "reference").strip()
+            if not _SOURCE_OK.fullmatch(source):
+                raise ValueError(f"{where}: column source: {r['source']!r} is not a name (letters, digits, _.+-)")
+            r["source"] = source
+            cell = (*_key(r), source)
+            if cell in seen:
+                raise ValueError(f"{where}: cell {', '.join(cell)} again (first at line {seen[cell]})")
+            seen[cell] = reader.line_num
+            rows.append(r)
+    if not rows:
+        raise ValueError(f"heatmap table {path} has a header but no rows")
     return rows
+
+
+def reference_rows(rows: Sequence[dict[str, Any]], name: str | Path = "reference") -> list[dict[str, Any]]:
+    """The rows of one source of a reference table: ``tuned`` where present, else its only source;
+    ``ValueError`` naming the sources when there are several and none is ``tuned``."""
+    sources = sorted({r.get("source", "reference") for r in rows})
+    if len(sources) <= 1:
+        return list(rows)
+    if "tuned" not in sources:
+        raise ValueError(f"reference table {name} holds sources {', '.join(sources)}: keep one (or a 'tuned' one)")
+    return [r for r in rows if r.get("source") == "tuned"]
 
 
 def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
@@ -57,7 +127,11 @@ def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
 
 def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], source: str) -> list[dict]:
     """``source`` TFLOP/s over the reference's, cell by cell (cells missing on either side are left out)."""
-    ref = {_key(r): float(r["tflops"]) for r in reference}
+    ref: dict[tuple, float] = {}
+    for r in reference:
+        if _key(r) in ref:
+            raise ValueError(f"reference has cell {', '.join(_key(r))} twice (pass the rows of one source)")
+        ref[_key(r)] = float(r["tflops"])
     out = []
     for r in rows:
         if r.get("source") != source or _key(r) not in ref:

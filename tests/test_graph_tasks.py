@@ -245,3 +245,16 @@ def test_tasks_from_a_model_need_no_runnable_backend(monkeypatch):
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         dispatch.select("hstu_attention_fwd", "float32", 32, 32, 2, 32, source="default")
     dispatch.reset()
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [("raise RuntimeError('boom')", "the factory raised RuntimeError: boom"), ("return None", "must return"),
+     ("return (1, 2)", "must return")],
+)  # fmt: skip
+def test_a_factory_that_fails_or_returns_the_wrong_thing_is_named(tmp_path, monkeypatch, body, match):
+    name = f"bad_factory_{abs(hash(body))}"  # one module per case: imports are cached by name
+    (tmp_path / f"{name}.py").write_text(f"def factory():\n    {body}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gt.GraphTaskError, match=match):
+        gt.ops_from_model(f"{name}:factory")

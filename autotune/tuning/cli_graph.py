@@ -165,7 +165,11 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     if note:
         _console().print(f"note: {note}")
     if args.json:
-        Path(args.json).write_text(json.dumps(tasks_to_json(graph, tasks), indent=2) + "\n")
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(tasks_to_json(graph, tasks), indent=2) + "\n")
+        except OSError as e:
+            raise CLIError(f"--json {args.json}: cannot write it ({e.strerror or e})") from None
     return 0
 
 

@@ -289,11 +289,21 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
         factory: Callable[[], Any] = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:
         raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({e})") from None
-    made = factory()
+    try:
+        made = factory()
+    except Exception as e:  # noqa: BLE001 - the user's factory: its failure is the input's fault
+        raise GraphTaskError(f"--from-model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
     if hasattr(made, "module"):
         sample = getattr(made, "lengths", None)
         sample = [int(n) for n in sample] if sample is not None else None
         return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}", sample
+    from torch import nn
+
+    if not isinstance(made, (tuple, list)) or len(made) < 2 or not isinstance(made[0], nn.Module):
+        raise GraphTaskError(
+            f"--from-model {spec!r}: the factory must return (module, args[, dynamic_shapes]) or an object with "
+            f".module and .args, got {type(made).__name__}"
+        )
     module, args, *rest = made
     return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}", None
 

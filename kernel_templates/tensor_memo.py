@@ -67,17 +67,16 @@ class TensorMemo:
 
     def get(self, t: torch.Tensor, key: tuple = ()) -> object:
         """The value stored for ``t`` with ``key`` in the current scope, or ``MISS``."""
-        if t.is_inference():  # inference tensors have no version counter: nothing proves they were not written
-            return MISS
         entries = self._scope()
         hit = None if entries is None else entries.get((id(t), key))
+        # A hit is the same object ``put`` stored, and ``put`` never stores an inference tensor.
         if hit is not None and hit[0]() is t and hit[1] == t._version:
             return hit[2]
         return MISS
 
     def put(self, t: torch.Tensor, value: object, key: tuple = ()) -> None:
         entries = self._scope()
-        if entries is None or t.is_inference():
+        if entries is None or t.is_inference():  # no version counter: nothing would prove it unwritten
             return
         if len(entries) > self._capacity:
             entries.clear()

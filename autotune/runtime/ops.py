@@ -338,14 +338,14 @@ def hstu_attention(
     ``benchmarks/bench_validation.py`` measures the per-call host cost of each mode.
     """
     mode = validate_mode(validate)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        name, t = next((n, t) for n, t in (("q", q), ("k", k), ("v", v)) if not isinstance(t, torch.Tensor))
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     if distribution is not None and distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
-    if alpha is not None and (isinstance(alpha, (bool, str)) or not isinstance(alpha, (int, float, torch.Tensor))):
+    if alpha is not None and type(alpha) is not float and not _number(alpha):
         raise ValueError(f"alpha must be a number or None (1/sqrt(Dqk)), got {alpha!r}")
     if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
         return _padded_call(
@@ -380,6 +380,10 @@ def hstu_attention(
             return _fwd_impl(*args[:10], fwd_backend, fwd_config, mode)  # nothing to differentiate
         return _AttentionFunction.apply(*args)
     return attention_fwd(*args)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float, torch.Tensor)) and not isinstance(x, bool)
 
 
 def _needs_padding(dqk: int, dv: int) -> bool:

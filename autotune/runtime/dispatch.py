@@ -444,13 +444,15 @@ def _serving_dtype(entries: list[Any], dtype: str, dqk: int, dv: int) -> str:
     the other one: the call keeps its own dtype and falls back to the default.
     """
 
-    def dims(e: Any, dt: str) -> bool:
-        return _get(e, "dtype") == dt and int(_get(e, "dqk")) == dqk and int(_get(e, "dv")) == dv
-
     sibling = SIBLING_DTYPES.get(dtype)
-    if sibling is None or any(dims(e, dtype) for e in entries):
+    if sibling is None or any(_has_dims(e, dtype, dqk, dv) for e in entries):
         return dtype
-    return sibling if any(dims(e, sibling) and verified_for(e, dtype) for e in entries) else dtype
+    return sibling if any(_has_dims(e, sibling, dqk, dv) and verified_for(e, dtype) for e in entries) else dtype
+
+
+def _has_dims(e: Any, dtype: str, dqk: int, dv: int) -> bool:
+    """Whether entry ``e`` is of this dtype and these head dims."""
+    return _get(e, "dtype") == dtype and int(_get(e, "dqk")) == dqk and int(_get(e, "dv")) == dv
 
 
 def _same_task_but_distribution(e: Any, dtype: str, dqk: int, dv: int, bucket: int, heads: int, mask: str) -> bool:
@@ -534,7 +536,7 @@ def _resolve(
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned")
         return choice or default_choice(kind, dqk, dv, dtype, num_heads)
-    same_dims = [e for e in pool if (_get(e, "dtype"), int(_get(e, "dqk")), int(_get(e, "dv"))) == (serve, dqk, dv)]
+    same_dims = [e for e in pool if _has_dims(e, serve, dqk, dv)]
     if not same_dims:
         _warn_once(
             f"{kind}: no tuned entry for dtype={dtype}, head dims dqk={dqk} dv={dv} (unseen head dim) in the "

@@ -31,6 +31,7 @@ import torch
 
 from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.input_check import validate_mode
+from kernel_templates.hstu_attention.op import check_offsets_format
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -217,17 +218,7 @@ def _check_call(x: torch.Tensor, seq_offsets: torch.Tensor, plan: LayerPlan, mod
     as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
-    if (
-        not isinstance(seq_offsets, torch.Tensor)
-        or seq_offsets.dim() != 1
-        or seq_offsets.numel() < 1
-        or seq_offsets.dtype not in (torch.int32, torch.int64)
-    ):
-        t = seq_offsets
-        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
-        raise ValueError(f"seq_offsets must be a 1-D int32 or int64 tensor of B+1 offsets, got {got}")
-    if seq_offsets.device != x.device:
-        raise ValueError(f"seq_offsets is on {seq_offsets.device}, x on {x.device}")
+    check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend
     ops.check_call_offsets(backend, mode, seq_offsets, None, x.shape[0], plan.max_seq_len)
 

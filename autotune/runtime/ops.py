@@ -248,15 +248,21 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.args = (max_seq_len, alpha, ctx_len, win, scaling, bb, bc)
 
 
-def _backward(ctx, do):
+def _saved_backward(ctx, do: torch.Tensor, bwd) -> tuple:
+    """The gradients of an attention node from what its forward saved, through ``bwd`` (the custom op, or the
+    implementation for the eager autograd function); None for its 12 non-tensor inputs."""
     q, k, v, seq_offsets, num_targets = ctx.saved_tensors
     max_seq_len, alpha, ctx_len, win, scaling, bb, bc = ctx.args
-    dq, dk, dv = attention_bwd(
+    dq, dk, dv = bwd(
         do.contiguous(), q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, bb, bc, "none"
     )
     if bb != "reference":  # the written-out reference backward is itself differentiable
         dq, dk, dv = first_order_only((dq, dk, dv), (do, q, k, v))
     return dq, dk, dv, *([None] * 12)
+
+
+def _backward(ctx, do):
+    return _saved_backward(ctx, do, attention_bwd)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -439,27 +445,7 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, seq_offsets, num_targets = ctx.saved_tensors
-        max_seq_len, alpha, ctx_len, win, scaling, bb, bc = ctx.args
-        dq, dk, dv = _bwd_impl(
-            do.contiguous(),
-            q,
-            k,
-            v,
-            seq_offsets,
-            num_targets,
-            max_seq_len,
-            alpha,
-            ctx_len,
-            win,
-            scaling,
-            bb,
-            bc,
-            "none",
-        )
-        if bb != "reference":  # the written-out reference backward is itself differentiable
-            dq, dk, dv = first_order_only((dq, dk, dv), (do, q, k, v))
-        return dq, dk, dv, *([None] * 12)
+        return _saved_backward(ctx, do, _bwd_impl)
 
 
 def backward_call(out: torch.Tensor, do: torch.Tensor):

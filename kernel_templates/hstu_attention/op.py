@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import torch
 
@@ -53,6 +54,20 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def check_offsets_format(seq_offsets: Any, device: torch.device | None) -> None:
+    """``seq_offsets`` is a 1-D int32/int64 tensor of B+1 offsets (on ``device`` when given), or a
+    ``ValueError`` naming it: the one home of this rule for the attention call and the fused layer."""
+    if not isinstance(seq_offsets, torch.Tensor) or seq_offsets.dim() != 1 or seq_offsets.numel() < 1:
+        got = (
+            f"shape {tuple(seq_offsets.shape)}" if isinstance(seq_offsets, torch.Tensor) else type(seq_offsets).__name__
+        )
+        raise ValueError(f"seq_offsets must be a 1-D tensor of B+1 offsets, got {got}")
+    if seq_offsets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"seq_offsets must be int32 or int64, got {seq_offsets.dtype}")
+    if device is not None and seq_offsets.device != device:
+        raise ValueError(f"seq_offsets is on {seq_offsets.device}, the inputs on {device}")
+
+
 def validate_hstu_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -97,11 +112,7 @@ def validate_hstu_inputs(
             raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
         if d < 1:
             raise ValueError(f"{name} must be at least 1, got {d}")
-    if not isinstance(seq_offsets, torch.Tensor) or seq_offsets.dim() != 1 or seq_offsets.numel() < 1:
-        got = (
-            f"shape {tuple(seq_offsets.shape)}" if isinstance(seq_offsets, torch.Tensor) else type(seq_offsets).__name__
-        )
-        raise ValueError(f"seq_offsets must be a 1-D tensor of B+1 offsets, got {got}")
+    check_offsets_format(seq_offsets, None)
     if num_targets is not None and not isinstance(num_targets, torch.Tensor):
         raise ValueError(f"num_targets must be a 1-D int tensor or None, got {type(num_targets).__name__}")
     devices = {str(t.device) for t in (q, k, v, seq_offsets)} | (
@@ -109,8 +120,6 @@ def validate_hstu_inputs(
     )
     if len(devices) != 1:
         raise ValueError(f"q, k, v, seq_offsets and num_targets must be on one device, got {sorted(devices)}")
-    if seq_offsets.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"seq_offsets must be int32 or int64, got {seq_offsets.dtype}")
     if not _is_int(max_seq_len) or not 0 <= max_seq_len < MAX_SEQ_LEN_LIMIT:
         raise ValueError(f"max_seq_len must be an int in [0, 2**31), got {max_seq_len!r}")
     batch = seq_offsets.numel() - 1

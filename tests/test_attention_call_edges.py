@@ -11,6 +11,8 @@ import torch
 from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention import hstu_attention, hstu_attention_reference
 from kernel_templates.hstu_attention.testing import offsets_from_lengths
+from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
+from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +28,30 @@ def _qkv(device: str, rows: int, heads: int = 2, d: int = 32, seed: int = 0, gra
     return [torch.randn(rows, heads, d, generator=gen).to(device, dt).requires_grad_(grad) for _ in range(3)]
 
 
-@pytest.mark.parametrize("call", ["public", "template"])
+class _TritonLaunchers(torch.autograd.Function):
+    """The Triton forward and backward launchers with their default configs and ``num_targets=None``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, off, alpha, context):
+        from kernel_templates.hstu_attention.config import default_fwd_config
+
+        ctx.save_for_backward(q, k, v, off)
+        ctx.args = (alpha, context)
+        cfg = default_fwd_config(q.shape[2], v.shape[2], q.device.type == "cpu", q.dtype)
+        return hstu_attention_fwd(q, k, v, off, 90, alpha, None, context, 0, None, cfg)
+
+    @staticmethod
+    def backward(ctx, do):
+        from kernel_templates.hstu_attention.config import default_bwd_config
+
+        q, k, v, off = ctx.saved_tensors
+        alpha, context = ctx.args
+        cfg = default_bwd_config(q.shape[2], v.shape[2], q.device.type == "cpu", q.dtype)
+        dq, dk, dv = hstu_attention_bwd(do.contiguous(), q, k, v, off, 90, alpha, None, context, 0, None, cfg)
+        return dq.to(q.dtype), dk, dv, None, None, None
+
+
+@pytest.mark.parametrize("call", ["public", "template", "triton-launchers"])
 def test_context_longer_than_the_sequence_without_targets(device, call):
     """HSTU.md: a sequence no longer than its context has only the diagonal valid; the kernels must agree
     with the reference there as well as on the long sequence beside it (forward and every gradient)."""
@@ -36,8 +61,10 @@ def test_context_longer_than_the_sequence_without_targets(device, call):
     alpha = 1.0 / math.sqrt(32)
     if call == "public":
         out = ops.hstu_attention(q, k, v, off, 90, alpha, None, ctx, source="default")
-    else:
+    elif call == "template":
         out = hstu_attention(q, k, v, off, 90, alpha, None, ctx)
+    else:  # the Triton kernels themselves, without targets (no call-level zero targets in front of them)
+        out = _TritonLaunchers.apply(q, k, v, off, alpha, ctx)
     q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
     ref = hstu_attention_reference(q32, k32, v32, off, 90, alpha, None, ctx)
     tol = 3e-2 if device == "cuda" else 1e-4

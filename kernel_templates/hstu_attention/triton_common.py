@@ -123,7 +123,7 @@ def key_range_for_rows(
         full_end = lo
     else:
         full_end = (tl.minimum(start_m, hist_end) // BLOCK_N) * BLOCK_N
-        if HAS_TARGETS:
+        if HAS_TARGETS or HAS_CONTEXT:  # m_id < 1 (a context longer than the history): no full tile
             full_end = tl.where(m_id >= 1, full_end, 0)
         full_end = tl.where(start_m < n, full_end, 0)
     return lo, full_end, hi
@@ -232,7 +232,7 @@ def row_range_for_keys(
     else:
         full_start = tl.cdiv(end_n, BLOCK_M) * BLOCK_M
         full_start = tl.where(end_n <= hist_end, full_start, tl.cdiv(hi, BLOCK_M) * BLOCK_M)
-        if HAS_TARGETS:
+        if HAS_TARGETS or HAS_CONTEXT:
             full_start = tl.where(m_id >= 1, full_start, tl.cdiv(hi, BLOCK_M) * BLOCK_M)
     hi = tl.where(start_n < n, hi, 0)
     full_start = tl.where(start_n < n, tl.maximum(full_start, lo), 0)

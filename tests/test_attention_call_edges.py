@@ -147,3 +147,32 @@ def test_gradients_built_with_create_graph_can_be_updated_in_place():
     (dq,) = torch.autograd.grad(out, q, torch.ones_like(out), create_graph=True)
     dq.mul_(2)  # a plain tensor, not a view of the first-order guard's output
     assert dq.grad_fn is not None
+
+
+@pytest.mark.parametrize("call", ["public", "template"])
+def test_bf16_on_the_cpu_interpreter_is_right(call):
+    """The Triton interpreter's bf16 dot is wrong, so a bf16 call on CPU tensors computes in fp32 and rounds to
+    bf16: forward and every gradient within the bf16 tolerance of the fp32 reference (the reference run in bf16
+    gives PyTorch's own error), on lengths with an empty, a length-1 and a non-tile-multiple sequence."""
+    from kernel_templates.tolerance import error_bound
+
+    lengths = [37, 0, 1, 50]
+    off = offsets_from_lengths(lengths, "cpu")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=gen, dtype=torch.bfloat16).requires_grad_() for _ in "qkv")
+    alpha = 1.0 / math.sqrt(32)
+    fn = ops.hstu_attention if call == "public" else hstu_attention
+    out = fn(q, k, v, off, 50, alpha, None, 5)
+    assert out.dtype == torch.bfloat16
+    q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = hstu_attention_reference(q32, k32, v32, off, 50, alpha, None, 5)
+    qb, kb, vb = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    ref_bf16 = hstu_attention_reference(qb, kb, vb, off, 50, alpha, None, 5)
+    go = torch.randn(ref.shape, generator=gen)
+    got = (out, *torch.autograd.grad(out, (q, k, v), go.bfloat16()))
+    refs = (ref, *torch.autograd.grad(ref, (q32, k32, v32), go))
+    torch_bf16 = (ref_bf16, *torch.autograd.grad(ref_bf16, (qb, kb, vb), go.bfloat16()))
+    for name, g, r, t in zip(("out", "dq", "dk", "dv"), got, refs, torch_bf16, strict=True):
+        err = (g.float() - r).abs().max().item()
+        bound = error_bound((t.float() - r).abs().max().item(), torch.bfloat16, r)
+        assert err <= bound, f"{name}: error {err} > {bound}"

@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .config import HSTUBwdConfig
 from .reference import score_scale
 from .triton_common import (
+    interpreter_bf16,
     key_block_setup,
     query_block_setup,
     row_head_strides,
@@ -395,6 +396,12 @@ def hstu_attention_bwd(
 
     ``out=(dq, dk, dv)`` lets callers (the tuner's poisoned-buffer check) pass the output buffers.
     """
+    if interpreter_bf16(q):
+        args = (seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
+        res = hstu_attention_bwd(do.float(), q.float(), k.float(), v.float(), *args, config)
+        if out is None:
+            return tuple(r.to(t.dtype) for r, t in zip(res, (q, k, v), strict=True))
+        return tuple(o.copy_(r) for o, r in zip(out, res, strict=True))
     L, H, dqk = q.shape
     dv_dim = v.shape[2]
     do = do.contiguous() if do.stride(-1) != 1 else do

@@ -13,6 +13,12 @@ import triton
 import triton.language as tl
 
 
+def interpreter_bf16(q: torch.Tensor) -> bool:
+    """Whether a launch would run bf16 through the Triton interpreter (CPU tensors), whose bf16 ``tl.dot`` is
+    wrong (errors of 1e8 on unit inputs): the launchers then compute in fp32 and round the results to bf16."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
+
+
 def row_head_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
     """(row stride, head stride) of each (L, H, D) tensor, flattened: the kernels' stride arguments."""
     return tuple(s for t in tensors for s in (t.stride(0), t.stride(1)))

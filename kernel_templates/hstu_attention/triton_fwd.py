@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .config import HSTUFwdConfig
 from .reference import score_scale
-from .triton_common import query_block_setup, row_head_strides, valid_mask
+from .triton_common import interpreter_bf16, query_block_setup, row_head_strides, valid_mask
 
 
 @triton.jit
@@ -189,6 +189,10 @@ def hstu_attention_fwd(
 
     ``out`` lets callers (the tuner's poisoned-buffer check) pass the output buffer.
     """
+    if interpreter_bf16(q):
+        args = (seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
+        res = hstu_attention_fwd(q.float(), k.float(), v.float(), *args, config)
+        return res.to(q.dtype) if out is None else out.copy_(res)
     L, H, dqk = q.shape
     dv = v.shape[2]
     if out is None:

@@ -3,7 +3,9 @@
 The Triton kernels read 1-D parameters and row statistics as contiguous arrays and trust the shapes of
 the tensors they are given. These checks run in front of them (``<op>/launch.py``, the launchers the
 specs name), so a strided weight is made contiguous instead of read wrongly, and a short ``dout``,
-``mean`` or ``out`` buffer is a ``ValueError`` naming it instead of an out-of-bounds read.
+``mean`` or ``out`` buffer, an integer tensor, a tensor on another device, an ``out`` buffer whose
+columns are strided or whose rows overlap, or a seed that is not one integer is a ``ValueError`` naming
+it instead of an out-of-bounds access or a silently wrong result.
 """
 
 from __future__ import annotations
@@ -14,10 +16,42 @@ import torch
 
 
 def width(x: torch.Tensor) -> int:
-    """D of a 2-D (rows, D) input, named ``x`` in the error otherwise."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be 2-D (rows, D), got shape {tuple(getattr(x, 'shape', ()))}")
+    """D of a 2-D (rows, D) floating-point input with D >= 1 (a 0-wide row has no mean), named ``x`` otherwise."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] < 1:
+        raise ValueError(f"x must be 2-D (rows, D) with D >= 1, got shape {tuple(getattr(x, 'shape', ()))}")
+    floating(x.device, x=x)
     return x.shape[1]
+
+
+def floating(device: torch.device, **named: torch.Tensor | None) -> None:
+    """Each named tensor (None skipped) floating-point on ``device``: the kernels would truncate an integer
+    tensor's values into an integer output, and read another device's pointer."""
+    for name, t in named.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, x on {device}")
+
+
+def out_rows(name: str, t: torch.Tensor, shape: tuple[int, int], device: torch.device) -> None:
+    """An output buffer the kernels write row by row: ``shape``, floating-point on ``device``, contiguous
+    columns and rows that do not overlap (the kernels index it as ``row * stride(0) + col``)."""
+    same_shape(name, t, shape)
+    floating(device, **{name: t})
+    rows, d = shape
+    if (d > 1 and t.stride(1) != 1) or (rows > 1 and t.stride(0) < d):
+        raise ValueError(f"{name} must have contiguous, non-overlapping rows, got strides {t.stride()}")
+
+
+def seed_tensor(seed: torch.Tensor, device: torch.device) -> None:
+    """The dropout seed: one integer on x's device (the kernels load element 0 as the Philox key)."""
+    if not isinstance(seed, torch.Tensor) or seed.numel() != 1 or seed.dtype.is_floating_point or seed.is_complex():
+        got = f"{seed.dtype} of {seed.numel()} elements" if isinstance(seed, torch.Tensor) else type(seed).__name__
+        raise ValueError(f"seed must be a one-element integer tensor, got {got}")
+    if seed.dtype == torch.bool or seed.device != device:
+        raise ValueError(f"seed must be an integer tensor on {device}, got {seed.dtype} on {seed.device}")
 
 
 def finite_eps(eps: object) -> float:
@@ -27,24 +61,27 @@ def finite_eps(eps: object) -> float:
     return float(eps)
 
 
-def vectors(d: int, **named: torch.Tensor) -> list[torch.Tensor]:
-    """Each named 1-D tensor of shape (d,), contiguous (copied when strided: the kernels index it densely)."""
+def vectors(d: int, device: torch.device, **named: torch.Tensor) -> list[torch.Tensor]:
+    """Each named 1-D floating-point tensor of shape (d,) on ``device``, contiguous (copied when strided: the
+    kernels index it densely)."""
     out = []
     for name, t in named.items():
         if not isinstance(t, torch.Tensor) or t.shape != (d,):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"{' and '.join(named)} must have shape ({d},), got {name} {got}")
+        floating(device, **{name: t})
         out.append(t if t.is_contiguous() else t.contiguous())
     return out
 
 
-def row_stats(rows: int, **named: torch.Tensor) -> list[torch.Tensor]:
-    """Each named statistics tensor float32 of shape (rows,), contiguous (copied when strided)."""
+def row_stats(rows: int, device: torch.device, **named: torch.Tensor) -> list[torch.Tensor]:
+    """Each named statistics tensor float32 of shape (rows,) on ``device``, contiguous (copied when strided)."""
     out = []
     for name, t in named.items():
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.shape != (rows,):
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"{name} must be float32 of shape ({rows},), got {got}")
+        floating(device, **{name: t})
         out.append(t if t.is_contiguous() else t.contiguous())
     return out
 
@@ -54,10 +91,19 @@ def same_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {getattr(t, 'shape', t)!r}")
 
 
-def param_grad_outs(out: tuple | None, d: int, first: int) -> None:
-    """The dweight / dbias buffers of an ``out`` tuple (from index ``first``): shape (d,) when given."""
+def grad_outs(out: tuple | None, shape: tuple[int, int], device: torch.device, first: int) -> None:
+    """An ``out`` tuple of a backward: ``first`` row buffers of ``shape`` (``out_rows``), then dweight and dbias
+    of shape (D,), both given or both None (the kernels' launchers write the pair or neither)."""
     if out is None:
         return
-    for i, t in enumerate(out[first:], first):
-        if t is not None:
-            same_shape(f"out[{i}]", t, (d,))
+    if not isinstance(out, (tuple, list)) or len(out) != first + 2:
+        raise ValueError(f"out must be a tuple of {first + 2} tensors, got {type(out).__name__} of {len(out)}")
+    for i in range(first):
+        out_rows(f"out[{i}]", out[i], shape, device)
+    dw, db = out[first], out[first + 1]
+    if (dw is None) != (db is None):
+        raise ValueError(f"out[{first}] and out[{first + 1}] (dweight, dbias) must both be tensors or both be None")
+    if dw is not None:
+        for i, t in ((first, dw), (first + 1, db)):
+            same_shape(f"out[{i}]", t, (shape[1],))
+            floating(device, **{f"out[{i}]": t})

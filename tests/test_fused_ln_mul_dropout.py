@@ -151,3 +151,30 @@ def test_launchers_refuse_short_buffers_and_bad_eps_and_read_strided_weights(dev
     for eps in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="eps must be a positive finite number"):
             ln_mul_dropout_fwd(x, u, w, b, eps, 0.2, seed)
+
+
+def test_launchers_refuse_bad_seeds_and_out_buffers(device):
+    """The kernels load element 0 of ``seed`` as an integer and write ``out``/``dx``/``du`` at
+    ``row * stride(0) + col``: an empty seed was read out of bounds (a segfault under the interpreter), a float
+    seed failed inside the kernel, and a transposed or row-expanded ``out`` was silently written wrongly."""
+    from kernel_templates.fused_ln_mul_dropout.launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
+
+    x, u, w, b = _inputs(device, rows=5, d=48)
+    seed = torch.tensor([3], device=device)
+    _, mean, rstd = ln_mul_dropout_fwd(x, u, w, b, 1e-5, 0.2, seed)
+    for bad in (torch.tensor([3.0]), torch.tensor([1, 2]), torch.tensor([True]), torch.empty(0, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="seed must be"):
+            ln_mul_dropout_fwd(x, u, w, b, 1e-5, 0.2, bad.to(device))
+        with pytest.raises(ValueError, match="seed must be"):
+            ln_mul_dropout_bwd(x, x, u, w, b, mean, rstd, 0.2, bad.to(device))
+    for bad in (torch.empty(48, 5, device=device).t(), torch.empty(1, 48, device=device).expand(5, 48)):
+        with pytest.raises(ValueError, match="out must have contiguous, non-overlapping rows"):
+            ln_mul_dropout_fwd(x, u, w, b, 1e-5, 0.2, seed, out=bad)
+        with pytest.raises(ValueError, match=r"out\[1\] must have contiguous, non-overlapping rows"):
+            ln_mul_dropout_bwd(x, x, u, w, b, mean, rstd, 0.2, seed, out=(torch.empty_like(x), bad, None, None))
+    with pytest.raises(ValueError, match="u must be a floating-point tensor"):
+        ln_mul_dropout_fwd(x, u.int(), w, b, 1e-5, 0.2, seed)
+    with pytest.raises(ValueError, match=r"out\[2\] and out\[3\] .* both"):
+        ln_mul_dropout_bwd(x, x, u, w, b, mean, rstd, 0.2, seed, out=(x.clone(), x.clone(), None, b.clone()))
+    with pytest.raises(ValueError, match="seed must be an int or a one-element integer tensor"):
+        fused_ln_mul_dropout(x, u, w, b, p=0.2, seed=torch.tensor([1.5], device=device))

@@ -80,3 +80,32 @@ def test_resource_model():
     assert check_bwd_config(default_bwd_config(4096), 4096) is None
     assert check_bwd_config(GemmSiluBwdConfig(32, 512, 1, 1), 4096) is not None
     assert check_bwd_config(GemmSiluBwdConfig(1, 32, 8, 1), 4096) is not None
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_launchers_refuse_wrong_output_buffers_and_dtypes(device, backend):
+    """``torch.mm(out=)`` resized a dx / dW buffer of the wrong shape with a warning, zero rows returned a given dx
+    of any shape as dx, a db buffer without a bias stayed unwritten, and an integer ``pre`` was read truncated:
+    the spec's launchers refuse each by name."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    dy, x, w, b = _inputs(device, 8)
+    k, n = x.shape[1], w.shape[0]
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    ok = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    for i, bad in ((0, x.new_empty(7, k)), (1, w.new_empty(n + 1, k)), (2, b.new_empty(n - 1)), (0, x.int())):
+        out = tuple(bad if j == i else t for j, t in enumerate(ok))
+        with pytest.raises(ValueError, match=rf"out\[{i}\] must be"):
+            launch(dy, x, w, b, out=out, **kw)
+    with pytest.raises(ValueError, match=r"out\[0\] must be"):
+        launch(dy[:0], x[:0], w, b, out=(x.new_empty(3, k), *ok[1:]), **kw)
+    with pytest.raises(ValueError, match=r"out\[2\] \(dbias\) must be None without a bias"):
+        launch(dy, x, w, None, out=ok, **kw)
+    with pytest.raises(ValueError, match="pre must be a floating-point tensor"):
+        launch(dy, x, w, b, pre=dy.int(), **kw)
+    with pytest.raises(ValueError, match="out must be a tuple"):
+        launch(dy, x, w, b, out=ok[:2], **kw)
+    got = launch(dy, x, w, b, out=ok, **kw)
+    assert all(g.data_ptr() == o.data_ptr() for g, o in zip(got, ok, strict=True))

@@ -158,3 +158,44 @@ def test_short_statistics_and_parameter_grad_buffers_are_refused(device):
         layer_norm_bwd(x, x, w, b, mean, rstd[:3], config=bcfg)
     with pytest.raises(ValueError, match=r"out\[1\] must have shape"):
         layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=(torch.empty_like(x), w.new_empty(3), b.new_empty(64)))
+
+
+def test_output_buffers_with_strided_columns_or_overlapping_rows_are_refused(device):
+    """The kernels write ``out`` at ``row * stride(0) + col``: a transposed or row-expanded buffer was written
+    wrongly without an error (the expanded one kept only the last row)."""
+    fcfg, bcfg = _cfgs(device)
+    x, w, b = _inputs(device, 5, 48, torch.float32)
+    y, mean, rstd = layer_norm_fwd(x, w, b, EPS, config=fcfg)
+    for bad in (torch.empty(48, 5, device=device).t(), torch.empty(1, 48, device=device).expand(5, 48)):
+        with pytest.raises(ValueError, match="out must have contiguous, non-overlapping rows"):
+            layer_norm_fwd(x, w, b, EPS, config=fcfg, out=bad)
+        with pytest.raises(ValueError, match=r"out\[0\] must have contiguous, non-overlapping rows"):
+            layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=(bad, torch.empty_like(w), torch.empty_like(b)))
+    rows = torch.full((5, 60), 7.0, device=device)[:, 6:54]  # strided rows, contiguous columns: fine
+    assert torch.equal(layer_norm_fwd(x, w, b, EPS, config=fcfg, out=rows)[0], y)
+
+
+def test_integer_tensors_and_mismatched_grad_buffers_are_refused(device):
+    """An integer x or dy was normalised into a truncated integer output; ``out=(dx, dw, None)`` raised an
+    AttributeError and ``out=(dx, None, db)`` returned a fresh dbias, leaving ``db`` unwritten."""
+    fcfg, bcfg = _cfgs(device)
+    x, w, b = _inputs(device, 6, 48, torch.float32)
+    _, mean, rstd = layer_norm_fwd(x, w, b, EPS, config=fcfg)
+    with pytest.raises(ValueError, match="x must be a floating-point tensor"):
+        layer_norm_fwd(x.int(), w, b, EPS, config=fcfg)
+    with pytest.raises(ValueError, match="weight must be a floating-point tensor"):
+        layer_norm_fwd(x, w.int(), b, EPS, config=fcfg)
+    with pytest.raises(ValueError, match="out_dtype must be a floating-point dtype"):
+        layer_norm_fwd(x, w, b, EPS, config=fcfg, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match="x must be 2-D .* D >= 1"):
+        layer_norm_fwd(x[:, :0], w[:0], b[:0], EPS, config=fcfg)
+    with pytest.raises(ValueError, match="dy must be a floating-point tensor"):
+        layer_norm_bwd(x.int(), x, w, b, mean, rstd, config=bcfg)
+    with pytest.raises(ValueError, match="residual_grad must be a floating-point tensor"):
+        layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, residual_grad=x.int())
+    dx = torch.empty_like(x)
+    for out in ((dx, torch.empty_like(w), None), (dx, None, torch.empty_like(b))):
+        with pytest.raises(ValueError, match=r"out\[1\] and out\[2\] .* both"):
+            layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=out)
+    with pytest.raises(ValueError, match="out must be a tuple of 3"):
+        layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=(dx, torch.empty_like(w)))

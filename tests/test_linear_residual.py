@@ -43,3 +43,24 @@ def test_backward_and_bad_arguments(device):
         linear_residual(y, w, None, torch.zeros(5, 3, device=device), config=LinearResidualConfig())
     with pytest.raises(ValueError, match="mode"):
         LinearResidualConfig("fast")
+
+
+@pytest.mark.parametrize("mode", ["linear_add", "addmm"])
+def test_launcher_refuses_wrong_out_buffers_and_dtypes(device, mode):
+    """``out=`` of the wrong shape was resized with a warning (the caller's buffer reallocated) and integer
+    activations ran as an integer GEMM: the spec's launcher refuses each by name."""
+    from kernel_templates.linear_residual.launch import linear_residual as launch
+
+    cfg = LinearResidualConfig(mode)
+    y, w, b = torch.randn(5, 6, device=device), torch.randn(4, 6, device=device), torch.randn(4, device=device)
+    r = torch.randn(5, 4, device=device)
+    for bad in (torch.empty(4, 4, device=device), torch.empty(5, 4, device=device, dtype=torch.float16)):
+        with pytest.raises(ValueError, match="out must be a torch.float32 \\(5, 4\\) tensor like residual"):
+            launch(y, w, b, r, config=cfg, out=bad)
+    with pytest.raises(ValueError, match="y must be a floating-point tensor"):
+        launch(y.int(), w.int(), None, r, config=cfg)
+    with pytest.raises(ValueError, match="weight must be torch.float32 like y"):
+        launch(y, w.half(), b, r, config=cfg)
+    out = torch.empty_like(r)
+    assert launch(y, w, b, r, config=cfg, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, r + F.linear(y, w, b))

@@ -7,17 +7,36 @@ from typing import Any
 
 import torch
 
-from kernel_templates.norm_checks import finite_eps, param_grad_outs, row_stats, same_shape, vectors, width
+from kernel_templates.norm_checks import (
+    finite_eps,
+    floating,
+    grad_outs,
+    out_rows,
+    row_stats,
+    same_shape,
+    seed_tensor,
+    vectors,
+    width,
+)
 
 from . import triton_ln_mul_dropout as _k
+
+
+def _inputs(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, seed: torch.Tensor) -> list:
+    """weight and bias checked (contiguous copies when strided); u of x's shape, all on x's device."""
+    params = vectors(width(x), x.device, weight=weight, bias=bias)
+    same_shape("u", u, tuple(x.shape))
+    floating(x.device, u=u)
+    seed_tensor(seed, x.device)
+    return params
 
 
 def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                        p: float, seed: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
     """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
-    weight, bias = vectors(width(x), weight=weight, bias=bias)
+    weight, bias = _inputs(x, u, weight, bias, seed)
     if kw.get("out") is not None:
-        same_shape("out", kw["out"], tuple(x.shape))
+        out_rows("out", kw["out"], tuple(x.shape), x.device)
     return _k.ln_mul_dropout_fwd(x, u, weight, bias, finite_eps(eps), p, seed, **kw)
 
 
@@ -26,8 +45,9 @@ def ln_mul_dropout_bwd(
     mean: torch.Tensor, rstd: torch.Tensor, p: float, seed: torch.Tensor, **kw: Any,
 ) -> tuple:  # fmt: skip
     """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``."""
-    weight, bias = vectors(width(x), weight=weight, bias=bias)
-    mean, rstd = row_stats(x.shape[0], mean=mean, rstd=rstd)
+    weight, bias = _inputs(x, u, weight, bias, seed)
+    mean, rstd = row_stats(x.shape[0], x.device, mean=mean, rstd=rstd)
     same_shape("dout", do, tuple(x.shape))
-    param_grad_outs(kw.get("out"), x.shape[1], 2)
+    floating(x.device, dout=do)
+    grad_outs(kw.get("out"), tuple(x.shape), x.device, 2)
     return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)

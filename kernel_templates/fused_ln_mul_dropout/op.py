@@ -75,6 +75,8 @@ def fused_ln_mul_dropout(
     x and u must share a shape and dtype (cast under autocast first). The dropout seed is drawn on
     x's device from torch's generator when not given (``torch.manual_seed`` makes runs repeatable).
     """
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (LayerNorm runs over the last), got a scalar")
     if x.shape != u.shape:
         raise ValueError(f"x and u must share a shape, got {tuple(x.shape)} and {tuple(u.shape)}")
     if x.dtype != u.dtype:
@@ -91,6 +93,9 @@ def fused_ln_mul_dropout(
             else torch.zeros(1, dtype=torch.int64, device=x.device)
         )
     elif isinstance(seed, torch.Tensor):
+        if seed.numel() != 1 or seed.is_floating_point() or seed.is_complex() or seed.dtype == torch.bool:
+            got = f"{seed.dtype} {tuple(seed.shape)}"
+            raise ValueError(f"seed must be an int or a one-element integer tensor, got {got}")
         seed_t = seed.reshape(1).to(device=x.device, dtype=torch.int64)
     else:
         seed_t = torch.tensor([int(seed)], dtype=torch.int64, device=x.device)

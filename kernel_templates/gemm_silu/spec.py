@@ -59,7 +59,7 @@ BWD = KernelSpec(
     backends=(
         BackendSpec(
             name="triton",
-            launcher=f"{_P}.triton_bwd:gemm_silu_bwd",
+            launcher=f"{_P}.launch:gemm_silu_bwd",
             config=f"{_P}.bwd_config:GemmSiluBwdConfig",
             space="search_spaces.gemm_silu_bwd_triton:GEMM_SILU_BWD_TRITON",
             tune_launch=f"{_P}.tuning:launch_triton_bwd",
@@ -74,7 +74,7 @@ BWD = KernelSpec(
         ),
         BackendSpec(
             name="torch",
-            launcher=f"{_P}.torch_impl:gemm_silu_bwd_torch",
+            launcher=f"{_P}.launch:gemm_silu_bwd_torch",
             config=f"{_P}.torch_impl:TorchGemmSiluConfig",
             space="search_spaces.gemm_silu_bwd_triton:GEMM_SILU_BWD_TORCH",
             tune_launch=f"{_P}.tuning:launch_torch_bwd",

@@ -22,7 +22,7 @@ SPEC = OpSpec(
             backends=(
                 BackendSpec(
                     name="torch",
-                    launcher=f"{_P}.impl:linear_residual",
+                    launcher=f"{_P}.launch:linear_residual",
                     config=f"{_P}.impl:LinearResidualConfig",
                     space="search_spaces.linear_residual_torch:LINEAR_RESIDUAL_TORCH",
                     tune_launch=f"{_P}.tuning:launch",

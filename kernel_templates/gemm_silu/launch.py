@@ -1,0 +1,67 @@
+"""Runtime launchers of the uvqk projection's backward: argument checks in front of the Triton and torch
+backends (same signatures, keyword arguments passed through).
+
+The backends write dx and dW with ``torch.mm(..., out=)``, which resizes a buffer of the wrong shape (with a
+warning) instead of refusing it, and at zero rows return a given dx buffer of any shape as it is; an integer
+``pre`` is read as truncated values. These checks make each a ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import torch_impl as _torch
+from . import triton_bwd as _triton
+
+
+def _floating(device: torch.device, **named: torch.Tensor | None) -> None:
+    for name, t in named.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, x on {device}")
+
+
+def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
+    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
+    _floating(x.device if isinstance(x, torch.Tensor) else torch.device("cpu"), x=x)
+    _floating(x.device, weight=weight, dy=dy, bias=bias, pre=pre)
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    if out is None:
+        return
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise ValueError(f"out must be a tuple (dx, dweight, dbias), got {type(out).__name__} of {len(out)}")
+    m, k, n = x.shape[0], x.shape[1], weight.shape[0]
+    for i, (t, shape) in enumerate(((out[0], (m, k)), (out[1], (n, k)))):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != x.dtype or t.device != x.device:
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
+            raise ValueError(f"out[{i}] must be a {x.dtype} {shape} tensor on {x.device}, got {got}")
+    if bias is None and out[2] is not None:
+        raise ValueError("out[2] (dbias) must be None without a bias: it would be left unwritten")
+    if bias is not None:
+        if not isinstance(out[2], torch.Tensor) or tuple(out[2].shape) != (n,):
+            raise ValueError(f"out[2] must be a ({n},) tensor, got {getattr(out[2], 'shape', out[2])!r}")
+        _floating(x.device, **{"out[2]": out[2]})
+
+
+def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  **kw: Any) -> tuple:  # fmt: skip
+    """The Triton SiLU' pass + cuBLAS backward (``triton_bwd.gemm_silu_bwd``) after ``check_bwd_args``."""
+    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
+    return _triton.gemm_silu_bwd(dy, x, weight, bias, **kw)
+
+
+def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        **kw: Any) -> tuple:  # fmt: skip
+    """The torch backward (``torch_impl.gemm_silu_bwd_torch``) after ``check_bwd_args`` and the shape checks."""
+    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
+    _triton._validate(dy, x, weight, bias, kw.get("pre"))
+    return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)

@@ -1,0 +1,37 @@
+"""Runtime launcher of ``out = residual + y W^T + b``: argument checks in front of ``impl.linear_residual``.
+
+``torch.add`` / ``torch.addmm`` with ``out=`` resize a buffer of the wrong shape (with a warning) instead of
+refusing it, integer activations are multiplied as integers, and a weight of another dtype fails inside
+cuBLAS with a RuntimeError: here each is a ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .impl import linear_residual as _linear_residual
+
+
+def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                    **kw: Any) -> torch.Tensor:  # fmt: skip
+    """``impl.linear_residual`` (residual + y W^T + b, in the residual's dtype) after the checks above."""
+    named = {"y": y, "weight": weight, "bias": bias, "residual": residual}
+    for name, t in named.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if t.device != y.device:
+            raise ValueError(f"{name} is on {t.device}, y on {y.device}")
+    for name in ("weight", "bias"):
+        if named[name] is not None and named[name].dtype != y.dtype:
+            raise ValueError(f"{name} must be {y.dtype} like y (the GEMM dtype), got {named[name].dtype}")
+    out = kw.get("out")
+    if out is not None and (
+        not isinstance(out, torch.Tensor) or out.shape != residual.shape or out.dtype != residual.dtype
+    ):
+        got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else repr(out)
+        raise ValueError(f"out must be a {residual.dtype} {tuple(residual.shape)} tensor like residual, got {got}")
+    return _linear_residual(y, weight, bias, residual, **kw)

@@ -97,7 +97,8 @@ def grad_outs(out: tuple | None, shape: tuple[int, int], device: torch.device, f
     if out is None:
         return
     if not isinstance(out, (tuple, list)) or len(out) != first + 2:
-        raise ValueError(f"out must be a tuple of {first + 2} tensors, got {type(out).__name__} of {len(out)}")
+        got = f"{type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ValueError(f"out must be a tuple of {first + 2} tensors, got {got}")
     for i in range(first):
         out_rows(f"out[{i}]", out[i], shape, device)
     dw, db = out[first], out[first + 1]

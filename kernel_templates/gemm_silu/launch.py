@@ -38,7 +38,8 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     if out is None:
         return
     if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise ValueError(f"out must be a tuple (dx, dweight, dbias), got {type(out).__name__} of {len(out)}")
+        got = f"{type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ValueError(f"out must be a tuple (dx, dweight, dbias), got {got}")
     m, k, n = x.shape[0], x.shape[1], weight.shape[0]
     for i, (t, shape) in enumerate(((out[0], (m, k)), (out[1], (n, k)))):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != x.dtype or t.device != x.device:

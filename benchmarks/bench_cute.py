@@ -2,8 +2,10 @@
 
 Each CuTe config is first checked against the reference on a small jagged batch (all masks), then on
 every benchmark shape against the Triton forward (|cute - triton| <= one ulp of max|triton| + 1e-5, as
-two low-precision kernels may round differently). Timing: ``triton.testing.do_bench``
-(warm-up, L2 flush between reps, median). FLOPs follow HSTU.md (fwd = 2H(Dqk+Dv)P).
+two low-precision kernels may round differently); a config that fails either check is not timed there.
+Timing: ``benchmarks.rows.time_ms`` (warm-up, L2 flush between samples; p20/p50/p80, TFLOP/s from p50).
+FLOPs follow HSTU.md (fwd = 2H(Dqk+Dv)P). Rows go to ``benchmarks/results/cute_fwd.jsonl`` and, as
+before, to ``--json`` (default ``$OUT/bench_cute.json``).
 
     python benchmarks/bench_cute.py [--dims 256 128] [--lengths 1024 2048 4096 8192] \
         [--dist uniform jagged] [--json $OUT/cute.json]
@@ -82,7 +84,10 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
             # Two bf16/fp16 kernels may round differently: allow one ulp of the largest output.
             tol = (2**-7 if dtype == torch.bfloat16 else 2**-10) * ref.float().abs().max().item() + 1e-5
             if not diff <= tol:
-                print(f"  MISMATCH cute vs triton {cfg.to_dict()} d={d} n={n} {dist}: {diff:.3e} > {tol:.3e}")
+                print(
+                    f"  MISMATCH cute vs triton {cfg.to_dict()} d={d} n={n} {dist}: {diff:.3e} > {tol:.3e}; not timed"
+                )
+                continue
             buf = torch.empty_like(out)
 
             def run(cfg=cfg, buf=buf):
@@ -102,7 +107,7 @@ def main() -> None:
     def tag(cfg: HSTUCuteFwdConfig, d: int) -> str:
         return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}g{cfg.l2_group}"
 
-    run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute.json")
+    run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute.json", "cute_fwd")
 
 
 if __name__ == "__main__":

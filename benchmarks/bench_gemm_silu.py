@@ -1,8 +1,10 @@
 """Benchmark: CuTe sm90 GEMM + bias + SiLU vs ``F.silu(F.linear(x, W, b))`` on the uvqk projection shapes.
 
-Times each config with ``triton.testing.do_bench`` (warm-up, L2 flush between repetitions, median),
-reports TFLOP/s = 2 M N K / t, and checks every timed config against the fp32 reference with the
+Times each config with ``benchmarks.rows.time_ms`` (warm-up, L2 flush between samples; p20/p50/p80),
+reports TFLOP/s = 2 M N K / p50, and checks every timed config against the fp32 reference with the
 project's tolerance rule (error <= 2 x PyTorch-in-dtype error + 1e-3 x max|ref|) before timing it.
+Rows (GPU, versions, git sha, shape, p20/p50/p80) are appended to ``benchmarks/results/gemm_silu.jsonl``;
+``--json`` also writes them, as before, to one file.
 
     python benchmarks/bench_gemm_silu.py --json runs/gemm_silu.json
     python benchmarks/bench_gemm_silu.py --m 65536 --nk 4096x1024 --configs default
@@ -21,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
 from kernel_templates.gemm_silu import (  # noqa: E402
     GemmSiluConfig,
     default_gemm_silu_config,
@@ -53,11 +56,8 @@ def check(out: torch.Tensor, ref32: torch.Tensor, ref_lo: torch.Tensor) -> tuple
     return bool(torch.isfinite(out).all().item()) and err <= bound, err, bound
 
 
-def bench_shape(
-    m: int, n: int, k: int, dtype: torch.dtype, names: list[str], warmup: int, rep: int
-) -> list[dict[str, Any]]:
-    import triton.testing
-
+def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, names: list[str], rep_ms: float) -> list[dict[str, Any]]:
+    """One row per config of this shape; a config is timed only once its output passed the check."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
     w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(dtype)
@@ -72,8 +72,9 @@ def bench_shape(
         row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "name": name, "config": config}
         row.update(correct=ok, max_err=err, bound=bound)
         if ok:
-            ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-            row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+            t = time_ms(fn, rep_ms=rep_ms)
+            ms = t["p50_ms"]
+            row.update(t, ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
         rows.append(row)
         tf = f"{row['tflops']:7.1f} TFLOP/s  {row['ms']:.3f} ms" if ok else "INCORRECT (not timed)"
         print(f"  {name:14s} {tf}  err {err:.2e} <= {bound:.2e}", flush=True)
@@ -90,7 +91,8 @@ def bench_shape(
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - report and go on with the other configs
-            rows.append({"m": m, "n": n, "k": k, "name": name, "config": cfg.to_dict(), "error": repr(e)[:500]})
+            rows.append({"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "name": name,
+                         "config": cfg.to_dict(), "error": repr(e)[:500]})  # fmt: skip
             print(f"  {name:14s} FAILED: {e!r}"[:300], flush=True)
             continue
         record(name, cfg.to_dict(), lambda cfg=cfg: gemm_silu_fwd(x, w, b, cfg, out=out), out)
@@ -104,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nk", default="4096x1024,1024x4096", help="N x K pairs, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--configs", default="default," + ",".join(EXTRA_CONFIGS), help="default and/or extra names")
-    p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up (ms)")
-    p.add_argument("--rep", type=int, default=50, help="do_bench repetitions (ms)")
-    p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--rep", type=float, default=50.0, help="time_ms budget per config (ms; at least 20 samples)")
+    p.add_argument("--json", default=None, help="also write the rows here (one JSON file)")
+    p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("bench_gemm_silu: needs an sm90 (Hopper) GPU", file=sys.stderr)
@@ -116,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for n, k in _parse_nk(args.nk):
         for m in (int(v) for v in args.m.split(",")):
-            rows += bench_shape(m, n, k, dtype, names, args.warmup, args.rep)
+            rows += bench_shape(m, n, k, dtype, names, args.rep)
             torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if not args.no_save:
+        append_rows("gemm_silu", rows)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "env": environment(), "rows": rows}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -1,8 +1,11 @@
 """GPU benchmark of the Triton HSTU attention templates (forward and backward TFLOP/s).
 
-Times with ``triton.testing.do_bench`` (warm-up, L2 flush between runs, median of the reps), on
-random jagged inputs, after checking each timed config against the reference on a small batch.
-FLOPs follow HSTU.md: fwd = 2H(Dqk+Dv)P, bwd = 2H(3Dqk+2Dv)P.
+Times with ``benchmarks.rows.time_ms`` (warm-up, L2 flush between samples; p20/p50/p80, TFLOP/s from
+p50), on random jagged inputs, after checking each timed config against the reference on a small batch
+(a sweep config is checked with the other direction's default). FLOPs follow HSTU.md:
+fwd = 2H(Dqk+Dv)P, bwd = 2H(3Dqk+2Dv)P. Rows (GPU, versions, git sha, shape, ``fwd_``/``bwd_`` p20/p50/p80)
+are appended to ``benchmarks/results/hstu_triton.jsonl``; ``--json`` (default ``$OUT/bench_triton.json``)
+also writes them, as before, to one file.
 
     python benchmarks/bench_hstu_triton.py --lengths 1024 2048 4096 8192 --dims 256 \
         --dist uniform jagged [--sweep] [--json $OUT/triton.json]
@@ -14,13 +17,19 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import triton
 
-from autotune.runtime.buckets import sequence_lengths
-from kernel_templates.hstu_attention import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.runtime.buckets import sequence_lengths  # noqa: E402
+from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
+from kernel_templates.hstu_attention import (  # noqa: E402
     HSTUBwdConfig,
     HSTUFwdConfig,
     default_bwd_config,
@@ -28,9 +37,9 @@ from kernel_templates.hstu_attention import (
     hstu_attention_flops,
     hstu_attention_reference,
 )
-from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
-from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
-from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd
+from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs  # noqa: E402
+from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd  # noqa: E402
+from kernel_templates.hstu_attention.triton_fwd import hstu_attention_fwd  # noqa: E402
 
 FWD_SWEEP = [
     HSTUFwdConfig(bm, bn, w, s)
@@ -105,24 +114,26 @@ def bench_inputs(n: int, dim: int, dist: str, batch: int, heads: int):
     return inp, args, *hstu_attention_flops(inp.seq_offsets, heads, dim, dim)
 
 
+def timed(prefix: str, fn: Callable[[], object]) -> dict[str, float]:
+    """``time_ms`` of ``fn`` as ``<prefix>_p20_ms`` .. ``<prefix>_samples``, plus ``<prefix>_ms`` = p50 (the
+    number the tables print, under the key earlier JSON readers use)."""
+    t = time_ms(fn)
+    return {**{f"{prefix}_{k}": v for k, v in t.items()}, f"{prefix}_ms": t["p50_ms"]}
+
+
 def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> dict:
     inp, args, fwd_flops, bwd_flops = bench_inputs(n, dim, dist, batch, heads)
     row = dict(n=n, dim=dim, dist=dist, batch=batch, heads=heads, tokens=int(inp.seq_offsets[-1]))
     if fc is not None:
         out = torch.empty_like(inp.v)
-        ms = triton.testing.do_bench(
-            lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, fc, out=out),
-            warmup=50,
-            rep=300,
-            return_mode="median",
+        row.update(
+            fwd_cfg=fc.to_dict(), **timed("fwd", lambda: hstu_attention_fwd(inp.q, inp.k, inp.v, *args, fc, out=out))
         )
-        row.update(fwd_cfg=fc.to_dict(), fwd_ms=ms, fwd_tflops=fwd_flops / ms * 1e-9)
+        row["fwd_tflops"] = fwd_flops / row["fwd_ms"] * 1e-9
     if bc is not None:
         do = torch.randn_like(inp.v)
-        ms = triton.testing.do_bench(
-            lambda: hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc), warmup=50, rep=300, return_mode="median"
-        )
-        row.update(bwd_cfg=bc.to_dict(), bwd_ms=ms, bwd_tflops=bwd_flops / ms * 1e-9)
+        row.update(bwd_cfg=bc.to_dict(), **timed("bwd", lambda: hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc)))
+        row["bwd_tflops"] = bwd_flops / row["bwd_ms"] * 1e-9
     return row
 
 
@@ -139,7 +150,8 @@ def main() -> None:
     p.add_argument(
         "--l2-groups", type=int, nargs="+", default=None, help="time the defaults with each launch-order l2_group"
     )
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the rows here (default: $OUT/bench_triton.json)")
+    p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     a = p.parse_args()
     rows: list[dict] = []
     t0 = time.time()
@@ -148,6 +160,7 @@ def main() -> None:
         for dim in a.dims:
             for fc in FWD_SWEEP if a.sweep_kind != "bwd" else []:
                 try:
+                    small_check(dim, fc, default_bwd_config(dim, dim))  # raises when wrong: not timed
                     r = bench_one(a.sweep_len, dim, "uniform", fc, None, a.batch, a.heads)
                     print(f"sweep fwd d{dim} {fc}: {r['fwd_tflops']:.1f} TFLOP/s", flush=True)
                     rows.append(dict(r, kind="sweep"))
@@ -155,6 +168,7 @@ def main() -> None:
                     print(f"sweep fwd d{dim} {fc}: FAILED {type(e).__name__}: {str(e)[:120]}", flush=True)
             for bc in BWD_SWEEP if a.sweep_kind != "fwd" else []:
                 try:
+                    small_check(dim, default_fwd_config(dim, dim), bc)  # raises when wrong: not timed
                     r = bench_one(a.sweep_len, dim, "uniform", None, bc, a.batch, a.heads)
                     print(f"sweep bwd d{dim} {bc}: {r['bwd_tflops']:.1f} TFLOP/s", flush=True)
                     rows.append(dict(r, kind="sweep"))
@@ -177,10 +191,12 @@ def main() -> None:
                         flush=True,
                     )
     print(f"total {time.time() - t0:.0f} s")
+    if not a.no_save:
+        append_rows("hstu_triton", rows)
     path = a.json or (os.path.join(os.environ["OUT"], "bench_triton.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(), env=environment(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

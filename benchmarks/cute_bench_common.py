@@ -1,9 +1,10 @@
 """What the CuTe-vs-Triton attention benchmarks (bench_cute.py, bench_cute_bwd.py) share.
 
-The command line, the masks and short jagged lengths of the small reference check, the timing row,
-the config feasibility filter and the main loop (check every config, then time every shape, writing
-the JSON after each step so a time limit keeps what was measured). Each script supplies its configs,
-its small check and its per-shape timing.
+The command line, the masks and short jagged lengths of the small reference check, the timing row
+(``benchmarks.rows.time_ms``: p20/p50/p80, the tables print p50), the config feasibility filter and the
+main loop (check every config, then time every shape with the configs that passed, appending the rows to
+``benchmarks/results/<name>.jsonl`` and writing the JSON after each step so a time limit keeps what was
+measured). Each script supplies its configs, its small check and its per-shape timing.
 """
 
 from __future__ import annotations
@@ -11,13 +12,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
 
 # mask name -> (contextual_seq_len, with num_targets, max_attn_len)
 MASKS = {
@@ -42,17 +50,20 @@ def parse_args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -
     p.add_argument("--configs", type=int, default=None, help="time only the first N configs per head dim")
     p.add_argument("--l2-groups", type=int, nargs="+", default=None, help="time each config with each l2_group")
     p.add_argument("--skip-check", action="store_true")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write checks and rows here (default: $OUT/bench_cute*.json)")
+    p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     if extra is not None:
         extra(p)
     return p.parse_args()
 
 
 def time_row(rows: list[dict], backend: str, cfg: Any, fn: Callable[[], Any], flops: float, **shape: Any) -> None:
-    """Median ``do_bench`` time of ``fn`` (warm-up, L2 flush) as a row of ``rows``, printed as it lands."""
-    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    """``time_ms`` of ``fn`` (warm-up, L2 flush) as a row of ``rows``, printed as it lands; ``median_ms`` is
+    p50 (the number printed, under the key earlier JSON readers use)."""
+    t = time_ms(fn, rep_ms=100)
+    ms = t["p50_ms"]
     tf = flops / ms / 1e9
-    rows.append(dict(backend=backend, config=cfg.to_dict(), **shape, median_ms=ms, tflops=tf))
+    rows.append(dict(backend=backend, config=cfg.to_dict(), **shape, **t, median_ms=ms, tflops=tf))
     d, n, dist = shape["dqk"], shape["len"], shape["dist"]
     print(f"  {backend:6s} d={d} n={n:5d} {dist:7s} {cfg.to_dict()}: {ms:.3f} ms {tf:6.1f} TFLOP/s", flush=True)
 
@@ -65,6 +76,11 @@ def feasible(check: Callable[[], None], cfg: Any, d: int) -> bool:
         print(f"skip {cfg.to_dict()} d={d}: {e}")
         return False
     return True
+
+
+def failed(errs: dict) -> bool:
+    """Whether a small check's errors (per mask, maybe per gradient) hold a NaN: its mark of a failed mask."""
+    return any(failed(e) if isinstance(e, dict) else not math.isfinite(e) for e in errs.values())
 
 
 def write_json(path: str | None, default_name: str, result: dict) -> None:
@@ -81,24 +97,35 @@ def run(
     bench_shape: Callable[..., list[dict]],
     tag: Callable[[Any, int], str],
     json_name: str,
+    rows_name: str,
 ) -> None:
-    """Check each feasible config against the reference, then time every (dim, length, distribution)."""
+    """Check each feasible config against the reference, then time every (dim, length, distribution) with
+    the configs that passed (a failed one is never timed)."""
     dtype = getattr(torch, a.dtype)
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    result = dict(device=dev, checks={}, rows=[])
+    result = dict(device=dev, env=environment(), checks={}, rows=[])
     for d in a.dims:
         configs = configs_for(d, a.dtype)[: a.configs]
         if a.l2_groups:
             configs = [dataclasses.replace(c, l2_group=g) for c in configs for g in a.l2_groups]
         if not a.skip_check:
+            passed = []
             for cfg in configs:
                 t = time.time()
                 errs = small_check(cfg, d, dtype)
                 result["checks"][tag(cfg, d)] = errs
                 print(f"check d={d} {cfg.to_dict()}: {errs} ({time.time() - t:.1f}s)", flush=True)
                 write_json(a.json, json_name, result)
+                if failed(errs):
+                    print(f"not timed d={d} {cfg.to_dict()}: failed its check", flush=True)
+                else:
+                    passed.append(cfg)
+            configs = passed
         for n in a.lengths:
             for dist in a.dist:
-                result["rows"] += bench_shape(d, n, dist, dtype, a.batch, a.heads, configs)
+                rows = bench_shape(d, n, dist, dtype, a.batch, a.heads, configs)
+                result["rows"] += rows
                 write_json(a.json, json_name, result)
+                if not a.no_save:
+                    append_rows(rows_name, rows)

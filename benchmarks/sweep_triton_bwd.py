@@ -3,9 +3,10 @@
 Each config is the positional fields of ``HSTUBwdConfig`` as comma-separated values, e.g.
 ``32,128,8,2,separate,0,8,1,64`` = block_m 32, block_n 128, 8 warps, 2 stages, separate dQ, dq_block_m
 0 (= block_m), l2_group 8, dkv_split on, dq_block_n 64. Trailing fields may be left out (defaults).
-The whole backward is timed with ``do_bench`` (warm-up, L2 flush, median); the split between the
-key-block passes and the dQ kernel comes from ``torch.profiler`` device times over the same call.
-Every config is first checked against the reference on a small jagged batch.
+The whole backward is timed with ``benchmarks.rows.time_ms`` (warm-up, L2 flush; p20/p50/p80, TFLOP/s
+from p50); the split between the key-block passes and the dQ kernel comes from ``torch.profiler`` device
+times over the same call. Every config is first checked against the reference on a small jagged batch
+(one that fails is not timed). Rows go to ``benchmarks/results/sweep_triton_bwd.jsonl`` and to ``--json``.
 
     python benchmarks/sweep_triton_bwd.py --dim 256 --n 4096 --dist uniform \
         --configs 64,64,8,2,separate 32,128,8,2,separate,0,8,1 [--json $OUT/sweep.json]
@@ -16,18 +17,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
 from bench_hstu_triton import bench_inputs, small_check  # the defaults' benchmark's batch and check
 
-from kernel_templates.hstu_attention import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
+from kernel_templates.hstu_attention import (  # noqa: E402
     HSTUBwdConfig,
     default_bwd_config,
     default_fwd_config,
 )
-from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd
+from kernel_templates.hstu_attention.triton_bwd import hstu_attention_bwd  # noqa: E402
 
 
 def parse_config(text: str) -> HSTUBwdConfig:
@@ -70,9 +76,11 @@ def time_config(bc: HSTUBwdConfig, n: int, dim: int, dist: str, batch: int, head
     def fn():
         return hstu_attention_bwd(do, inp.q, inp.k, inp.v, *args, bc)
 
-    ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+    t = time_ms(fn)
+    ms = t["p50_ms"]  # the number printed, under the key earlier JSON readers use
     parts = kernel_split_ms(fn)
-    return dict(n=n, dim=dim, dist=dist, cfg=bc.to_dict(), ms=ms, tflops=bwd_flops / ms * 1e-9, parts=parts)
+    shape = dict(n=n, dim=dim, dist=dist, batch=batch, heads=heads, tokens=int(inp.seq_offsets[-1]))
+    return dict(shape, cfg=bc.to_dict(), **t, ms=ms, tflops=bwd_flops / ms * 1e-9, parts=parts)
 
 
 def main() -> None:
@@ -84,7 +92,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--no-check", action="store_true", help="skip the small-batch correctness check")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the rows here (one JSON file)")
+    p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     a = p.parse_args()
     configs = [parse_config(c) for c in a.configs] or [default_bwd_config(a.dim, a.dim)]
     print(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
@@ -106,10 +115,12 @@ def main() -> None:
                     )
         except Exception as e:  # a config over the smem limit, or a wrong one, is reported and skipped
             print(f"d{a.dim} {bc}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
-            rows.append(dict(cfg=bc.to_dict(), error=f"{type(e).__name__}: {str(e)[:300]}"))
+            rows.append(dict(dim=a.dim, cfg=bc.to_dict(), error=f"{type(e).__name__}: {str(e)[:300]}"))
+    if not a.no_save:
+        append_rows("sweep_triton_bwd", rows)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(), env=environment(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

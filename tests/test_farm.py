@@ -283,3 +283,47 @@ def test_concurrent_artifact_writers_lose_no_entry(tmp_path):
     a = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path))
     assert sorted(e["num_heads"] for e in a.entries) == list(range(1, 25))
     json.loads(art.artifact_path("h100", "fake_faults", tmp_path).read_text())  # one valid document
+
+
+def _closed_port_url() -> str:
+    from autotune.tuning import pg_local
+
+    return pg_local.storage_url("127.0.0.1", pg_local.free_port(), db="nowhere")
+
+
+def test_unreachable_storage_is_one_line_naming_the_option(pg_url, tmp_path, monkeypatch, capsys):
+    """A wrong or dead --storage is a usage error (exit 2) naming the option, never a driver traceback;
+    ``postgres://`` spellings reach the same server; an unknown --farm is named too."""
+    from autotune.tuning import farm
+    from autotune.tuning.cli import main
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    bad = _closed_port_url()
+    assert main(_argv(bad, tmp_path / "artifacts", 1, "256", "32")) == 2
+    err = capsys.readouterr().err
+    assert "--storage postgresql://autotune@127.0.0.1:" in err and "cannot open it" in err, err
+    assert main(["status", "--storage", bad]) == 2
+    assert "--storage" in capsys.readouterr().err
+    assert main(["status", "--storage", pg_url, "--farm", "farm|h100|nope"]) == 2
+    assert "no such farm" in capsys.readouterr().err
+    for spelling in ("postgres://", "postgres+psycopg://"):
+        storage = farm.plain_storage(pg_url.replace("postgresql://", spelling, 1))
+        assert optuna.get_all_study_names(storage) == []
+
+
+def test_silent_storage_host_times_out_without_traceback(tmp_path):
+    """``python -m autotune.tuning.cli`` (as the tests and scripts run it) prints CLIError of other modules as
+    one line too; a host that accepts TCP but never answers is an error after the connect timeout."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever speaks PostgreSQL
+        url = f"postgresql://autotune@127.0.0.1:{silent.getsockname()[1]}/autotune"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_FARM_CONNECT_TIMEOUT": "2"}
+        cmd = [sys.executable, "-m", "autotune.tuning.cli", "status", "--storage", url]
+        t0 = time.time()
+        res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"--storage {url}: cannot open it" in res.stderr and time.time() - t0 < 60

@@ -758,4 +758,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, not this __main__ copy: the commands that live in other modules
+    # (status, verify, tasks, export) raise autotune.tuning.cli.CLIError, which this copy's class would not catch.
+    from autotune.tuning.cli import main as _main
+
+    sys.exit(_main())

@@ -131,19 +131,39 @@ def farm_storage(url: str, fopts: FarmOptions | None = None) -> optuna.storages.
         kw["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(fopts.retries)
     else:
         kw["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(fopts.retries)
-    try:
-        with _schema_lock(rdb_url(url)):
-            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs={"pool_pre_ping": True}, **kw)
-    except ImportError as e:
-        raise FarmError(f"{e}: the PostgreSQL driver is missing (pip install 'psycopg[binary]')") from e
-    except Exception as e:  # noqa: BLE001 - sqlalchemy's connection errors: say where and why
-        raise FarmError(f"cannot open the storage {_safe(url)}: {str(e).splitlines()[0]}") from e
+    return _open_storage(url, **kw)
 
 
 def plain_storage(url: str) -> optuna.storages.RDBStorage:
     """An RDBStorage without heartbeats (readers: status, the run's progress table)."""
-    with _schema_lock(rdb_url(url)):
-        return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs={"pool_pre_ping": True})
+    return _open_storage(url)
+
+
+def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
+    """Open (and on first use create) Optuna's tables; FarmError naming ``--storage`` when that fails, so a
+    wrong or unreachable URL is one line, not a driver traceback."""
+    engine_kwargs = {"pool_pre_ping": True, "connect_args": _connect_args(rdb_url(url))}
+    try:
+        with _schema_lock(rdb_url(url)):
+            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs=engine_kwargs, **kw)
+    except ImportError as e:
+        raise FarmError(
+            f"--storage {_safe(url)}: {e}: the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+        ) from e
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's URL and connection errors: say where and why
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FarmError(
+            f"--storage {_safe(url)}: cannot open it ({why}); check the URL and that the server runs "
+            "(python -m autotune.tuning.pg_local start DIR prints a local server's URL)"
+        ) from e
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    """A connect timeout for PostgreSQL (``AUTOTUNE_FARM_CONNECT_TIMEOUT`` s, default 30): a firewalled or
+    silent host is an error after that, not a hang of minutes (the OS's TCP timeout)."""
+    if not url.startswith("postgresql"):
+        return {}
+    return {"connect_timeout": max(2, int(os.environ.get("AUTOTUNE_FARM_CONNECT_TIMEOUT", 30)))}
 
 
 @contextlib.contextmanager
@@ -155,7 +175,7 @@ def _schema_lock(url: str) -> Iterator[None]:
     if not url.startswith("postgresql"):
         yield
         return
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=_connect_args(url))
     try:
         with engine.connect() as conn:
             conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _SCHEMA_LOCK})

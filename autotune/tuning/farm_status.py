@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, _safe, plain_storage
+from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -186,9 +186,13 @@ def cmd_status(args: Any) -> int:
     console = _console()
     try:
         storage = plain_storage(args.storage)
-    except Exception as e:  # noqa: BLE001 - sqlalchemy's connection errors
-        raise CLIError(f"cannot open the storage {_safe(args.storage)}: {str(e).splitlines()[0]}") from None
-    names = [args.farm] if args.farm else farm_names(storage)
+    except FarmError as e:
+        raise CLIError(str(e)) from None
+    farms = farm_names(storage)
+    if args.farm and args.farm not in farms:
+        known = ", ".join(repr(n) for n in farms) or "none"
+        raise CLIError(f"--farm {args.farm!r}: no such farm in {_safe(args.storage)} (farms there: {known})")
+    names = [args.farm] if args.farm else farms
     if not names:
         console.print(f"no farm in {_safe(args.storage)} (start one: autotune run --storage URL)")
         return 1

@@ -179,10 +179,15 @@ def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSam
 
 
 def rdb_url(url: str) -> str:
-    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there."""
+    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there.
+
+    ``postgres://`` (libpq's and many hosting providers' spelling) is PostgreSQL too: SQLAlchemy knows no
+    ``postgres`` dialect, so it is spelled ``postgresql`` whichever driver is installed."""
     import importlib.util
 
-    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg2") is None:
+    if url.startswith(("postgres://", "postgres+")):
+        url = "postgresql" + url[len("postgres") :]
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
 

@@ -63,11 +63,14 @@ def _argv(url: str, root: Path, workers: int, buckets: str = BUCKETS, dims: str 
     ]
 
 
-def _start(url: str, root: Path, workers: int, host: str, small: bool = False, **env: str) -> subprocess.Popen:
-    """One ``autotune run`` command, as a host would start it (``small``: 4 tasks instead of 16)."""
+def _start(
+    url: str, root: Path, workers: int, host: str, small: bool = False, one: bool = False, **env: str
+) -> subprocess.Popen:
+    """One ``autotune run`` command, as a host would start it (``small``: 4 tasks instead of 16; ``one``: 1)."""
     full = {**os.environ, **FARM_ENV, "AUTOTUNE_FARM_HOST": host, "PYTHONPATH": str(REPO), **env}
     log = open(root.parent / f"{host}.out", "w")  # noqa: SIM115 - closed with the process
-    argv = _argv(url, root, workers, "256,512", "32") if small else _argv(url, root, workers)
+    argv = _argv(url, root, workers, "256,512", "32") if small or one else _argv(url, root, workers)
+    argv += ["--buckets", "256", "--distributions", "uniform"] if one else []
     cmd = [sys.executable, "-m", "autotune.tuning.cli", *argv]
     return subprocess.Popen(cmd, env=full, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
@@ -327,3 +330,54 @@ def test_silent_storage_host_times_out_without_traceback(tmp_path):
         res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"--storage {url}: cannot open it" in res.stderr and time.time() - t0 < 60
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tmp_path):
+    """``kill <autotune run>`` (a scheduler's SIGTERM) stops the workers as Ctrl-C does: none keeps running
+    unsupervised, and the task it held is failed and queued again at once, not left RUNNING."""
+    root = tmp_path / "artifacts"
+    proc = _start(pg_url, root, 2, "hostT", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130, (root.parent / "hostT.out").read_text()[-3000:]
+    assert all(_gone(pid, 15) for pid in workers), workers
+    storage = _storage(pg_url)
+    (name,) = farm_names(storage)
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING], trials
+    assert trials[0].number == found[0].number

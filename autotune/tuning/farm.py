@@ -562,26 +562,29 @@ def run_farm(
         "farm_options": dataclasses.asdict(fopts),
         "deadline": time.time() + budget_s if budget_s else None,
     }
-    procs = {} if _drained(farm) else {i: _spawn(i, spec, gpu_ids, log_dir) for i in range(n)}
+    procs: dict[int, subprocess.Popen] = {}
     refused, respawns = [], 0
-    try:
-        while procs:
-            time.sleep(min(0.5, fopts.poll_s))
-            if tick is not None:
-                tick(name)
-            for slot, p in list(procs.items()):
-                rc = p.poll()
-                if rc is None:
-                    continue
-                del procs[slot]
-                if rc == EXIT_KEY:
-                    refused.append(slot)
-                elif rc != 0 and respawns < 2 * n and not _drained(farm):
-                    respawns += 1  # a crashed or killed worker: its task is re-queued, start a fresh one
-                    procs[slot] = _spawn(slot, spec, gpu_ids, log_dir)
-    except BaseException:
-        _stop_all(procs.values())
-        raise
+    with _sigterm_as_interrupt():
+        try:
+            for i in range(0 if _drained(farm) else n):
+                procs[i] = _spawn(i, spec, gpu_ids, log_dir)
+            while procs:
+                time.sleep(min(0.5, fopts.poll_s))
+                if tick is not None:
+                    tick(name)
+                for slot, p in list(procs.items()):
+                    rc = p.poll()
+                    if rc is None:
+                        continue
+                    del procs[slot]
+                    if rc == EXIT_KEY:
+                        refused.append(slot)
+                    elif rc != 0 and respawns < 2 * n and not _drained(farm):
+                        respawns += 1  # a crashed or killed worker: its task is re-queued, start a fresh one
+                        procs[slot] = _spawn(slot, spec, gpu_ids, log_dir)
+        except BaseException:
+            _stop_all(procs.values())
+            raise
     if refused and len(refused) == n and not _drained(farm):
         logs = ", ".join(str(log_dir / f"{host_label()}-w{s}.log") for s in refused)
         raise FarmError(f"every worker refused to join {name!r} (timing key differs; see {logs})")
@@ -590,16 +593,35 @@ def run_farm(
 
 
 def _stop_all(procs: Any) -> None:
+    """SIGTERM each live worker (it hands its task back to the farm), then wait for it; a worker still
+    alive after 30 s, or when a second interrupt cuts the wait short, is killed."""
     procs = list(procs)
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)  # each worker hands its task back before it exits
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+    try:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM of ``autotune run`` (kill, a job scheduler, systemd) stops its workers as Ctrl-C does:
+    Python's default action would end this process at once and leave the workers running unsupervised."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:

@@ -380,4 +380,32 @@ def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
     (name,) = farm_names(storage)
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING], trials
-    assert trials[0].number == found[0].number
+    assert trials[0].number == found[0].number and "interrupted" in trials[0].user_attrs["failed_reason"]
+    assert trials[1].user_attrs["task_key"] == found[0].user_attrs["task_key"]
+
+
+def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsys):
+    """No retries left (AUTOTUNE_FARM_RETRIES=0) and the worker holding the task is killed: the farm drains,
+    the run exits 1 and names the task, its lost holder and why; status counts it and keeps the reason."""
+    from autotune.tuning.cli import main
+
+    root = tmp_path / "artifacts"
+    proc = _start(pg_url, root, 1, "hostR", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4", AUTOTUNE_FARM_RETRIES="0")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        os.kill(found[0].user_attrs["pid"], signal.SIGKILL)
+        rc = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = (root.parent / "hostR.out").read_text()
+    assert rc == 1, out[-3000:]
+    holder = found[0].user_attrs["worker"]
+    assert "1 of 1 tasks failed" in out and "retries exhausted" in out and holder in out, out[-3000:]
+    assert main(["status", "--storage", pg_url]) == 0
+    status = capsys.readouterr().out
+    assert "1 lost" in status and "stopped heartbeating" in status, status

@@ -390,13 +390,16 @@ def _fail_orphans(farm: optuna.Study, fopts: FarmOptions) -> None:
         # A retried copy carries its predecessor's attrs: only a claim stamped after this start counts.
         if t.user_attrs.get("claimed_at", 0.0) >= t.datetime_start.timestamp() - 1.0:
             continue
-        _release(farm, t._trial_id, requeue="task" in t.user_attrs)
+        why = "claimed but never started: its worker died between claiming and its first heartbeat"
+        _release(farm, t._trial_id, why, requeue="task" in t.user_attrs)
 
 
-def _release(farm: optuna.Study, trial_id: int, requeue: bool = True) -> None:
-    """Fail a claim and queue its task again now (Ctrl-C, SIGTERM, orphans), as a stale one would be."""
+def _release(farm: optuna.Study, trial_id: int, reason: str, requeue: bool = True) -> None:
+    """Fail a claim, saying why, and queue its task again now (Ctrl-C, SIGTERM, orphans), as a stale one
+    would be."""
     storage = farm._storage
     try:
+        storage.set_trial_user_attr(trial_id, "failed_reason", reason)
         if not storage.set_trial_state_values(trial_id, TrialState.FAIL):
             return
     except UpdateFinishedTrialError:
@@ -446,7 +449,9 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
         try:
             attempt = 1 + len(storage.get_trial(tid).system_attrs.get("retry_history", []))
             claimed = {"worker": ctx["id"], "host": host_label(), "pid": os.getpid(), "attempt": attempt}
-            for k, v in {**claimed, "progress": {"measured": 0}, "claimed_at": time.time()}.items():
+            # A retried copy carries its predecessor's attrs: its failure and any result are not this claim's.
+            fresh = {"progress": {"measured": 0}, "claimed_at": time.time(), "failed_reason": None, "result": None}
+            for k, v in {**claimed, **fresh}.items():
                 trial.set_user_attr(k, v)
             _log(f"{ctx['id']}: claimed {task.label()} (attempt {attempt})")
             deadline = _task_deadline(farm, ctx["deadline"])
@@ -464,7 +469,7 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             _log(f"{ctx['id']}: lost the claim on {task.label()} ({e}); another worker re-runs it")
             return False
         except BaseException:
-            _release(farm, tid)  # Ctrl-C / SIGTERM: hand the task back to the farm now
+            _release(farm, tid, f"{ctx['id']} was interrupted (Ctrl-C or SIGTERM)")  # hand the task back now
             raise
     _log(f"{ctx['id']}: finished {task.label()}" + (f" with error: {r.error}" if r.error else ""))
     if r.config is not None:
@@ -589,7 +594,7 @@ def run_farm(
         logs = ", ".join(str(log_dir / f"{host_label()}-w{s}.log") for s in refused)
         raise FarmError(f"every worker refused to join {name!r} (timing key differs; see {logs})")
     merge_farm(storage, name, opts)
-    return farm_results(farm, tasks)
+    return farm_results(farm, tasks, log_dir)
 
 
 def _stop_all(procs: Any) -> None:
@@ -652,15 +657,36 @@ def latest_per_task(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
     return latest
 
 
-def farm_results(farm: optuna.Study, tasks: list[Task]) -> list[TaskResult]:
-    """Each task's latest result in the farm (an error result for a task that did not finish)."""
+def failure_reason(t: FrozenTrial) -> str:
+    """Why a farm trial failed: the reason its releaser recorded (interrupt, orphan) or, for one that
+    another worker's ``fail_stale_trials`` failed (nothing can write to it then), a lost heartbeat."""
+    if t.user_attrs.get("failed_reason"):
+        return str(t.user_attrs["failed_reason"])
+    holder = t.user_attrs.get("worker") or "its worker"
+    return f"{holder} stopped heartbeating (killed, crashed, or stalled past the grace period)"
+
+
+def unfinished_reason(t: FrozenTrial | None, logs: Path | None = None) -> str:
+    """A task's error when its latest farm trial did not complete: lost for good, still queued or held."""
+    see = f"; worker logs: {logs}" if logs else ""
+    if t is None:
+        return "not finished in the farm (never queued)"
+    if t.state == TrialState.FAIL:
+        attempts = 1 + len(t.system_attrs.get("retry_history", []))
+        return f"lost after {attempts} attempt(s), retries exhausted (AUTOTUNE_FARM_RETRIES): {failure_reason(t)}{see}"
+    if t.state == TrialState.RUNNING:
+        return f"not finished in the farm: still held by {t.user_attrs.get('worker') or 'a worker'}{see}"
+    return f"not finished in the farm: still queued, no worker of this host was left to claim it{see}"
+
+
+def farm_results(farm: optuna.Study, tasks: list[Task], logs: Path | None = None) -> list[TaskResult]:
+    """Each task's latest result in the farm (an error result, saying why, for a task that did not finish)."""
     latest = latest_per_task(farm.get_trials(deepcopy=False))
     out = []
     for task in tasks:
         t = latest.get(task.study_name)
         if t is None or t.state != TrialState.COMPLETE:
-            state = "never queued" if t is None else t.state.name.lower()
-            out.append(TaskResult(task, error=f"not finished in the farm ({state})"))
+            out.append(TaskResult(task, error=unfinished_reason(t, logs)))
             continue
         out.append(_task_result(task, _result(t)))
     return out
@@ -705,7 +731,8 @@ def run_farm_cli(
             state["live"].update(farm_status.render(snap, url), refresh=True)
         elif snap["counts"] != state["counts"]:
             c = snap["counts"]
-            console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left", highlight=False)
+            lost = "".join(f", {c[k]} {k}" for k in ("failed", "lost") if c[k])
+            console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left{lost}", highlight=False)
         state["counts"] = snap["counts"]
 
     if not console.is_terminal:

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, plain_storage
+from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, failure_reason, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -61,7 +61,7 @@ def snapshot(storage: Any, name: str) -> dict[str, Any]:
                 "trials": entry.get("trials", progress.get("measured")),
                 "best_ms": best,
                 "speedup": entry.get("speedup"),
-                "error": (t.user_attrs.get("result") or {}).get("error"),
+                "error": failure_reason(t) if state == "lost" else (t.user_attrs.get("result") or {}).get("error"),
             }
         )
     workers: dict[str, dict[str, Any]] = {}

@@ -409,3 +409,44 @@ def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsy
     assert main(["status", "--storage", pg_url]) == 0
     status = capsys.readouterr().out
     assert "1 lost" in status and "stopped heartbeating" in status, status
+
+
+def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tmp_path, monkeypatch):
+    """A holder whose heartbeat stalled while it re-checked its winner: meanwhile another worker failed its
+    claim, re-claimed the task and recorded its own result. The stalled one then drops the task: it does
+    not overwrite the task study's result, writes no artifact entry and completes no farm trial."""
+    import copy
+
+    from autotune.runtime import gpus
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.worker import Worker
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = tuner.TuneOptions(
+        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
+    )
+    storage = farm.farm_storage(pg_url, fopts)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    trial = farm.claim(study, fopts)
+    real_decide = tuner._decide
+
+    def decide_after_takeover(s, result):
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
+        farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(trial._trial_id)))
+        s.study.set_user_attr("result", {"by": "the new holder"})
+        return real_decide(s, result)
+
+    monkeypatch.setattr(tuner, "_decide", decide_after_takeover)
+    worker = Worker(plugin_modules(opts.plugins))
+    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
+    try:
+        assert farm._run_one(study, trial, ctx) is False
+    finally:
+        worker.close()
+    (name,) = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
+    assert optuna.load_study(study_name=name, storage=storage).user_attrs["result"] == {"by": "the new holder"}
+    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
+    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]

@@ -355,6 +355,10 @@ class _LeaseReporter(Reporter):
         except UpdateFinishedTrialError:
             raise LeaseLost(f"farm trial {self.trial_id} was failed as stale by another worker") from None
 
+    def check_claim(self, task: Task) -> None:
+        if self.storage.get_trial(self.trial_id).state != TrialState.RUNNING:
+            raise LeaseLost(f"farm trial {self.trial_id} was failed as stale by another worker")
+
 
 def host_label() -> str:
     """This host's name in worker ids and logs (``AUTOTUNE_FARM_HOST`` overrides it, e.g. in tests)."""

@@ -358,9 +358,12 @@ def _gone(pid: int, timeout: float) -> bool:
 
 def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tmp_path):
     """``kill <autotune run>`` (a scheduler's SIGTERM) stops the workers as Ctrl-C does: none keeps running
-    unsupervised, and the task it held is failed and queued again at once, not left RUNNING."""
+    unsupervised, and the task it held is failed and queued again at once, not left RUNNING. The workers'
+    command lines (visible to every user of the host) do not carry the storage password."""
     root = tmp_path / "artifacts"
-    proc = _start(pg_url, root, 2, "hostT", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    # trust authentication ignores the password: it only shows whether the workers' command lines leak it
+    url = pg_url.replace("postgresql://autotune@", "postgresql://autotune:S3cretPw@", 1)
+    proc = _start(url, root, 2, "hostT", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
     deadline, found = time.time() + 90, None
     try:
         while found is None and time.time() < deadline and proc.poll() is None:
@@ -369,6 +372,8 @@ def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
         assert found is not None, "no worker was caught inside a trial"
         workers = _children(proc.pid)
         assert len(workers) == 2, workers
+        cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers]
+        assert all(b"autotune.tuning.farm" in c and b"S3cretPw" not in c for c in cmdlines), cmdlines
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
     finally:

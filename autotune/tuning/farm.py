@@ -66,6 +66,7 @@ from autotune.tuning.worker import Worker, WorkerError
 
 FARM_PREFIX = "farm|"
 EXIT_KEY = 3  # a worker's exit status when its timing key differs from the farm's
+SPEC_ENV = "AUTOTUNE_FARM_SPEC"  # a worker's spec (JSON) as its parent hands it over
 # Tuning knobs that decide what a farm's results mean: another value is another farm.
 FARM_KNOBS = (
     "n_trials",
@@ -540,8 +541,11 @@ def _spawn(slot: int, spec: dict[str, Any], gpu_ids: list[str], log_dir: Path) -
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids[slot % len(gpu_ids)]
     log_dir.mkdir(parents=True, exist_ok=True)
+    # The spec travels in the environment, not argv: its storage URL may hold a password, and any user of
+    # the host can read a process's command line (ps), while /proc/PID/environ is the owner's alone.
+    env[SPEC_ENV] = json.dumps({**spec, "slot": slot}, default=str)
     with open(log_dir / f"{host_label()}-w{slot}.log", "a") as log:
-        cmd = [sys.executable, "-m", "autotune.tuning.farm", "worker", json.dumps({**spec, "slot": slot}, default=str)]
+        cmd = [sys.executable, "-m", "autotune.tuning.farm", "worker"]
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
 
 
@@ -749,15 +753,18 @@ def run_farm_cli(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.tuning.farm worker SPEC``: the worker process that ``run_farm`` starts."""
+    """``python -m autotune.tuning.farm worker [SPEC]``: the worker process that ``run_farm`` starts (its spec in
+    ``AUTOTUNE_FARM_SPEC`` unless given)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "worker":
+    spec = argv[1] if len(argv) == 2 else os.environ.get(SPEC_ENV)
+    if not argv or argv[0] != "worker" or len(argv) > 2 or not spec:
         print(
-            "usage: python -m autotune.tuning.farm worker SPEC_JSON (started by autotune run --storage postgresql://...)"
+            f"usage: python -m autotune.tuning.farm worker [SPEC_JSON] (or the spec in {SPEC_ENV}; "
+            "started by autotune run --storage postgresql://...)"
         )
         return 2
     try:
-        return work(json.loads(argv[1]))
+        return work(json.loads(spec))
     except KeyboardInterrupt:
         return 130
 

@@ -456,3 +456,17 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     assert optuna.load_study(study_name=name, storage=storage).user_attrs["result"] == {"by": "the new holder"}
     assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
     assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]
+
+
+def test_status_of_a_sqlite_storage(tmp_path, capsys):
+    """sqlite storages hold single-process studies, never a farm: status of a missing file is an error that
+    creates nothing there, and of an existing one says that farms need PostgreSQL."""
+    from autotune.tuning.cli import main
+
+    missing = tmp_path / "missing.db"
+    assert main(["status", "--storage", f"sqlite:///{missing}"]) == 2
+    assert "no such database file" in capsys.readouterr().err and not missing.exists()
+    db = tmp_path / "runs.db"
+    optuna.create_study(study_name="a single-process study", storage=f"sqlite:///{db}")
+    assert main(["status", "--storage", f"sqlite:///{db}"]) == 1
+    assert "farms live in PostgreSQL storage" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, failure_reason, plain_storage
+from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, failure_reason, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -184,6 +184,10 @@ def cmd_status(args: Any) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
+    if args.storage.startswith("sqlite:///"):
+        path = Path(args.storage[len("sqlite:///") :])
+        if str(path) != ":memory:" and not path.is_file():  # opening it would create an empty database there
+            raise CLIError(f"--storage {args.storage}: no such database file ({path})")
     try:
         storage = plain_storage(args.storage)
     except FarmError as e:
@@ -194,7 +198,10 @@ def cmd_status(args: Any) -> int:
         raise CLIError(f"--farm {args.farm!r}: no such farm in {_safe(args.storage)} (farms there: {known})")
     names = [args.farm] if args.farm else farms
     if not names:
-        console.print(f"no farm in {_safe(args.storage)} (start one: autotune run --storage URL)")
+        hint = "start one: autotune run --storage URL"
+        if not is_farm_url(args.storage):
+            hint = "farms live in PostgreSQL storage; a sqlite storage holds the studies of single-process runs"
+        console.print(f"no farm in {_safe(args.storage)} ({hint})")
         return 1
 
     def view() -> tuple[Any, bool]:

@@ -470,3 +470,29 @@ def test_status_of_a_sqlite_storage(tmp_path, capsys):
     optuna.create_study(study_name="a single-process study", storage=f"sqlite:///{db}")
     assert main(["status", "--storage", f"sqlite:///{db}"]) == 1
     assert "farms live in PostgreSQL storage" in capsys.readouterr().out
+
+
+def test_progress_display_failure_does_not_stop_the_farm(pg_url, tmp_path, monkeypatch):
+    """The run's progress table reads the storage too: when that read fails (a storage restart, a network
+    blip) the workers go on and the task finishes, instead of the whole host stopping with a traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    from autotune.tuning import farm
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+
+    def broken_display(name: str) -> None:
+        calls.append(name)
+        raise OperationalError("SELECT ...", {}, Exception("server closed the connection unexpectedly"))
+
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = TuneOptions(
+        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
+    )
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=3, retries=3, poll_s=0.3)
+    (result,) = farm.run_farm([task], opts, pg_url, workers=1, fopts=fopts, tick=broken_display)
+    assert calls and result.error is None and result.config is not None

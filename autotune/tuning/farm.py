@@ -583,8 +583,7 @@ def run_farm(
                 procs[i] = _spawn(i, spec, gpu_ids, log_dir)
             while procs:
                 time.sleep(min(0.5, fopts.poll_s))
-                if tick is not None:
-                    tick(name)
+                _tick(tick, name)
                 for slot, p in list(procs.items()):
                     rc = p.poll()
                     if rc is None:
@@ -603,6 +602,17 @@ def run_farm(
         raise FarmError(f"every worker refused to join {name!r} (timing key differs; see {logs})")
     merge_farm(storage, name, opts)
     return farm_results(farm, tasks, log_dir)
+
+
+def _tick(tick: Callable[[str], None] | None, name: str) -> None:
+    """Redraw the progress; a failure there (the storage restarting, a network blip) is logged and the
+    farm goes on: the display must not stop this host's workers and release their tasks."""
+    if tick is None:
+        return
+    try:
+        tick(name)
+    except Exception as e:  # noqa: BLE001 - any error of the display, sqlalchemy's included
+        _log(f"progress display failed, the workers go on: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
 
 
 def _stop_all(procs: Any) -> None:

@@ -11,8 +11,8 @@ command against the same storage. The engine is Optuna's, nothing home-made:
 - A worker records heartbeats for its farm trial (its own thread, as ``optimize`` would). A worker
   that dies stops beating; the next ``fail_stale_trials`` of any worker fails its trial and Optuna's
   retry callback enqueues a copy, which another worker claims (``--retries`` times at most). A worker
-  whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial and
-  drops the task instead of racing the new holder.
+  whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial or before
+  its final writes (``Reporter.check_claim``) and drops the task instead of racing the new holder.
 - The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
   versions, template and search-space hashes); a worker with another key refuses to join.
 - Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
@@ -22,7 +22,7 @@ command against the same storage. The engine is Optuna's, nothing home-made:
 Knobs for tests and slow networks (environment): ``AUTOTUNE_FARM_HEARTBEAT`` (s, default 10),
 ``AUTOTUNE_FARM_GRACE`` (s without heartbeat before a worker counts as dead, default 60),
 ``AUTOTUNE_FARM_RETRIES`` (default 3), ``AUTOTUNE_FARM_POLL`` (s, default 2), ``AUTOTUNE_FARM_HOST``
-(this host's name in worker ids and logs).
+(this host's name in worker ids and logs), ``AUTOTUNE_FARM_CONNECT_TIMEOUT`` (s, default 30).
 """
 
 from __future__ import annotations

@@ -496,3 +496,36 @@ def test_progress_display_failure_does_not_stop_the_farm(pg_url, tmp_path, monke
     fopts = farm.FarmOptions(heartbeat_s=1, grace_s=3, retries=3, poll_s=0.3)
     (result,) = farm.run_farm([task], opts, pg_url, workers=1, fopts=fopts, tick=broken_display)
     assert calls and result.error is None and result.config is not None
+
+
+def test_stopped_worker_resumed_after_takeover_drops_its_task(pg_url, tmp_path):
+    """SIGSTOP the holder inside a trial (its heartbeat stalls), let another worker take the task over, then
+    SIGCONT it: the task is finished once, by the new holder, nothing is measured twice, the artifact holds
+    the new holder's entry, and the resumed worker says it lost the claim."""
+    root = tmp_path / "artifacts"
+    proc = _start(pg_url, root, 2, "hostS", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        victim = found[0]
+        os.kill(victim.user_attrs["pid"], signal.SIGSTOP)
+        try:
+            storage, taken = _storage(pg_url), None
+            farm_study = optuna.load_study(study_name=farm_names(storage)[0], storage=storage)
+            while taken is None and time.time() < deadline + 60:
+                claims = [t for t in farm_study.get_trials(deepcopy=False) if t.user_attrs.get("pid")]
+                taken = next((t for t in claims if t.number != victim.number and t.state.is_finished()), None)
+                time.sleep(0.3)
+        finally:
+            os.kill(victim.user_attrs["pid"], signal.SIGCONT)
+        assert taken is not None and taken.state == TrialState.COMPLETE, "no other worker finished the task"
+    finally:
+        _wait(proc, root, "hostS")
+    got = _check_farm(pg_url, [root], n_tasks=1)
+    assert [t.number for t in got["done"]] == [taken.number]
+    assert got["farm"].trials[victim.number].state == TrialState.FAIL
+    logs = "".join(p.read_text() for p in (root / "h100" / "studies" / "farm-logs").glob("hostS-w*.log"))
+    assert f"{victim.user_attrs['worker']}: lost the claim" in logs, logs[-3000:]

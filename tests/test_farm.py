@@ -529,3 +529,21 @@ def test_stopped_worker_resumed_after_takeover_drops_its_task(pg_url, tmp_path):
     assert got["farm"].trials[victim.number].state == TrialState.FAIL
     logs = "".join(p.read_text() for p in (root / "h100" / "studies" / "farm-logs").glob("hostS-w*.log"))
     assert f"{victim.user_attrs['worker']}: lost the claim" in logs, logs[-3000:]
+
+
+def test_single_process_sqlite_storage_runs_and_a_bad_one_is_named(tmp_path, monkeypatch, capsys):
+    """sqlite storages keep the single-process run (its progress bars are no farm reporter); a sqlite file
+    that cannot be opened is a usage error naming --storage, not a traceback from inside the first task."""
+    from autotune.tuning.cli import main
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    argv = _argv("sqlite:///" + str(tmp_path / "runs.db"), tmp_path / "artifacts", 1, "256", "32")
+    argv = [*argv[: argv.index("--workers")], "--distributions", "uniform"]
+    assert main(argv) == 0, capsys.readouterr()
+    assert len(art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path / "artifacts")).entries) == 1
+    capsys.readouterr()
+    bad = "sqlite:///" + str(tmp_path / "no-such-dir" / "runs.db")
+    argv[argv.index("--storage") + 1] = bad
+    assert main(argv) == 2
+    assert f"--storage {bad}: cannot open it" in capsys.readouterr().err

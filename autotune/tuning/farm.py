@@ -10,7 +10,7 @@ command against the same storage. The engine is Optuna's, nothing home-made:
   task's own study, ``autotune.tuning.tuner._Study``, re-queues config trials a dead holder left RUNNING).
 - A worker records heartbeats for its farm trial (its own thread, as ``optimize`` would). A worker
   that dies stops beating; the next ``fail_stale_trials`` of any worker fails its trial and Optuna's
-  retry callback enqueues a copy, which another worker claims (``--retries`` times at most). A worker
+  retry callback enqueues a copy, which another worker claims (``AUTOTUNE_FARM_RETRIES`` times at most). A worker
   whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial or before
   its final writes (``Reporter.check_claim``) and drops the task instead of racing the new holder.
 - The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
@@ -153,10 +153,10 @@ def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
         ) from e
     except Exception as e:  # noqa: BLE001 - sqlalchemy's URL and connection errors: say where and why
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise FarmError(
-            f"--storage {_safe(url)}: cannot open it ({why}); check the URL and that the server runs "
-            "(python -m autotune.tuning.pg_local start DIR prints a local server's URL)"
-        ) from e
+        hint = "check the URL"
+        if is_farm_url(url):
+            hint += " and that the server runs (python -m autotune.tuning.pg_local start DIR prints a local one's URL)"
+        raise FarmError(f"--storage {_safe(url)}: cannot open it ({why}); {hint}") from e
 
 
 def _connect_args(url: str) -> dict[str, Any]:

@@ -547,3 +547,21 @@ def test_single_process_sqlite_storage_runs_and_a_bad_one_is_named(tmp_path, mon
     argv[argv.index("--storage") + 1] = bad
     assert main(argv) == 2
     assert f"--storage {bad}: cannot open it" in capsys.readouterr().err
+
+
+def test_farm_name_follows_tasks_and_knobs_only():
+    """Another task set or tuning knob is another farm; where artifacts or studies of one run go is not."""
+    import dataclasses
+
+    from autotune.tuning.farm import farm_name
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
+
+    tasks = [Task("fake_faults", "h100", "float32", 32, 32, 1, b, "uniform", batch=2, seq_cap=64) for b in (256, 512)]
+    opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"])
+    name = farm_name(tasks, opts)
+    assert name.startswith("farm|h100|") and farm_name(tasks[::-1], opts) == name
+    assert farm_name(tasks, dataclasses.replace(opts, artifacts_root=Path("elsewhere"), storage="x")) == name
+    assert farm_name(tasks[:1], opts) != name
+    for knob in ({"n_trials": 4}, {"sampler": "random"}, {"seed": 1}, {"prune": False}, {"verify": "quick"}):
+        assert farm_name(tasks, dataclasses.replace(opts, **knob)) != name, knob

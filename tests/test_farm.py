@@ -63,11 +63,14 @@ def _argv(url: str, root: Path, workers: int, buckets: str = BUCKETS, dims: str 
     ]
 
 
-def _start(url: str, root: Path, workers: int, host: str, small: bool = False, **env: str) -> subprocess.Popen:
-    """One ``autotune run`` command, as a host would start it (``small``: 4 tasks instead of 16)."""
+def _start(
+    url: str, root: Path, workers: int, host: str, small: bool = False, one: bool = False, **env: str
+) -> subprocess.Popen:
+    """One ``autotune run`` command, as a host would start it (``small``: 4 tasks instead of 16; ``one``: 1)."""
     full = {**os.environ, **FARM_ENV, "AUTOTUNE_FARM_HOST": host, "PYTHONPATH": str(REPO), **env}
     log = open(root.parent / f"{host}.out", "w")  # noqa: SIM115 - closed with the process
-    argv = _argv(url, root, workers, "256,512", "32") if small else _argv(url, root, workers)
+    argv = _argv(url, root, workers, "256,512", "32") if small or one else _argv(url, root, workers)
+    argv += ["--buckets", "256", "--distributions", "uniform"] if one else []
     cmd = [sys.executable, "-m", "autotune.tuning.cli", *argv]
     return subprocess.Popen(cmd, env=full, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
@@ -283,3 +286,282 @@ def test_concurrent_artifact_writers_lose_no_entry(tmp_path):
     a = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path))
     assert sorted(e["num_heads"] for e in a.entries) == list(range(1, 25))
     json.loads(art.artifact_path("h100", "fake_faults", tmp_path).read_text())  # one valid document
+
+
+def _closed_port_url() -> str:
+    from autotune.tuning import pg_local
+
+    return pg_local.storage_url("127.0.0.1", pg_local.free_port(), db="nowhere")
+
+
+def test_unreachable_storage_is_one_line_naming_the_option(pg_url, tmp_path, monkeypatch, capsys):
+    """A wrong or dead --storage is a usage error (exit 2) naming the option, never a driver traceback;
+    ``postgres://`` spellings reach the same server; an unknown --farm is named too."""
+    from autotune.tuning import farm
+    from autotune.tuning.cli import main
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    bad = _closed_port_url()
+    assert main(_argv(bad, tmp_path / "artifacts", 1, "256", "32")) == 2
+    err = capsys.readouterr().err
+    assert "--storage postgresql://autotune@127.0.0.1:" in err and "cannot open it" in err, err
+    assert main(["status", "--storage", bad]) == 2
+    assert "--storage" in capsys.readouterr().err
+    assert main(["status", "--storage", pg_url, "--farm", "farm|h100|nope"]) == 2
+    assert "no such farm" in capsys.readouterr().err
+    for spelling in ("postgres://", "postgres+psycopg://"):
+        storage = farm.plain_storage(pg_url.replace("postgresql://", spelling, 1))
+        assert optuna.get_all_study_names(storage) == []
+
+
+def test_silent_storage_host_times_out_without_traceback(tmp_path):
+    """``python -m autotune.tuning.cli`` (as the tests and scripts run it) prints CLIError of other modules as
+    one line too; a host that accepts TCP but never answers is an error after the connect timeout."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever speaks PostgreSQL
+        url = f"postgresql://autotune@127.0.0.1:{silent.getsockname()[1]}/autotune"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_FARM_CONNECT_TIMEOUT": "2"}
+        cmd = [sys.executable, "-m", "autotune.tuning.cli", "status", "--storage", url]
+        t0 = time.time()
+        res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"--storage {url}: cannot open it" in res.stderr and time.time() - t0 < 60
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tmp_path):
+    """``kill <autotune run>`` (a scheduler's SIGTERM) stops the workers as Ctrl-C does: none keeps running
+    unsupervised, and the task it held is failed and queued again at once, not left RUNNING. The workers'
+    command lines (visible to every user of the host) do not carry the storage password."""
+    root = tmp_path / "artifacts"
+    # trust authentication ignores the password: it only shows whether the workers' command lines leak it
+    url = pg_url.replace("postgresql://autotune@", "postgresql://autotune:S3cretPw@", 1)
+    proc = _start(url, root, 2, "hostT", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+        cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers]
+        assert all(b"autotune.tuning.farm" in c and b"S3cretPw" not in c for c in cmdlines), cmdlines
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130, (root.parent / "hostT.out").read_text()[-3000:]
+    assert all(_gone(pid, 15) for pid in workers), workers
+    storage = _storage(pg_url)
+    (name,) = farm_names(storage)
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    trials = [t for t in trials if "task_key" in t.user_attrs]  # not the other worker's empty ask, if it raced
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING], trials
+    assert trials[0].number == found[0].number and "interrupted" in trials[0].user_attrs["failed_reason"]
+    assert trials[1].user_attrs["task_key"] == found[0].user_attrs["task_key"]
+
+
+def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsys):
+    """No retries left (AUTOTUNE_FARM_RETRIES=0) and the worker holding the task is killed: the farm drains,
+    the run exits 1 and names the task, its lost holder and why; status counts it and keeps the reason."""
+    from autotune.tuning.cli import main
+
+    root = tmp_path / "artifacts"
+    proc = _start(pg_url, root, 1, "hostR", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4", AUTOTUNE_FARM_RETRIES="0")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        os.kill(found[0].user_attrs["pid"], signal.SIGKILL)
+        rc = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = (root.parent / "hostR.out").read_text()
+    assert rc == 1, out[-3000:]
+    holder = found[0].user_attrs["worker"]
+    assert "1 of 1 tasks failed" in out and "retries exhausted" in out and holder in out, out[-3000:]
+    assert main(["status", "--storage", pg_url]) == 0
+    status = capsys.readouterr().out
+    assert "1 lost" in status and "stopped heartbeating" in status, status
+
+
+def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tmp_path, monkeypatch):
+    """A holder whose heartbeat stalled while it re-checked its winner: meanwhile another worker failed its
+    claim, re-claimed the task and recorded its own result. The stalled one then drops the task: it does
+    not overwrite the task study's result, writes no artifact entry and completes no farm trial."""
+    import copy
+
+    from autotune.runtime import gpus
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.worker import Worker
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = tuner.TuneOptions(
+        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
+    )
+    storage = farm.farm_storage(pg_url, fopts)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    trial = farm.claim(study, fopts)
+    real_decide = tuner._decide
+
+    def decide_after_takeover(s, result):
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
+        farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(trial._trial_id)))
+        s.study.set_user_attr("result", {"by": "the new holder"})
+        return real_decide(s, result)
+
+    monkeypatch.setattr(tuner, "_decide", decide_after_takeover)
+    worker = Worker(plugin_modules(opts.plugins))
+    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
+    try:
+        assert farm._run_one(study, trial, ctx) is False
+    finally:
+        worker.close()
+    (name,) = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
+    assert optuna.load_study(study_name=name, storage=storage).user_attrs["result"] == {"by": "the new holder"}
+    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
+    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]
+
+
+def test_status_of_a_sqlite_storage(tmp_path, capsys):
+    """sqlite storages hold single-process studies, never a farm: status of a missing file is an error that
+    creates nothing there, and of an existing one says that farms need PostgreSQL."""
+    from autotune.tuning.cli import main
+
+    missing = tmp_path / "missing.db"
+    assert main(["status", "--storage", f"sqlite:///{missing}"]) == 2
+    assert "no such database file" in capsys.readouterr().err and not missing.exists()
+    db = tmp_path / "runs.db"
+    optuna.create_study(study_name="a single-process study", storage=f"sqlite:///{db}")
+    assert main(["status", "--storage", f"sqlite:///{db}"]) == 1
+    assert "farms live in PostgreSQL storage" in capsys.readouterr().out
+
+
+def test_progress_display_failure_does_not_stop_the_farm(pg_url, tmp_path, monkeypatch):
+    """The run's progress table reads the storage too: when that read fails (a storage restart, a network
+    blip) the workers go on and the task finishes, instead of the whole host stopping with a traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    from autotune.tuning import farm
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+
+    def broken_display(name: str) -> None:
+        calls.append(name)
+        raise OperationalError("SELECT ...", {}, Exception("server closed the connection unexpectedly"))
+
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = TuneOptions(
+        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
+    )
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=3, retries=3, poll_s=0.3)
+    (result,) = farm.run_farm([task], opts, pg_url, workers=1, fopts=fopts, tick=broken_display)
+    assert calls and result.error is None and result.config is not None
+
+
+def test_stopped_worker_resumed_after_takeover_drops_its_task(pg_url, tmp_path):
+    """SIGSTOP the holder inside a trial (its heartbeat stalls), let another worker take the task over, then
+    SIGCONT it: the task is finished once, by the new holder, nothing is measured twice, the artifact holds
+    the new holder's entry, and the resumed worker says it lost the claim."""
+    root = tmp_path / "artifacts"
+    proc = _start(pg_url, root, 2, "hostS", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        victim = found[0]
+        os.kill(victim.user_attrs["pid"], signal.SIGSTOP)
+        try:
+            storage, taken = _storage(pg_url), None
+            farm_study = optuna.load_study(study_name=farm_names(storage)[0], storage=storage)
+            while taken is None and time.time() < deadline + 60:
+                claims = [t for t in farm_study.get_trials(deepcopy=False) if t.user_attrs.get("pid")]
+                taken = next((t for t in claims if t.number != victim.number and t.state.is_finished()), None)
+                time.sleep(0.3)
+        finally:
+            os.kill(victim.user_attrs["pid"], signal.SIGCONT)
+        assert taken is not None and taken.state == TrialState.COMPLETE, "no other worker finished the task"
+    finally:
+        _wait(proc, root, "hostS")
+    got = _check_farm(pg_url, [root], n_tasks=1)
+    assert [t.number for t in got["done"]] == [taken.number]
+    assert got["farm"].trials[victim.number].state == TrialState.FAIL
+    logs = "".join(p.read_text() for p in (root / "h100" / "studies" / "farm-logs").glob("hostS-w*.log"))
+    assert f"{victim.user_attrs['worker']}: lost the claim" in logs, logs[-3000:]
+
+
+def test_single_process_sqlite_storage_runs_and_a_bad_one_is_named(tmp_path, monkeypatch, capsys):
+    """sqlite storages keep the single-process run (its progress bars are no farm reporter); a sqlite file
+    that cannot be opened is a usage error naming --storage, not a traceback from inside the first task."""
+    from autotune.tuning.cli import main
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    argv = _argv("sqlite:///" + str(tmp_path / "runs.db"), tmp_path / "artifacts", 1, "256", "32")
+    argv = [*argv[: argv.index("--workers")], "--distributions", "uniform"]
+    assert main(argv) == 0, capsys.readouterr()
+    assert len(art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path / "artifacts")).entries) == 1
+    capsys.readouterr()
+    bad = "sqlite:///" + str(tmp_path / "no-such-dir" / "runs.db")
+    argv[argv.index("--storage") + 1] = bad
+    assert main(argv) == 2
+    assert f"--storage {bad}: cannot open it" in capsys.readouterr().err
+
+
+def test_farm_name_follows_tasks_and_knobs_only():
+    """Another task set or tuning knob is another farm; where artifacts or studies of one run go is not."""
+    import dataclasses
+
+    from autotune.tuning.farm import farm_name
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
+
+    tasks = [Task("fake_faults", "h100", "float32", 32, 32, 1, b, "uniform", batch=2, seq_cap=64) for b in (256, 512)]
+    opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"])
+    name = farm_name(tasks, opts)
+    assert name.startswith("farm|h100|") and farm_name(tasks[::-1], opts) == name
+    assert farm_name(tasks, dataclasses.replace(opts, artifacts_root=Path("elsewhere"), storage="x")) == name
+    assert farm_name(tasks[:1], opts) != name
+    for knob in ({"n_trials": 4}, {"sampler": "random"}, {"seed": 1}, {"prune": False}, {"verify": "quick"}):
+        assert farm_name(tasks, dataclasses.replace(opts, **knob)) != name, knob

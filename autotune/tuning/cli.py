@@ -262,7 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
         f"budget {args.time_budget or 'none'}{mode}"
     )
-    from autotune.tuning.farm import FarmError, is_farm_url, run_farm_cli
+    from autotune.tuning.farm import FarmError, is_farm_url, plain_storage, run_farm_cli
 
     if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
         raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
@@ -272,6 +272,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         except FarmError as e:
             raise CLIError(str(e)) from None
     else:
+        if args.storage and "://" in args.storage:  # an RDB URL (sqlite, ...): fail here, not inside the first task
+            try:
+                plain_storage(args.storage)
+            except FarmError as e:
+                raise CLIError(str(e)) from None
         with _RichReporter(console) as reporter:
             results = run_tasks(tasks, opts, budget, reporter)
     table = Table(title=f"autotune run: {gpu}")
@@ -758,4 +763,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, not this __main__ copy: the commands that live in other modules
+    # (status, verify, tasks, export) raise autotune.tuning.cli.CLIError, which this copy's class would not catch.
+    from autotune.tuning.cli import main as _main
+
+    sys.exit(_main())

@@ -10,9 +10,9 @@ command against the same storage. The engine is Optuna's, nothing home-made:
   task's own study, ``autotune.tuning.tuner._Study``, re-queues config trials a dead holder left RUNNING).
 - A worker records heartbeats for its farm trial (its own thread, as ``optimize`` would). A worker
   that dies stops beating; the next ``fail_stale_trials`` of any worker fails its trial and Optuna's
-  retry callback enqueues a copy, which another worker claims (``--retries`` times at most). A worker
-  whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial and
-  drops the task instead of racing the new holder.
+  retry callback enqueues a copy, which another worker claims (``AUTOTUNE_FARM_RETRIES`` times at most). A worker
+  whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial or before
+  its final writes (``Reporter.check_claim``) and drops the task instead of racing the new holder.
 - The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
   versions, template and search-space hashes); a worker with another key refuses to join.
 - Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
@@ -22,7 +22,7 @@ command against the same storage. The engine is Optuna's, nothing home-made:
 Knobs for tests and slow networks (environment): ``AUTOTUNE_FARM_HEARTBEAT`` (s, default 10),
 ``AUTOTUNE_FARM_GRACE`` (s without heartbeat before a worker counts as dead, default 60),
 ``AUTOTUNE_FARM_RETRIES`` (default 3), ``AUTOTUNE_FARM_POLL`` (s, default 2), ``AUTOTUNE_FARM_HOST``
-(this host's name in worker ids and logs).
+(this host's name in worker ids and logs), ``AUTOTUNE_FARM_CONNECT_TIMEOUT`` (s, default 30).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from autotune.tuning.worker import Worker, WorkerError
 
 FARM_PREFIX = "farm|"
 EXIT_KEY = 3  # a worker's exit status when its timing key differs from the farm's
+SPEC_ENV = "AUTOTUNE_FARM_SPEC"  # a worker's spec (JSON) as its parent hands it over
 # Tuning knobs that decide what a farm's results mean: another value is another farm.
 FARM_KNOBS = (
     "n_trials",
@@ -131,19 +132,39 @@ def farm_storage(url: str, fopts: FarmOptions | None = None) -> optuna.storages.
         kw["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(fopts.retries)
     else:
         kw["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(fopts.retries)
-    try:
-        with _schema_lock(rdb_url(url)):
-            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs={"pool_pre_ping": True}, **kw)
-    except ImportError as e:
-        raise FarmError(f"{e}: the PostgreSQL driver is missing (pip install 'psycopg[binary]')") from e
-    except Exception as e:  # noqa: BLE001 - sqlalchemy's connection errors: say where and why
-        raise FarmError(f"cannot open the storage {_safe(url)}: {str(e).splitlines()[0]}") from e
+    return _open_storage(url, **kw)
 
 
 def plain_storage(url: str) -> optuna.storages.RDBStorage:
     """An RDBStorage without heartbeats (readers: status, the run's progress table)."""
-    with _schema_lock(rdb_url(url)):
-        return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs={"pool_pre_ping": True})
+    return _open_storage(url)
+
+
+def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
+    """Open (and on first use create) Optuna's tables; FarmError naming ``--storage`` when that fails, so a
+    wrong or unreachable URL is one line, not a driver traceback."""
+    engine_kwargs = {"pool_pre_ping": True, "connect_args": _connect_args(rdb_url(url))}
+    try:
+        with _schema_lock(rdb_url(url)):
+            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs=engine_kwargs, **kw)
+    except ImportError as e:
+        raise FarmError(
+            f"--storage {_safe(url)}: {e}: the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+        ) from e
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's URL and connection errors: say where and why
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = "check the URL"
+        if is_farm_url(url):
+            hint += " and that the server runs (python -m autotune.tuning.pg_local start DIR prints a local one's URL)"
+        raise FarmError(f"--storage {_safe(url)}: cannot open it ({why}); {hint}") from e
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    """A connect timeout for PostgreSQL (``AUTOTUNE_FARM_CONNECT_TIMEOUT`` s, default 30): a firewalled or
+    silent host is an error after that, not a hang of minutes (the OS's TCP timeout)."""
+    if not url.startswith("postgresql"):
+        return {}
+    return {"connect_timeout": max(2, int(os.environ.get("AUTOTUNE_FARM_CONNECT_TIMEOUT", 30)))}
 
 
 @contextlib.contextmanager
@@ -155,7 +176,7 @@ def _schema_lock(url: str) -> Iterator[None]:
     if not url.startswith("postgresql"):
         yield
         return
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=_connect_args(url))
     try:
         with engine.connect() as conn:
             conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _SCHEMA_LOCK})
@@ -335,6 +356,10 @@ class _LeaseReporter(Reporter):
         except UpdateFinishedTrialError:
             raise LeaseLost(f"farm trial {self.trial_id} was failed as stale by another worker") from None
 
+    def check_claim(self, task: Task) -> None:
+        if self.storage.get_trial(self.trial_id).state != TrialState.RUNNING:
+            raise LeaseLost(f"farm trial {self.trial_id} was failed as stale by another worker")
+
 
 def host_label() -> str:
     """This host's name in worker ids and logs (``AUTOTUNE_FARM_HOST`` overrides it, e.g. in tests)."""
@@ -370,13 +395,16 @@ def _fail_orphans(farm: optuna.Study, fopts: FarmOptions) -> None:
         # A retried copy carries its predecessor's attrs: only a claim stamped after this start counts.
         if t.user_attrs.get("claimed_at", 0.0) >= t.datetime_start.timestamp() - 1.0:
             continue
-        _release(farm, t._trial_id, requeue="task" in t.user_attrs)
+        why = "claimed but never started: its worker died between claiming and its first heartbeat"
+        _release(farm, t._trial_id, why, requeue="task" in t.user_attrs)
 
 
-def _release(farm: optuna.Study, trial_id: int, requeue: bool = True) -> None:
-    """Fail a claim and queue its task again now (Ctrl-C, SIGTERM, orphans), as a stale one would be."""
+def _release(farm: optuna.Study, trial_id: int, reason: str, requeue: bool = True) -> None:
+    """Fail a claim, saying why, and queue its task again now (Ctrl-C, SIGTERM, orphans), as a stale one
+    would be."""
     storage = farm._storage
     try:
+        storage.set_trial_user_attr(trial_id, "failed_reason", reason)
         if not storage.set_trial_state_values(trial_id, TrialState.FAIL):
             return
     except UpdateFinishedTrialError:
@@ -426,7 +454,9 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
         try:
             attempt = 1 + len(storage.get_trial(tid).system_attrs.get("retry_history", []))
             claimed = {"worker": ctx["id"], "host": host_label(), "pid": os.getpid(), "attempt": attempt}
-            for k, v in {**claimed, "progress": {"measured": 0}, "claimed_at": time.time()}.items():
+            # A retried copy carries its predecessor's attrs: its failure and any result are not this claim's.
+            fresh = {"progress": {"measured": 0}, "claimed_at": time.time(), "failed_reason": None, "result": None}
+            for k, v in {**claimed, **fresh}.items():
                 trial.set_user_attr(k, v)
             _log(f"{ctx['id']}: claimed {task.label()} (attempt {attempt})")
             deadline = _task_deadline(farm, ctx["deadline"])
@@ -444,7 +474,7 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             _log(f"{ctx['id']}: lost the claim on {task.label()} ({e}); another worker re-runs it")
             return False
         except BaseException:
-            _release(farm, tid)  # Ctrl-C / SIGTERM: hand the task back to the farm now
+            _release(farm, tid, f"{ctx['id']} was interrupted (Ctrl-C or SIGTERM)")  # hand the task back now
             raise
     _log(f"{ctx['id']}: finished {task.label()}" + (f" with error: {r.error}" if r.error else ""))
     if r.config is not None:
@@ -511,8 +541,11 @@ def _spawn(slot: int, spec: dict[str, Any], gpu_ids: list[str], log_dir: Path) -
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids[slot % len(gpu_ids)]
     log_dir.mkdir(parents=True, exist_ok=True)
+    # The spec travels in the environment, not argv: its storage URL may hold a password, and any user of
+    # the host can read a process's command line (ps), while /proc/PID/environ is the owner's alone.
+    env[SPEC_ENV] = json.dumps({**spec, "slot": slot}, default=str)
     with open(log_dir / f"{host_label()}-w{slot}.log", "a") as log:
-        cmd = [sys.executable, "-m", "autotune.tuning.farm", "worker", json.dumps({**spec, "slot": slot}, default=str)]
+        cmd = [sys.executable, "-m", "autotune.tuning.farm", "worker"]
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
 
 
@@ -542,44 +575,76 @@ def run_farm(
         "farm_options": dataclasses.asdict(fopts),
         "deadline": time.time() + budget_s if budget_s else None,
     }
-    procs = {} if _drained(farm) else {i: _spawn(i, spec, gpu_ids, log_dir) for i in range(n)}
+    procs: dict[int, subprocess.Popen] = {}
     refused, respawns = [], 0
-    try:
-        while procs:
-            time.sleep(min(0.5, fopts.poll_s))
-            if tick is not None:
-                tick(name)
-            for slot, p in list(procs.items()):
-                rc = p.poll()
-                if rc is None:
-                    continue
-                del procs[slot]
-                if rc == EXIT_KEY:
-                    refused.append(slot)
-                elif rc != 0 and respawns < 2 * n and not _drained(farm):
-                    respawns += 1  # a crashed or killed worker: its task is re-queued, start a fresh one
-                    procs[slot] = _spawn(slot, spec, gpu_ids, log_dir)
-    except BaseException:
-        _stop_all(procs.values())
-        raise
+    with _sigterm_as_interrupt():
+        try:
+            for i in range(0 if _drained(farm) else n):
+                procs[i] = _spawn(i, spec, gpu_ids, log_dir)
+            while procs:
+                time.sleep(min(0.5, fopts.poll_s))
+                _tick(tick, name)
+                for slot, p in list(procs.items()):
+                    rc = p.poll()
+                    if rc is None:
+                        continue
+                    del procs[slot]
+                    if rc == EXIT_KEY:
+                        refused.append(slot)
+                    elif rc != 0 and respawns < 2 * n and not _drained(farm):
+                        respawns += 1  # a crashed or killed worker: its task is re-queued, start a fresh one
+                        procs[slot] = _spawn(slot, spec, gpu_ids, log_dir)
+        except BaseException:
+            _stop_all(procs.values())
+            raise
     if refused and len(refused) == n and not _drained(farm):
         logs = ", ".join(str(log_dir / f"{host_label()}-w{s}.log") for s in refused)
         raise FarmError(f"every worker refused to join {name!r} (timing key differs; see {logs})")
     merge_farm(storage, name, opts)
-    return farm_results(farm, tasks)
+    return farm_results(farm, tasks, log_dir)
+
+
+def _tick(tick: Callable[[str], None] | None, name: str) -> None:
+    """Redraw the progress; a failure there (the storage restarting, a network blip) is logged and the
+    farm goes on: the display must not stop this host's workers and release their tasks."""
+    if tick is None:
+        return
+    try:
+        tick(name)
+    except Exception as e:  # noqa: BLE001 - any error of the display, sqlalchemy's included
+        _log(f"progress display failed, the workers go on: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}")
 
 
 def _stop_all(procs: Any) -> None:
+    """SIGTERM each live worker (it hands its task back to the farm), then wait for it; a worker still
+    alive after 30 s, or when a second interrupt cuts the wait short, is killed."""
     procs = list(procs)
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)  # each worker hands its task back before it exits
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+    try:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM of ``autotune run`` (kill, a job scheduler, systemd) stops its workers as Ctrl-C does:
+    Python's default action would end this process at once and leave the workers running unsupervised."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
@@ -610,15 +675,36 @@ def latest_per_task(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
     return latest
 
 
-def farm_results(farm: optuna.Study, tasks: list[Task]) -> list[TaskResult]:
-    """Each task's latest result in the farm (an error result for a task that did not finish)."""
+def failure_reason(t: FrozenTrial) -> str:
+    """Why a farm trial failed: the reason its releaser recorded (interrupt, orphan) or, for one that
+    another worker's ``fail_stale_trials`` failed (nothing can write to it then), a lost heartbeat."""
+    if t.user_attrs.get("failed_reason"):
+        return str(t.user_attrs["failed_reason"])
+    holder = t.user_attrs.get("worker") or "its worker"
+    return f"{holder} stopped heartbeating (killed, crashed, or stalled past the grace period)"
+
+
+def unfinished_reason(t: FrozenTrial | None, logs: Path | None = None) -> str:
+    """A task's error when its latest farm trial did not complete: lost for good, still queued or held."""
+    see = f"; worker logs: {logs}" if logs else ""
+    if t is None:
+        return "not finished in the farm (never queued)"
+    if t.state == TrialState.FAIL:
+        attempts = 1 + len(t.system_attrs.get("retry_history", []))
+        return f"lost after {attempts} attempt(s), retries exhausted (AUTOTUNE_FARM_RETRIES): {failure_reason(t)}{see}"
+    if t.state == TrialState.RUNNING:
+        return f"not finished in the farm: still held by {t.user_attrs.get('worker') or 'a worker'}{see}"
+    return f"not finished in the farm: still queued, no worker of this host was left to claim it{see}"
+
+
+def farm_results(farm: optuna.Study, tasks: list[Task], logs: Path | None = None) -> list[TaskResult]:
+    """Each task's latest result in the farm (an error result, saying why, for a task that did not finish)."""
     latest = latest_per_task(farm.get_trials(deepcopy=False))
     out = []
     for task in tasks:
         t = latest.get(task.study_name)
         if t is None or t.state != TrialState.COMPLETE:
-            state = "never queued" if t is None else t.state.name.lower()
-            out.append(TaskResult(task, error=f"not finished in the farm ({state})"))
+            out.append(TaskResult(task, error=unfinished_reason(t, logs)))
             continue
         out.append(_task_result(task, _result(t)))
     return out
@@ -663,7 +749,8 @@ def run_farm_cli(
             state["live"].update(farm_status.render(snap, url), refresh=True)
         elif snap["counts"] != state["counts"]:
             c = snap["counts"]
-            console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left", highlight=False)
+            lost = "".join(f", {c[k]} {k}" for k in ("failed", "lost") if c[k])
+            console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left{lost}", highlight=False)
         state["counts"] = snap["counts"]
 
     if not console.is_terminal:
@@ -676,15 +763,18 @@ def run_farm_cli(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.tuning.farm worker SPEC``: the worker process that ``run_farm`` starts."""
+    """``python -m autotune.tuning.farm worker [SPEC]``: the worker process that ``run_farm`` starts (its spec in
+    ``AUTOTUNE_FARM_SPEC`` unless given)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "worker":
+    spec = argv[1] if len(argv) == 2 else os.environ.get(SPEC_ENV)
+    if not argv or argv[0] != "worker" or len(argv) > 2 or not spec:
         print(
-            "usage: python -m autotune.tuning.farm worker SPEC_JSON (started by autotune run --storage postgresql://...)"
+            f"usage: python -m autotune.tuning.farm worker [SPEC_JSON] (or the spec in {SPEC_ENV}; "
+            "started by autotune run --storage postgresql://...)"
         )
         return 2
     try:
-        return work(json.loads(argv[1]))
+        return work(json.loads(spec))
     except KeyboardInterrupt:
         return 130
 

@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, _safe, plain_storage
+from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, failure_reason, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -61,7 +61,7 @@ def snapshot(storage: Any, name: str) -> dict[str, Any]:
                 "trials": entry.get("trials", progress.get("measured")),
                 "best_ms": best,
                 "speedup": entry.get("speedup"),
-                "error": (t.user_attrs.get("result") or {}).get("error"),
+                "error": failure_reason(t) if state == "lost" else (t.user_attrs.get("result") or {}).get("error"),
             }
         )
     workers: dict[str, dict[str, Any]] = {}
@@ -184,13 +184,24 @@ def cmd_status(args: Any) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
+    if args.storage.startswith("sqlite:///"):
+        path = Path(args.storage[len("sqlite:///") :])
+        if str(path) != ":memory:" and not path.is_file():  # opening it would create an empty database there
+            raise CLIError(f"--storage {args.storage}: no such database file ({path})")
     try:
         storage = plain_storage(args.storage)
-    except Exception as e:  # noqa: BLE001 - sqlalchemy's connection errors
-        raise CLIError(f"cannot open the storage {_safe(args.storage)}: {str(e).splitlines()[0]}") from None
-    names = [args.farm] if args.farm else farm_names(storage)
+    except FarmError as e:
+        raise CLIError(str(e)) from None
+    farms = farm_names(storage)
+    if args.farm and args.farm not in farms:
+        known = ", ".join(repr(n) for n in farms) or "none"
+        raise CLIError(f"--farm {args.farm!r}: no such farm in {_safe(args.storage)} (farms there: {known})")
+    names = [args.farm] if args.farm else farms
     if not names:
-        console.print(f"no farm in {_safe(args.storage)} (start one: autotune run --storage URL)")
+        hint = "start one: autotune run --storage URL"
+        if not is_farm_url(args.storage):
+            hint = "farms live in PostgreSQL storage; a sqlite storage holds the studies of single-process runs"
+        console.print(f"no farm in {_safe(args.storage)} ({hint})")
         return 1
 
     def view() -> tuple[Any, bool]:

@@ -154,6 +154,10 @@ class Reporter:
 
     def task_start(self, task: Task, index: int, total: int, n_trials: int) -> None: ...
     def trial_done(self, task: Task, measured: int, status: str, best_ms: float | None) -> None: ...
+    def check_claim(self, task: Task) -> None:
+        """Before the study's final writes (re-checks, result): a farm worker whose task another worker
+        took over (its heartbeat stalled) raises here rather than overwrite the new holder's record."""
+
     def task_end(self, result: TaskResult) -> None: ...
 
 
@@ -179,10 +183,15 @@ def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSam
 
 
 def rdb_url(url: str) -> str:
-    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there."""
+    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there.
+
+    ``postgres://`` (libpq's and many hosting providers' spelling) is PostgreSQL too: SQLAlchemy knows no
+    ``postgres`` dialect, so it is spelled ``postgresql`` whichever driver is installed."""
     import importlib.util
 
-    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg2") is None:
+    if url.startswith(("postgres://", "postgres+")):
+        url = "postgresql" + url[len("postgres") :]
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
 
@@ -658,6 +667,13 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
     return default
 
 
+def _check_claim(reporter: Reporter, task: Task) -> None:
+    """``reporter.check_claim``; reporters are duck-typed (the CLI's progress bars), so it may be absent."""
+    check = getattr(reporter, "check_claim", None)
+    if check is not None:
+        check(task)
+
+
 def tune_task(
     task: Task,
     opts: TuneOptions,
@@ -693,6 +709,7 @@ def tune_task(
         dup_streak = dup_streak + 1 if status == "duplicate" else 0
         best = s.best()
         reporter.trial_done(task, s.measured, status, best.value if best else None)
+    _check_claim(reporter, task)
     _ensure_default(s)
     chosen = _decide(s, result)
     for k, t in s.seen.items():
@@ -721,6 +738,7 @@ def tune_task(
             result.default_tflops = flops / (result.default_ms * 1e-3) / 1e12
             result.speedup = result.default_ms / result.median_ms
     result.tuning_s = time.time() - t0
+    _check_claim(reporter, task)
     s.study.set_user_attr("result", {k: v for k, v in result.entry().items()})
     reporter.task_end(result)
     return result

@@ -260,6 +260,33 @@ def test_claim_left_without_a_heartbeat_is_requeued(pg_url, tmp_path):
     assert study.trials[orphan.number].state == TrialState.FAIL
 
 
+def test_orphan_of_a_host_in_another_time_zone_is_requeued(pg_url, tmp_path):
+    """Optuna stamps a trial's start with the claiming host's local wall clock: an orphan claimed on a host
+    5 hours ahead (another time zone) is re-queued after two grace periods all the same."""
+    import sqlalchemy
+
+    from autotune.tuning import farm
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    storage = farm.farm_storage(pg_url, fopts)
+    name = farm.join_farm(storage, [task], TuneOptions(interpret=True, plugins=["autotune.tuning.fake"]))
+    study = optuna.load_study(study_name=name, storage=storage)
+    orphan = study.ask()  # claimed on the other host, whose worker died before its first heartbeat
+    engine = sqlalchemy.create_engine(farm.rdb_url(pg_url))
+    with engine.begin() as conn:
+        ahead = "UPDATE trials SET datetime_start = datetime_start + interval '5 hours' WHERE trial_id = :i"
+        conn.execute(sqlalchemy.text(ahead), {"i": orphan._trial_id})
+    engine.dispose()
+    assert farm.claim(study, fopts) is None
+    time.sleep(2.5)
+    again = farm.claim(study, fopts)
+    assert again is not None and again.user_attrs["task_key"] == task.study_name
+    assert study.trials[orphan.number].state == TrialState.FAIL
+
+
 _MERGER = """
 import sys
 from pathlib import Path

@@ -384,19 +384,32 @@ def claim(farm: optuna.Study, fopts: FarmOptions) -> optuna.Trial | None:
     return trial
 
 
+# (farm, trial id) -> this process's monotonic time when it first saw that RUNNING trial with no claim stamped.
+_UNSTAMPED: dict[tuple[str, int], float] = {}
+
+
 def _fail_orphans(farm: optuna.Study, fopts: FarmOptions) -> None:
     """A worker killed between ``ask`` and its first heartbeat leaves a RUNNING trial that Optuna never
-    counts as stale (no heartbeat row): fail and re-queue such trials once they are clearly old."""
-    limit = dt.timedelta(seconds=2 * fopts.grace_s)
-    now = dt.datetime.now()
+    counts as stale (no heartbeat row): fail and re-queue such trials once they are clearly old.
+
+    "Old" is timed by this process's monotonic clock from when it first saw the claim unstamped, not from
+    the trial's start: Optuna records that as the claiming host's local wall-clock time, which a host in
+    another time zone, or with a skewed clock, cannot compare with its own."""
+    now = time.monotonic()
+    seen = set()
     for t in farm.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.datetime_start is None or now - t.datetime_start < limit:
+        # A retried copy carries its predecessor's attrs: only a claim stamped with this trial's id counts.
+        if t.user_attrs.get("claimed_trial") == t._trial_id:
             continue
-        # A retried copy carries its predecessor's attrs: only a claim stamped after this start counts.
-        if t.user_attrs.get("claimed_at", 0.0) >= t.datetime_start.timestamp() - 1.0:
+        key = (farm.study_name, t._trial_id)
+        seen.add(key)
+        if now - _UNSTAMPED.setdefault(key, now) < 2 * fopts.grace_s:
             continue
         why = "claimed but never started: its worker died between claiming and its first heartbeat"
         _release(farm, t._trial_id, why, requeue="task" in t.user_attrs)
+        del _UNSTAMPED[key]
+    for key in [k for k in _UNSTAMPED if k[0] == farm.study_name and k not in seen]:
+        del _UNSTAMPED[key]
 
 
 def _release(farm: optuna.Study, trial_id: int, reason: str, requeue: bool = True) -> None:
@@ -455,7 +468,8 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             attempt = 1 + len(storage.get_trial(tid).system_attrs.get("retry_history", []))
             claimed = {"worker": ctx["id"], "host": host_label(), "pid": os.getpid(), "attempt": attempt}
             # A retried copy carries its predecessor's attrs: its failure and any result are not this claim's.
-            fresh = {"progress": {"measured": 0}, "claimed_at": time.time(), "failed_reason": None, "result": None}
+            fresh = {"progress": {"measured": 0}, "claimed_at": time.time(), "claimed_trial": tid}
+            fresh.update(failed_reason=None, result=None)
             for k, v in {**claimed, **fresh}.items():
                 trial.set_user_attr(k, v)
             _log(f"{ctx['id']}: claimed {task.label()} (attempt {attempt})")

@@ -590,5 +590,12 @@ def test_farm_name_follows_tasks_and_knobs_only():
     assert name.startswith("farm|h100|") and farm_name(tasks[::-1], opts) == name
     assert farm_name(tasks, dataclasses.replace(opts, artifacts_root=Path("elsewhere"), storage="x")) == name
     assert farm_name(tasks[:1], opts) != name
-    for knob in ({"n_trials": 4}, {"sampler": "random"}, {"seed": 1}, {"prune": False}, {"verify": "quick"}):
+    for knob in (
+        {"n_trials": 4},
+        {"sampler": "random"},
+        {"seed": 1},
+        {"prune": False},
+        {"verify": "quick"},
+        {"eval_timeout_s": 5.0},
+    ):
         assert farm_name(tasks, dataclasses.replace(opts, **knob)) != name, knob

@@ -417,6 +417,30 @@ def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
     assert trials[1].user_attrs["task_key"] == found[0].user_attrs["task_key"]
 
 
+def test_sigkill_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tmp_path):
+    """``kill -9 <autotune run>`` (or the OOM killer) cannot run the run's own clean-up: its workers stop all
+    the same (the kernel's parent-death signal), each handing its task back to the farm at once."""
+    root = tmp_path / "artifacts"
+    proc = _start(pg_url, root, 1, "hostK", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
+    deadline, found = time.time() + 90, None
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            found = _running_task(pg_url)
+            time.sleep(0.1)
+        assert found is not None, "no worker was caught inside a trial"
+        workers = _children(proc.pid)
+        assert len(workers) == 1, workers
+    finally:
+        proc.kill()
+        proc.wait(60)
+    assert all(_gone(pid, 30) for pid in workers), workers
+    storage = _storage(pg_url)
+    (name,) = farm_names(storage)
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING], trials
+    assert "its run died" in trials[0].user_attrs["failed_reason"]
+
+
 def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsys):
     """No retries left (AUTOTUNE_FARM_RETRIES=0) and the worker holding the task is killed: the farm drains,
     the run exits 1 and names the task, its lost holder and why; status counts it and keeps the reason."""

@@ -489,7 +489,8 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             _log(f"{ctx['id']}: lost the claim on {task.label()} ({e}); another worker re-runs it")
             return False
         except BaseException:
-            _release(farm, tid, f"{ctx['id']} was interrupted (Ctrl-C or SIGTERM)")  # hand the task back now
+            # hand the task back now
+            _release(farm, tid, f"{ctx['id']} was interrupted (Ctrl-C, SIGTERM, or its run died)")
             raise
     _log(f"{ctx['id']}: finished {task.label()}" + (f" with error: {r.error}" if r.error else ""))
     if r.config is not None:
@@ -501,11 +502,27 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _stop_with_parent(parent: int | None) -> None:
+    """Linux: the kernel SIGTERMs this worker when the ``autotune run`` that spawned it dies (SIGKILL, OOM
+    killer), so the worker hands its task back at once instead of tuning on unsupervised."""
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took hold
+        raise KeyboardInterrupt
+
+
 def work(spec: dict[str, Any]) -> int:
     """One worker process: claim tasks until the farm has none waiting or running; 0, or EXIT_KEY."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    _stop_with_parent(spec.get("parent"))
     names = {f.name for f in dataclasses.fields(TuneOptions)}
     opts = TuneOptions(**{k: v for k, v in spec["opts"].items() if k in names})
     opts.artifacts_root = Path(opts.artifacts_root)
@@ -589,6 +606,7 @@ def run_farm(
         "opts": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
         "farm_options": dataclasses.asdict(fopts),
         "deadline": time.time() + budget_s if budget_s else None,
+        "parent": os.getpid(),
     }
     procs: dict[int, subprocess.Popen] = {}
     refused, respawns = [], 0

@@ -623,3 +623,18 @@ def test_farm_name_follows_tasks_and_knobs_only():
         {"eval_timeout_s": 5.0},
     ):
         assert farm_name(tasks, dataclasses.replace(opts, **knob)) != name, knob
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("AUTOTUNE_FARM_GRACE", "abc"), ("AUTOTUNE_FARM_HEARTBEAT", "0"), ("AUTOTUNE_FARM_RETRIES", "1.5"),
+     ("AUTOTUNE_FARM_POLL", "nan"), ("AUTOTUNE_FARM_CONNECT_TIMEOUT", "-1")],
+)  # fmt: skip
+def test_bad_farm_environment_values_are_one_line_naming_the_variable(monkeypatch, capsys, name, value):
+    from autotune.tuning.cli import main
+
+    monkeypatch.setenv(name, value)
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake", "--trials", "2"]
+    assert main([*argv, "--workers", "1", "--storage", "postgresql://nobody@127.0.0.1:1/none"]) == 2
+    err = capsys.readouterr().err
+    assert f"{name}={value!r}" in err and "Traceback" not in err, err

@@ -33,6 +33,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import signal
 import socket
@@ -107,13 +108,28 @@ class FarmOptions:
 
     @classmethod
     def from_env(cls) -> FarmOptions:
-        e = os.environ
         return cls(
-            heartbeat_s=int(e.get("AUTOTUNE_FARM_HEARTBEAT", 10)),
-            grace_s=int(e.get("AUTOTUNE_FARM_GRACE", 60)),
-            retries=int(e.get("AUTOTUNE_FARM_RETRIES", 3)),
-            poll_s=float(e.get("AUTOTUNE_FARM_POLL", 2.0)),
+            heartbeat_s=int(env_number("AUTOTUNE_FARM_HEARTBEAT", 10, 1, integer=True)),
+            grace_s=int(env_number("AUTOTUNE_FARM_GRACE", 60, 1, integer=True)),
+            retries=int(env_number("AUTOTUNE_FARM_RETRIES", 3, 0, integer=True)),
+            poll_s=env_number("AUTOTUNE_FARM_POLL", 2.0, 0.01),
         )
+
+
+def env_number(name: str, default: float, minimum: float, integer: bool = False) -> float:
+    """The number in environment variable ``name`` (``default`` when unset), at least ``minimum``; a
+    ``FarmError`` naming the variable otherwise (a typo there is one line, not a worker's traceback)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < minimum:
+        kind = "an integer" if integer else "a number"
+        raise FarmError(f"{name}={raw!r}: must be {kind} >= {minimum:g}")
+    return value
 
 
 # ------------------------------------------------------------------------------------------ storage
@@ -165,7 +181,7 @@ def _connect_args(url: str) -> dict[str, Any]:
     silent host is an error after that, not a hang of minutes (the OS's TCP timeout)."""
     if not url.startswith("postgresql"):
         return {}
-    return {"connect_timeout": max(2, int(os.environ.get("AUTOTUNE_FARM_CONNECT_TIMEOUT", 30)))}
+    return {"connect_timeout": int(env_number("AUTOTUNE_FARM_CONNECT_TIMEOUT", 30, 2, integer=True))}
 
 
 @contextlib.contextmanager

@@ -267,7 +267,7 @@ def test_orphan_of_a_host_in_another_time_zone_is_requeued(pg_url, tmp_path):
 
     from autotune.tuning import farm
     from autotune.tuning.tasks import Task
-    from autotune.tuning.tuner import TuneOptions
+    from autotune.tuning.tuner import TuneOptions, rdb_url
 
     fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
     task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
@@ -275,7 +275,7 @@ def test_orphan_of_a_host_in_another_time_zone_is_requeued(pg_url, tmp_path):
     name = farm.join_farm(storage, [task], TuneOptions(interpret=True, plugins=["autotune.tuning.fake"]))
     study = optuna.load_study(study_name=name, storage=storage)
     orphan = study.ask()  # claimed on the other host, whose worker died before its first heartbeat
-    engine = sqlalchemy.create_engine(farm.rdb_url(pg_url))
+    engine = sqlalchemy.create_engine(rdb_url(pg_url))
     with engine.begin() as conn:
         ahead = "UPDATE trials SET datetime_start = datetime_start + interval '5 hours' WHERE trial_id = :i"
         conn.execute(sqlalchemy.text(ahead), {"i": orphan._trial_id})

@@ -262,7 +262,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
         f"budget {args.time_budget or 'none'}{mode}"
     )
-    from autotune.tuning.farm import FarmError, is_farm_url, plain_storage, run_farm_cli
+    from autotune.tuning.farm import run_farm_cli
+    from autotune.tuning.farm_storage import FarmError, is_farm_url, plain_storage
 
     if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
         raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")

@@ -14,7 +14,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, FarmError, _safe, failure_reason, is_farm_url, plain_storage
+from autotune.tuning.farm import FARM_PREFIX, failure_reason
+from autotune.tuning.farm_storage import FarmError, _safe, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 

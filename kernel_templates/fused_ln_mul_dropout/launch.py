@@ -1,4 +1,4 @@
-"""Runtime launchers of ``dropout(LN(x) * u)``: ``norm_checks`` in front of the Triton kernels' launchers
+"""Runtime launchers of ``dropout(LN(x) * u)``: ``launch_checks`` in front of the Triton kernels' launchers
 (same signatures, keyword arguments passed through)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kernel_templates.norm_checks import (
+from kernel_templates.launch_checks import (
     finite_eps,
     floating,
     grad_outs,

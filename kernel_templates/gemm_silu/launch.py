@@ -12,25 +12,17 @@ from typing import Any
 
 import torch
 
+from kernel_templates.launch_checks import floating
+
 from . import torch_impl as _torch
 from . import triton_bwd as _triton
-
-
-def _floating(device: torch.device, **named: torch.Tensor | None) -> None:
-    for name, t in named.items():
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device}, x on {device}")
 
 
 def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
     """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
-    _floating(x.device if isinstance(x, torch.Tensor) else torch.device("cpu"), x=x)
-    _floating(x.device, weight=weight, dy=dy, bias=bias, pre=pre)
+    floating(x.device if isinstance(x, torch.Tensor) else torch.device("cpu"), x=x)
+    floating(x.device, weight=weight, dy=dy, bias=bias, pre=pre)
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if weight.dtype != x.dtype:
@@ -50,7 +42,7 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     if bias is not None:
         if not isinstance(out[2], torch.Tensor) or tuple(out[2].shape) != (n,):
             raise ValueError(f"out[2] must be a ({n},) tensor, got {getattr(out[2], 'shape', out[2])!r}")
-        _floating(x.device, **{"out[2]": out[2]})
+        floating(x.device, **{"out[2]": out[2]})
 
 
 def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

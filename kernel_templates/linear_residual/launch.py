@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from kernel_templates.launch_checks import floating
+
 from .impl import linear_residual as _linear_residual
 
 
@@ -18,13 +20,7 @@ def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                     **kw: Any) -> torch.Tensor:  # fmt: skip
     """``impl.linear_residual`` (residual + y W^T + b, in the residual's dtype) after the checks above."""
     named = {"y": y, "weight": weight, "bias": bias, "residual": residual}
-    for name, t in named.items():
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-        if t.device != y.device:
-            raise ValueError(f"{name} is on {t.device}, y on {y.device}")
+    floating(getattr(y, "device", None), anchor="y", **named)
     for name in ("weight", "bias"):
         if named[name] is not None and named[name].dtype != y.dtype:
             raise ValueError(f"{name} must be {y.dtype} like y (the GEMM dtype), got {named[name].dtype}")

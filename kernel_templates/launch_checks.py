@@ -1,6 +1,7 @@
-"""Argument checks of the LayerNorm-family launchers (input LayerNorm, LN(x) * u + dropout).
+"""Argument checks of the layer ops' runtime launchers (``<op>/launch.py`` of the input LayerNorm, LN(x) * u +
+dropout, the uvqk projection's backward and the output projection), in front of their hashed kernels.
 
-The Triton kernels read 1-D parameters and row statistics as contiguous arrays and trust the shapes of
+The LayerNorm-family Triton kernels read 1-D parameters and row statistics as contiguous arrays and trust the shapes of
 the tensors they are given. These checks run in front of them (``<op>/launch.py``, the launchers the
 specs name), so a strided weight is made contiguous instead of read wrongly, and a short ``dout``,
 ``mean`` or ``out`` buffer, an integer tensor, a tensor on another device, an ``out`` buffer whose
@@ -23,16 +24,16 @@ def width(x: torch.Tensor) -> int:
     return x.shape[1]
 
 
-def floating(device: torch.device, **named: torch.Tensor | None) -> None:
-    """Each named tensor (None skipped) floating-point on ``device``: the kernels would truncate an integer
-    tensor's values into an integer output, and read another device's pointer."""
+def floating(device: torch.device | None, anchor: str = "x", **named: torch.Tensor | None) -> None:
+    """Each named tensor (None skipped) floating-point on ``device`` (the ``anchor`` input's): the kernels would
+    truncate an integer tensor's values into an integer output, and read another device's pointer."""
     for name, t in named.items():
         if t is None:
             continue
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
         if t.device != device:
-            raise ValueError(f"{name} is on {t.device}, x on {device}")
+            raise ValueError(f"{name} is on {t.device}, {anchor} on {device}")
 
 
 def out_rows(name: str, t: torch.Tensor, shape: tuple[int, int], device: torch.device) -> None:

@@ -149,6 +149,16 @@ def test_four_workers_share_one_farm(pg_url, tmp_path, monkeypatch, capsys):
     assert len(again["trials"]) == len(got["trials"])
 
 
+def _caught_inside_a_trial(proc: subprocess.Popen, url: str, timeout_s: float = 90.0) -> tuple:
+    """``_running_task`` once a worker of ``proc`` is inside a config trial (polled; fails after ``timeout_s``)."""
+    deadline, found = time.time() + timeout_s, None
+    while found is None and time.time() < deadline and proc.poll() is None:
+        found = _running_task(url)
+        time.sleep(0.1)
+    assert found is not None, "no worker was caught inside a trial"
+    return found
+
+
 def _running_task(url: str) -> tuple[optuna.trial.FrozenTrial, str] | None:
     """A farm trial whose worker is inside a config trial right now (the default, slowed down)."""
     storage = _storage(url)
@@ -173,12 +183,8 @@ def test_killed_worker_task_is_requeued_and_finished_by_another(pg_url, tmp_path
     root = tmp_path / "artifacts"
     # The default sleeps 0.4 s per launch: its trial (5 launches on the CPU) is the window for the kill.
     proc = _start(pg_url, root, 2, "hostK", small=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
-    deadline, found = time.time() + 90, None
     try:
-        while found is None and time.time() < deadline and proc.poll() is None:
-            found = _running_task(pg_url)
-            time.sleep(0.1)
-        assert found is not None, "no worker was caught inside a trial"
+        found = _caught_inside_a_trial(proc, pg_url)
         victim, study = found
         os.kill(victim.user_attrs["pid"], signal.SIGKILL)
     finally:
@@ -391,12 +397,8 @@ def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
     # trust authentication ignores the password: it only shows whether the workers' command lines leak it
     url = pg_url.replace("postgresql://autotune@", "postgresql://autotune:S3cretPw@", 1)
     proc = _start(url, root, 2, "hostT", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
-    deadline, found = time.time() + 90, None
     try:
-        while found is None and time.time() < deadline and proc.poll() is None:
-            found = _running_task(pg_url)
-            time.sleep(0.1)
-        assert found is not None, "no worker was caught inside a trial"
+        found = _caught_inside_a_trial(proc, pg_url)
         workers = _children(proc.pid)
         assert len(workers) == 2, workers
         cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers]
@@ -422,12 +424,8 @@ def test_sigkill_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
     the same (the kernel's parent-death signal), each handing its task back to the farm at once."""
     root = tmp_path / "artifacts"
     proc = _start(pg_url, root, 1, "hostK", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
-    deadline, found = time.time() + 90, None
     try:
-        while found is None and time.time() < deadline and proc.poll() is None:
-            found = _running_task(pg_url)
-            time.sleep(0.1)
-        assert found is not None, "no worker was caught inside a trial"
+        _caught_inside_a_trial(proc, pg_url)
         workers = _children(proc.pid)
         assert len(workers) == 1, workers
     finally:
@@ -448,12 +446,8 @@ def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsy
 
     root = tmp_path / "artifacts"
     proc = _start(pg_url, root, 1, "hostR", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4", AUTOTUNE_FARM_RETRIES="0")
-    deadline, found = time.time() + 90, None
     try:
-        while found is None and time.time() < deadline and proc.poll() is None:
-            found = _running_task(pg_url)
-            time.sleep(0.1)
-        assert found is not None, "no worker was caught inside a trial"
+        found = _caught_inside_a_trial(proc, pg_url)
         os.kill(found[0].user_attrs["pid"], signal.SIGKILL)
         rc = proc.wait(120)
     finally:
@@ -555,18 +549,14 @@ def test_stopped_worker_resumed_after_takeover_drops_its_task(pg_url, tmp_path):
     the new holder's entry, and the resumed worker says it lost the claim."""
     root = tmp_path / "artifacts"
     proc = _start(pg_url, root, 2, "hostS", one=True, AUTOTUNE_FAKE_DEFAULT_SLEEP="0.4")
-    deadline, found = time.time() + 90, None
     try:
-        while found is None and time.time() < deadline and proc.poll() is None:
-            found = _running_task(pg_url)
-            time.sleep(0.1)
-        assert found is not None, "no worker was caught inside a trial"
+        found = _caught_inside_a_trial(proc, pg_url)
         victim = found[0]
         os.kill(victim.user_attrs["pid"], signal.SIGSTOP)
         try:
-            storage, taken = _storage(pg_url), None
+            storage, taken, deadline = _storage(pg_url), None, time.time() + 120
             farm_study = optuna.load_study(study_name=farm_names(storage)[0], storage=storage)
-            while taken is None and time.time() < deadline + 60:
+            while taken is None and time.time() < deadline:
                 claims = [t for t in farm_study.get_trials(deepcopy=False) if t.user_attrs.get("pid")]
                 taken = next((t for t in claims if t.number != victim.number and t.state.is_finished()), None)
                 time.sleep(0.3)

@@ -379,3 +379,50 @@ def test_gpu_split_heavy_under_cuda_graph_capture():
     eager = step(offsets_from_lengths(second).to(device="cuda", dtype=torch.int32))
     torch.cuda.synchronize()
     torch.testing.assert_close(captured.float(), eager.float(), rtol=1e-2, atol=1e-2)
+
+
+class _NotTwiceDifferentiable(torch.autograd.Function):
+    """Stands in for the compiled kernels on CPU: right first-order gradients, computed without a graph."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return (q * k).sum(-1, keepdim=True) * v
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        with torch.no_grad():
+            s = (do * v).sum(-1, keepdim=True)
+            return s * k, s * q, (q * k).sum(-1, keepdim=True) * do
+
+
+def test_cute_autograd_entry_zero_targets_and_first_order_gradients(monkeypatch):
+    """``kernel_templates.cute.hstu_attention_cute`` launches a context without targets with zero targets (the
+    kernels' context-only path is wrong for a sequence shorter than its context), and a gradient of its
+    gradients raises instead of silently treating them as constants; first-order gradients are unchanged."""
+    import kernel_templates.cute as cute
+
+    seen = {}
+
+    def kernels(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, *rest, validate=True):
+        seen.update(num_targets=num_targets, validate=validate)
+        return _NotTwiceDifferentiable.apply(q, k, v)
+
+    monkeypatch.setattr(cute._op, "hstu_attention_cute", kernels)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(10, 2, 32, generator=gen, requires_grad=True) for _ in range(3))
+    off = torch.tensor([0, 3, 10], dtype=torch.int32)
+    out = cute.hstu_attention_cute(q, k, v, off, 8, None, None, 5)
+    assert seen["validate"] is False and torch.equal(seen["num_targets"], torch.zeros(2, dtype=torch.int32))
+    cute.hstu_attention_cute(q, k, v, off, 8, None, None, 0)
+    assert seen["num_targets"] is None  # no context: targets stay as given
+    gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
+    q2, k2, v2 = (t.detach().requires_grad_(True) for t in (q, k, v))
+    want = torch.autograd.grad(_NotTwiceDifferentiable.apply(q2, k2, v2).sum(), (q2, k2, v2))
+    for got, ref in zip((gq, gk, gv), want, strict=True):
+        torch.testing.assert_close(got, ref)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        (gq * q).sum().backward()
+    with pytest.raises(ValueError, match="seq_offsets must"):
+        cute.hstu_attention_cute(q, k, v, off[:1].float(), 8)

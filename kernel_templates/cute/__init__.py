@@ -1,5 +1,12 @@
 """CuTe DSL (CUTLASS Python API) templates for Hopper: jagged HSTU attention forward and backward."""
 
+from __future__ import annotations
+
+import torch
+
+from kernel_templates.hstu_attention.op import first_order_only, kernel_targets, validate_hstu_inputs
+
+from . import op as _op
 from .bwd_config import HSTUCuteBwdConfig, bwd_smem_bytes, check_bwd_config, default_cute_bwd_config
 from .bwd_op import BwdKey, bwd_key, compile_bwd, hstu_attention_cute_bwd
 from .config import CUTE_HEAD_DIMS, HSTUCuteFwdConfig, check_fwd_config, smem_bytes
@@ -8,9 +15,43 @@ from .op import (
     compile_fwd,
     default_cute_fwd_config,
     fwd_key,
-    hstu_attention_cute,
     hstu_attention_cute_fwd,
 )
+
+
+class _FirstOrderInputs(torch.autograd.Function):
+    """q, k, v passed through; in a backward that builds a graph, the CuTe gradients reaching them are tied to
+    them by ``first_order_only``, so a gradient of those gradients raises instead of being silently zero."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        ctx.save_for_backward(q, k, v)
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple:
+        return first_order_only((dq, dk, dv), ctx.saved_tensors)
+
+
+def hstu_attention_cute(
+    q, k, v, seq_offsets, max_seq_len, alpha=None, num_targets=None, contextual_seq_len=0, max_attn_len=0,
+    scaling_seqlen=None, fwd_config=None, bwd_config=None, validate=True,
+):  # fmt: skip
+    """Jagged HSTU attention with the CuTe DSL kernels in both directions (``op.hstu_attention_cute``), with
+    what the drop-in call adds in front of the same kernels: a context without targets runs with zero targets
+    (``kernel_targets``: the kernels' context-only path is wrong for a sequence shorter than its context), and
+    the gradients are first order only (a double backward raises)."""
+    if validate:
+        validate_hstu_inputs(
+            q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
+        )
+    num_targets = kernel_targets(num_targets, contextual_seq_len, seq_offsets)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        q, k, v = _FirstOrderInputs.apply(q, k, v)
+    return _op.hstu_attention_cute(
+        q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+        fwd_config, bwd_config, validate=False,
+    )  # fmt: skip
 
 
 def hstu_attention_cute_bwd_validated(

@@ -62,6 +62,13 @@ def finite_eps(eps: object) -> float:
     return float(eps)
 
 
+def dropout_p(p: object) -> float:
+    """``p`` as a float, when it is a number in [0, 1) (a string or bool would reach the kernel's comparison)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"dropout p must be a number in [0, 1), got {p!r}")
+    return float(p)
+
+
 def vectors(d: int, device: torch.device, **named: torch.Tensor) -> list[torch.Tensor]:
     """Each named 1-D floating-point tensor of shape (d,) on ``device``, contiguous (copied when strided: the
     kernels index it densely)."""

@@ -178,3 +178,20 @@ def test_launchers_refuse_bad_seeds_and_out_buffers(device):
         ln_mul_dropout_bwd(x, x, u, w, b, mean, rstd, 0.2, seed, out=(x.clone(), x.clone(), None, b.clone()))
     with pytest.raises(ValueError, match="seed must be an int or a one-element integer tensor"):
         fused_ln_mul_dropout(x, u, w, b, p=0.2, seed=torch.tensor([1.5], device=device))
+
+
+@pytest.mark.parametrize("p", ["0.1", True, float("nan"), 1.0, -0.1])
+def test_dropout_p_must_be_a_number_in_range(device, p):
+    """A string, bool, NaN or out-of-range p is a ValueError naming p, in the public op and both launchers."""
+    from kernel_templates.fused_ln_mul_dropout import launch
+
+    x, u = (torch.randn(4, 8, device=device) for _ in range(2))
+    w, b = torch.ones(8, device=device), torch.zeros(8, device=device)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match="dropout p must be"):
+        launch.ln_mul_dropout_fwd(x, u, w, b, 1e-5, p, seed)
+    with pytest.raises(ValueError, match="dropout p must be"):
+        launch.ln_mul_dropout_bwd(x, x, u, w, b, torch.zeros(4, device=device), torch.ones(4, device=device), p, seed)
+    for training in (True, False):
+        with pytest.raises(ValueError, match="dropout p must be"):
+            fused_ln_mul_dropout(x, u, w, b, p=p, training=training)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    dropout_p,
     finite_eps,
     floating,
     grad_outs,
@@ -37,7 +38,7 @@ def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, b
     weight, bias = _inputs(x, u, weight, bias, seed)
     if kw.get("out") is not None:
         out_rows("out", kw["out"], tuple(x.shape), x.device)
-    return _k.ln_mul_dropout_fwd(x, u, weight, bias, finite_eps(eps), p, seed, **kw)
+    return _k.ln_mul_dropout_fwd(x, u, weight, bias, finite_eps(eps), dropout_p(p), seed, **kw)
 
 
 def ln_mul_dropout_bwd(
@@ -50,4 +51,4 @@ def ln_mul_dropout_bwd(
     same_shape("dout", do, tuple(x.shape))
     floating(x.device, dout=do)
     grad_outs(kw.get("out"), tuple(x.shape), x.device, 2)
-    return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
+    return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, dropout_p(p), seed, **kw)

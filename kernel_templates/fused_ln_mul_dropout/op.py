@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kernel_templates.launch_checks import dropout_p
+
 from .launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
 
 _FWD_SCHEMA = (
@@ -83,9 +85,7 @@ def fused_ln_mul_dropout(
         raise ValueError(f"x and u must share a dtype, got {x.dtype} and {u.dtype}")
     if weight.shape != (x.shape[-1],) or bias.shape != (x.shape[-1],):
         raise ValueError(f"weight and bias must have shape ({x.shape[-1]},)")
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout p must be in [0, 1), got {p}")
-    p = float(p) if training else 0.0
+    p = dropout_p(p) if training else dropout_p(p) * 0.0  # checked in eval mode too
     if seed is None:
         seed_t = (
             torch.randint(0, 2**31 - 1, (1,), device=x.device)

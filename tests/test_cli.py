@@ -34,7 +34,9 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
     rc, text = _run(capsys, "run", "--gpu", "h100")
     assert rc == 2 and "--dry-run" in text
     rc, text = _run(capsys, "bench", "--gpu", "auto")
-    assert rc == 2 and "no CUDA GPU" in text
+    assert rc == 2 and "no CUDA GPU" in text and "bench measures on the GPU" in text
+    rc, text = _run(capsys, "verify", "--gpu", "auto")
+    assert rc == 2 and "verify re-checks on the GPU" in text and "--dry-run" not in text  # verify has none
 
 
 @pytest.mark.parametrize(

@@ -111,8 +111,10 @@ def _kernels(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def resolve_gpu(arg: str, interpret: bool, dry_run: bool) -> str:
-    """The registry key to tune for; refuses when the GPU present does not match ``--gpu``."""
+def resolve_gpu(arg: str, interpret: bool, dry_run: bool, needs: str = "tuning needs the GPU (use --dry-run or "
+                "--interpret without one)") -> str:  # fmt: skip
+    """The registry key to tune for; refuses when the GPU present does not match ``--gpu`` (``needs``: what
+    the command says it needs the GPU for when there is none)."""
     from autotune.runtime.gpus import detect_gpu
 
     name = arg.lower()
@@ -130,7 +132,7 @@ def resolve_gpu(arg: str, interpret: bool, dry_run: bool) -> str:
     try:
         present = detect_gpu()
     except RuntimeError as e:
-        raise CLIError(f"{e}; tuning needs the GPU (use --dry-run or --interpret without one)") from None
+        raise CLIError(f"{e}; {needs}") from None
     if name != "auto" and present != name:
         raise CLIError(f"--gpu {name} but the GPU present is {present}; pass --gpu {present} or --gpu auto")
     return present
@@ -573,7 +575,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_heatmap(args)
     _fill_defaults(args)
     args.trials, args.seq_cap = 1, None
-    gpu = resolve_gpu(args.gpu, False, False)
+    gpu = resolve_gpu(args.gpu, False, False, "bench measures on the GPU")
     import torch
 
     if not torch.cuda.is_available():

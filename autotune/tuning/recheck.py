@@ -253,7 +253,7 @@ def cmd_verify(args: Any) -> int:
     if args.jobs < 1:
         raise CLIError("--jobs must be >= 1")
     load_plugin_modules(args.plugin)
-    gpu = resolve_gpu(args.gpu, args.interpret, False)
+    gpu = resolve_gpu(args.gpu, args.interpret, False, "verify re-checks on the GPU (use --interpret without one)")
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     if not (root / gpu).is_dir():
         raise CLIError(f"--artifacts: no folder {root / gpu}")

@@ -37,7 +37,7 @@ from autotune.tuning.tuner import bench_launches  # noqa: E402
 load_plugins()  # registers the HSTU attention and GEMM ops and their backends
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = json.loads((Path(__file__).with_name("perf_baseline.json")).read_text())
-# Run-to-run spread of the same kernels across sessions' H100s was 4-5% (docs/RESULTS.md, session 5).
+# Run-to-run spread of the same kernels across H100 machines was 4-5% (docs/RESULTS.md).
 TOLERANCE = 0.10
 CASES = [
     ("hstu_attention_fwd", 256, "uniform", "default"),

@@ -142,7 +142,7 @@ def test_backend_table_is_extensible_and_cute_stays_unimported(device):
         spec.unregister(op.name)
     assert "triton_alias" not in [b.name for b in spec.kernel("hstu_attention_fwd").backends]
     # Nothing chose "cute", so the CuTe DSL is never imported: checked in a fresh interpreter, since other
-    # tests in this session (the CuTe compile tests) import it on purpose.
+    # tests in this pytest run (the CuTe compile tests) import it on purpose.
     code = (
         "import sys, torch, autotune.runtime.ops as o; from autotune.runtime import dispatch; "
         "dispatch.select('hstu_attention_fwd', torch.bfloat16, 64, 64, 2, 512); "

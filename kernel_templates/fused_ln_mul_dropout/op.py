@@ -85,7 +85,9 @@ def fused_ln_mul_dropout(
         raise ValueError(f"x and u must share a dtype, got {x.dtype} and {u.dtype}")
     if weight.shape != (x.shape[-1],) or bias.shape != (x.shape[-1],):
         raise ValueError(f"weight and bias must have shape ({x.shape[-1]},)")
-    p = dropout_p(p) if training else dropout_p(p) * 0.0  # checked in eval mode too
+    p = dropout_p(p)  # checked in eval mode too
+    if not training:
+        p = 0.0
     if seed is None:
         seed_t = (
             torch.randint(0, 2**31 - 1, (1,), device=x.device)

@@ -140,15 +140,16 @@ def test_wrong_argument_types_name_the_argument(kwargs, match):
         ops.hstu_attention(**args, source="default")
 
 
-def test_gradients_built_with_create_graph_can_be_updated_in_place():
-    off = offsets_from_lengths([7, 13], "cpu")
-    q, k, v = _qkv("cpu", 20)
+def test_gradients_built_with_create_graph_can_be_updated_in_place(device):
+    off = offsets_from_lengths([7, 13], device)
+    q, k, v = _qkv(device, 20)
     out = ops.hstu_attention(q, k, v, off, 32, source="default")
     (dq,) = torch.autograd.grad(out, q, torch.ones_like(out), create_graph=True)
     dq.mul_(2)  # a plain tensor, not a view of the first-order guard's output
     assert dq.grad_fn is not None
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("call", ["public", "template"])
 def test_bf16_on_the_cpu_interpreter_is_right(call):
     """The Triton interpreter's bf16 dot is wrong, so a bf16 call on CPU tensors computes in fp32 and rounds to

@@ -243,6 +243,31 @@ def test_gpu_autograd_uses_cute_backward(mask):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("window", [0, 40])
+def test_gpu_kernels_context_path_without_targets(dtype, window):
+    """The kernels' own context path (``num_targets=None``, no zero targets put in front): a context of 96
+    rows over sequences shorter than it (0, 1, 37, 50), about a tile long and far longer, forward and
+    every gradient within the tolerance rule."""
+    from kernel_templates.cute import op as raw
+    from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+
+    d, ctx = 128, 96
+    inp = make_jagged_inputs([37, 0, 1, 50, 200, 130, 1000], 2, d, d, dtype, "cuda", seed=9)
+    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, ctx, window, None)
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (inp.q, inp.k, inp.v))
+    out = raw.hstu_attention_cute(q, k, v, *args)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(10)).to(device="cuda", dtype=dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref, ref_grads = _ref_grads(inp, do, args, torch.float32)
+    low, low_grads = _ref_grads(inp, do, args, dtype)
+    check_tolerance("out", out, ref.float(), low)
+    for name, a, r, lo in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads, strict=True):
+        check_tolerance(name, a, r.float(), lo)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 def test_gpu_strided_qkv_slices_of_one_projection():
     """q/k/v as column slices of one (L, 4*H*D) uvqk buffer (the model's layout) need no copies."""
     from kernel_templates.hstu_attention.reference import hstu_attention_reference
@@ -399,8 +424,8 @@ class _NotTwiceDifferentiable(torch.autograd.Function):
 
 def test_cute_autograd_entry_zero_targets_and_first_order_gradients(monkeypatch):
     """``kernel_templates.cute.hstu_attention_cute`` launches a context without targets with zero targets (the
-    kernels' context-only path is wrong for a sequence shorter than its context), and a gradient of its
-    gradients raises instead of silently treating them as constants; first-order gradients are unchanged."""
+    kernel variant the drop-in call runs and the tuner times), and a gradient of its gradients raises instead
+    of silently treating them as constants; first-order gradients are unchanged."""
     import kernel_templates.cute as cute
 
     seen = {}

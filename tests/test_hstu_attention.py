@@ -50,6 +50,7 @@ MASKS = [
 MASK_IDS = ["causal", "context", "targets", "window", "all"]
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_cpu_jagged_every_mask(mask, dtype):
@@ -57,6 +58,7 @@ def test_cpu_jagged_every_mask(mask, dtype):
     _run_case([5, 0, 37, 1, 50, 0], 2, 32, 32, dtype, "cpu", fc=SMALL_FWD, bc=SMALL_BWD, seed=3, **mask)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize(
     "fc,bc",
     [
@@ -74,6 +76,7 @@ def test_cpu_configs_and_mixed_head_dims(fc, bc):
     _run_case([33, 1, 0, 17], 2, 64, 32, torch.float32, "cpu", ctx=1, targets=True, fc=fc, bc=bc, seed=5)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("group", [1, 4, 16])
 def test_cpu_l2_grouped_launch_order(group):
     """5 sequences x 2 heads = 10 sequence-heads: groups of 4 leave a partial last group of 2."""
@@ -82,6 +85,7 @@ def test_cpu_l2_grouped_launch_order(group):
     _run_case([33, 1, 0, 47, 9], 2, 32, 32, torch.float32, "cpu", ctx=1, window=20, fc=fc, bc=bc, seed=17)
 
 
+@pytest.mark.interpreter
 def test_cpu_scaling_seqlen_and_max_len_above_lengths():
     inp = make_jagged_inputs([9, 4], 1, 32, 32, torch.float32, "cpu", seed=7, max_seq_len=40)
     args = (inp.seq_offsets, inp.max_seq_len, 0.3, None, 0, 0, 11)
@@ -166,6 +170,7 @@ def test_cpu_tma_dq_mode_is_refused_off_gpu():
         hstu_attention_bwd(torch.ones_like(inp.v), inp.q, inp.k, inp.v, *args, HSTUBwdConfig(16, 16, 4, 1, "tma"))
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("mode", ["atomic", "separate"])
 def test_cpu_backward_writes_every_element_of_given_buffers(mode):
     """Poisoned (NaN) output buffers: every valid element must be overwritten."""

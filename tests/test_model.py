@@ -66,10 +66,10 @@ def test_train_cli_writes_metrics(tmp_path, device):
     assert len(result["losses"]) == 3 and result["config"]["dropout"] == 0.2
 
 
-def test_tuned_without_artifacts_warns_and_runs(tmp_path):
+def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
     with pytest.warns(dispatch.DispatchWarning, match="no artifact for GPU 'h100'"):
         result = run(get_config("tiny", kernels="tuned"), steps=1, warmup=0, artifacts=str(tmp_path), gpu="h100",
-                     progress=False)  # fmt: skip
+                     progress=False, device=device)  # fmt: skip
     assert result["dispatch"]["warnings"] and result["dispatch"]["choices"][0]["chosen_from"] == "default"
 
 

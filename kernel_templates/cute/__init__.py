@@ -39,7 +39,7 @@ def hstu_attention_cute(
 ):  # fmt: skip
     """Jagged HSTU attention with the CuTe DSL kernels in both directions (``op.hstu_attention_cute``), with
     what the drop-in call adds in front of the same kernels: a context without targets runs with zero targets
-    (``kernel_targets``: the kernels' context-only path is wrong for a sequence shorter than its context), and
+    (``kernel_targets``: the same mask, and the kernel variant the drop-in call runs and the tuner times), and
     the gradients are first order only (a double backward raises)."""
     if validate:
         validate_hstu_inputs(

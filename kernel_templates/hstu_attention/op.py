@@ -29,11 +29,11 @@ def kernel_targets(
 ) -> torch.Tensor | None:
     """The targets a kernel launch gets: zeros for a call with context and no targets.
 
-    HSTU.md defines the same mask for "no targets" and "zero targets", but the CuTe kernels' context path
-    without targets takes the keys before the context's end as fully visible, which is wrong for a
-    sequence shorter than its context (only the diagonal is valid there); with targets the same kernels
-    clamp position ids and get it right (the Triton kernels are right both ways). The zeros are made once
-    per (B, dtype, device) and only read.
+    HSTU.md defines the same mask for "no targets" and "zero targets". Every call with a context then runs
+    one kernel variant, the targets path, which is the one the tuner times for context tasks. Both
+    backends' context-only paths are right as well (the Triton one since its guard fix; the CuTe one
+    measured on a GPU, ``test_gpu_kernels_context_path_without_targets``). The zeros are made once per
+    (B, dtype, device) and only read.
     """
     if num_targets is not None or int(contextual_seq_len) <= 0:
         return num_targets

@@ -163,9 +163,12 @@ class HSTULayerFunction(torch.autograd.Function):
         out = cfg("linear_residual_fwd").launch(y, w_o_c, b_o_c, x, config=cfg("linear_residual_fwd").config)
         saved_xn = None if plan.recompute_ln else xn
         saved_uvqk = None if plan.keep == "pre" else uvqk
+        # The backward sums the bias gradient in fp32 into the master bias's dtype when it has the kept
+        # pre-activation (no bf16 rounding and cast back); recomputing pre needs the compute-dtype bias.
+        b_uvqk_bwd = b_uvqk_c if pre is None else b_uvqk
         ctx.save_for_backward(
             x, saved_xn, mean1, rstd1, saved_uvqk, pre, attn2, y, mean2, rstd2,
-            ln1_w, ln1_b, w_uvqk_c, b_uvqk_c, ln2_w, ln2_b, w_o_c, seq_offsets, seed,
+            ln1_w, ln1_b, w_uvqk_c, b_uvqk_bwd, ln2_w, ln2_b, w_o_c, seq_offsets, seed,
         )  # fmt: skip
         ctx.plan = plan
         return out

@@ -216,6 +216,32 @@ class HSTULayerFunction(torch.autograd.Function):
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
 
 
+class LayerNormFunction(torch.autograd.Function):
+    """LN(x) over the plan's LayerNorm kernels: fp32 statistics inside, y in the plan's dtype, fp32 weight and
+    bias gradients. Unlike torch's layer_norm under autocast it reads a bf16 stream as it is (no fp32 copy of
+    x, no fp32 output to cast again for each consumer)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, plan: LayerPlan):
+        s = plan.step("layer_norm_fwd")
+        y, mean, rstd = s.launch(x, weight, bias, eps, config=s.config, out_dtype=plan.dtype)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.plan = plan
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        s = ctx.plan.step("layer_norm_bwd")
+        dx, dw, db = s.launch(dy.contiguous(), x, weight, bias, mean, rstd, config=s.config)
+        return dx, dw, db, None, None
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:
+    """LayerNorm of a 2-D (rows, D) activation through ``plan``'s dispatched kernels, output in ``plan.dtype``."""
+    return LayerNormFunction.apply(x, weight, bias, eps, plan)
+
+
 def _check_call(x: torch.Tensor, seq_offsets: torch.Tensor, plan: LayerPlan, mode: str) -> None:
     """The attention op's input rules for the layer's call (``ValueError`` naming the argument); the offsets
     as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""

@@ -71,7 +71,7 @@ class ModelConfig:
     layer: str = "unfused"
     # "autocast": fp32 residual stream and LayerNorms (torch autocast's policy); "bf16": activations,
     # the residual stream included, in bf16 with fp32 statistics inside the fused kernels and fp32
-    # master weights (fused layer only).
+    # master weights (fused layer only); the embeddings' sum, the final LayerNorm and the task heads too.
     precision: str = "autocast"
     # Fused layer only, what the backward recomputes instead of keeping: "uvqk" = SiLU(LN(x) W + b)
     # from the kept pre-activation (an elementwise pass); "pre" = the pre-activation, by a GEMM (the

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.runtime.layer import hstu_layer, plan_layer
+from autotune.runtime.layer import LayerPlan, hstu_layer, layer_norm, plan_layer
 from autotune.runtime.ops import HSTUAttention
 from kernel_templates.fused_ln_mul_dropout import fused_ln_mul_dropout
 
@@ -28,6 +28,48 @@ from .data import JaggedBatch
 
 # config.recompute's projection part -> what the fused layer keeps for the backward
 RECOMPUTE_KEEP = {"none": "pre+uvqk", "ln": "pre+uvqk", "uvqk": "pre", "pre": "uvqk"}
+
+
+class _EmbeddingSum(torch.autograd.Function):
+    """``sum_i weights[i][indices[i]]`` in ``dtype``: fp32 adds, the last one writing ``dtype`` (no separate cast
+    pass over the activation); the backward casts the gradient to the tables' dtype once for all tables."""
+
+    @staticmethod
+    def forward(ctx, dtype: torch.dtype, n: int, *args: torch.Tensor) -> torch.Tensor:
+        indices, weights = args[:n], args[n:]
+        acc = F.embedding(indices[0], weights[0])
+        for idx, w in zip(indices[1:-1], weights[1:-1], strict=True):
+            acc += F.embedding(idx, w)
+        if n == 1:
+            out = acc.to(dtype)
+        else:
+            out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+            torch.add(acc, F.embedding(indices[-1], weights[-1]), out=out)
+        ctx.save_for_backward(*indices)
+        ctx.tables = [(w.shape[0], w.dtype) for w in weights]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:
+        indices = ctx.saved_tensors
+        cast: dict[torch.dtype, torch.Tensor] = {}
+        grads = []
+        for i, (idx, (rows, dtype)) in enumerate(zip(indices, ctx.tables, strict=True)):
+            if not ctx.needs_input_grad[2 + len(indices) + i]:
+                grads.append(None)
+                continue
+            if dtype not in cast:
+                cast[dtype] = grad.to(dtype)
+            g = cast[dtype]
+            grads.append(torch.ops.aten.embedding_backward(g, idx, rows, -1, False, False))
+        return None, None, *(None for _ in indices), *grads
+
+
+def embedding_sum(
+    dtype: torch.dtype, indices: tuple[torch.Tensor, ...], weights: tuple[torch.Tensor, ...]
+) -> torch.Tensor:
+    """The sum of the tables' lookups (same width), rounded once into ``dtype``."""
+    return _EmbeddingSum.apply(dtype, len(indices), *indices, *weights)
 
 
 class HSTULayer(nn.Module):
@@ -45,18 +87,24 @@ class HSTULayer(nn.Module):
         self.fused = cfg.kernels != "reference"
         self.alpha = 1.0 / math.sqrt(d)
 
+    def plan(self, dt: torch.dtype) -> LayerPlan:
+        """The fused layer's kernels for compute dtype ``dt`` (cached per shape key by ``plan_layer``)."""
+        cfg = self.cfg
+        p = cfg.dropout if self.training else 0.0
+        return plan_layer(
+            dt, cfg.num_heads, cfg.head_dim, cfg.max_seq_len, self.alpha, cfg.eps, p, cfg.kernels, cfg.distribution,
+            keep=RECOMPUTE_KEEP[cfg.recompute.split("+")[0]], recompute_ln="ln" in cfg.recompute.split("+"),
+            zero_copy=cfg.zero_copy,
+        )  # fmt: skip
+
     def _fused(self, x: torch.Tensor, seq_offsets: torch.Tensor) -> torch.Tensor:
         """The whole layer through ``autotune.runtime.layer`` (kernels chosen per shape by dispatch)."""
         cfg, dev = self.cfg, x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         if cfg.precision == "bf16":
             x = x.to(dt)
-        p = cfg.dropout if self.training else 0.0
-        plan = plan_layer(
-            dt, cfg.num_heads, cfg.head_dim, cfg.max_seq_len, self.alpha, cfg.eps, p, cfg.kernels, cfg.distribution,
-            keep=RECOMPUTE_KEEP[cfg.recompute.split("+")[0]], recompute_ln="ln" in cfg.recompute.split("+"),
-            zero_copy=cfg.zero_copy,
-        )  # fmt: skip
+        plan = self.plan(dt)
+        p = plan.dropout
         seed = torch.randint(0, 2**31 - 1, (1,), device=x.device) if p > 0 else self._zero_seed(x.device)
         params = {
             "ln1_w": self.input_norm.weight, "ln1_b": self.input_norm.bias,
@@ -121,12 +169,46 @@ class HSTURankingModel(nn.Module):
 
     def forward(self, batch: JaggedBatch) -> torch.Tensor:
         """Logits of shape (L, num_tasks)."""
+        if self.cfg.precision == "bf16":
+            return self._forward_compute_dtype(batch)
         x = self.input_proj(self.item_emb(batch.items) + self.action_emb(batch.prev_actions))
         x = x + self.pos_emb(batch.positions)
         for layer in self.layers:
             x = layer(x, batch.seq_offsets)
         x = self.final_norm(x)
         return torch.cat([head(x) for head in self.heads], dim=1)
+
+    def _forward_compute_dtype(self, batch: JaggedBatch) -> torch.Tensor:
+        """precision="bf16": the stream stays in the compute dtype from the embeddings to the logits.
+
+        The embeddings' fp32 sum is rounded once by its last add; the final LayerNorm runs the layers' kernel
+        (fp32 statistics, output in the compute dtype) instead of autocast's fp32 LayerNorm, whose fp32 output
+        each head cast again; the task heads run as one GEMM + SiLU + one block-diagonal GEMM, so the normed
+        stream has one consumer (no per-head cast, no fp32 sum of the heads' gradients in the backward).
+        """
+        dev = batch.items.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else self.pos_emb.weight.dtype
+        if isinstance(self.input_proj, nn.Identity):
+            x = embedding_sum(
+                dt, (batch.items, batch.prev_actions, batch.positions),
+                (self.item_emb.weight, self.action_emb.weight, self.pos_emb.weight),
+            )  # fmt: skip
+        else:
+            x = self.input_proj(self.item_emb(batch.items) + self.action_emb(batch.prev_actions))
+            x = (x + self.pos_emb(batch.positions)).to(dt)
+        for layer in self.layers:
+            x = layer(x, batch.seq_offsets)
+        with torch.autocast(dev, enabled=False):
+            norm = self.final_norm
+            x = layer_norm(x, norm.weight, norm.bias, norm.eps, self.layers[0].plan(dt))
+            first = [head[0] for head in self.heads]
+            last = [head[2] for head in self.heads]
+            w1 = torch.cat([m.weight for m in first]).to(dt)
+            b1 = torch.cat([m.bias for m in first]).to(dt)
+            hidden = F.silu(F.linear(x, w1, b1))
+            w2 = torch.block_diag(*(m.weight for m in last)).to(dt)
+            b2 = torch.cat([m.bias for m in last]).to(dt)
+            return F.linear(hidden, w2, b2)
 
     def loss(self, batch: JaggedBatch) -> torch.Tensor:
         """Mean binary cross-entropy over positions and tasks (fp32); weighted by row when the batch

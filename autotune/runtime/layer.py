@@ -163,9 +163,12 @@ class HSTULayerFunction(torch.autograd.Function):
         out = cfg("linear_residual_fwd").launch(y, w_o_c, b_o_c, x, config=cfg("linear_residual_fwd").config)
         saved_xn = None if plan.recompute_ln else xn
         saved_uvqk = None if plan.keep == "pre" else uvqk
+        # The backward sums the bias gradient in fp32 into the master bias's dtype when it has the kept
+        # pre-activation (no bf16 rounding and cast back); recomputing pre needs the compute-dtype bias.
+        b_uvqk_bwd = b_uvqk_c if pre is None else b_uvqk
         ctx.save_for_backward(
             x, saved_xn, mean1, rstd1, saved_uvqk, pre, attn2, y, mean2, rstd2,
-            ln1_w, ln1_b, w_uvqk_c, b_uvqk_c, ln2_w, ln2_b, w_o_c, seq_offsets, seed,
+            ln1_w, ln1_b, w_uvqk_c, b_uvqk_bwd, ln2_w, ln2_b, w_o_c, seq_offsets, seed,
         )  # fmt: skip
         ctx.plan = plan
         return out
@@ -211,6 +214,32 @@ class HSTULayerFunction(torch.autograd.Function):
         s = cfg("layer_norm_bwd")
         dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LN(x) over the plan's LayerNorm kernels: fp32 statistics inside, y in the plan's dtype, fp32 weight and
+    bias gradients. Unlike torch's layer_norm under autocast it reads a bf16 stream as it is (no fp32 copy of
+    x, no fp32 output to cast again for each consumer)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, plan: LayerPlan):
+        s = plan.step("layer_norm_fwd")
+        y, mean, rstd = s.launch(x, weight, bias, eps, config=s.config, out_dtype=plan.dtype)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.plan = plan
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        s = ctx.plan.step("layer_norm_bwd")
+        dx, dw, db = s.launch(dy.contiguous(), x, weight, bias, mean, rstd, config=s.config)
+        return dx, dw, db, None, None
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:
+    """LayerNorm of a 2-D (rows, D) activation through ``plan``'s dispatched kernels, output in ``plan.dtype``."""
+    return LayerNormFunction.apply(x, weight, bias, eps, plan)
 
 
 def _check_call(x: torch.Tensor, seq_offsets: torch.Tensor, plan: LayerPlan, mode: str) -> None:

@@ -87,6 +87,30 @@ def test_dry_run_lists_tasks_and_space_sizes_without_a_gpu(capsys, monkeypatch):
     assert "d128/128" in text and "8K jagged" in text and "2K sparse" in text
 
 
+@pytest.mark.parametrize("before", [None, "0"])
+def test_interpret_leaves_the_callers_environment_as_it_was(capsys, monkeypatch, before):
+    """``main([... "--interpret"])`` turns the interpreter on for its own work only: a library caller (or a test
+    session on a GPU host) that runs compiled Triton kernels afterwards must not find TRITON_INTERPRET=1."""
+    import os
+
+    from autotune.tuning import cli
+
+    if before is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", before)
+    seen = {}
+
+    def cmd_run(args) -> int:
+        seen["during"] = os.environ.get("TRITON_INTERPRET")
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_run", cmd_run)
+    assert cli.main(["run", "--gpu", "h100", "--interpret", "--dry-run"]) == 0
+    assert seen["during"] == "1" and os.environ.get("TRITON_INTERPRET") == before
+
+
+@pytest.mark.interpreter
 def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
     root = tmp_path / "artifacts"

@@ -19,6 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
+from proc_env import child_env
 
 from autotune.runtime import artifacts as art
 from autotune.tuning.farm_status import farm_names
@@ -67,7 +68,7 @@ def _start(
     url: str, root: Path, workers: int, host: str, small: bool = False, one: bool = False, **env: str
 ) -> subprocess.Popen:
     """One ``autotune run`` command, as a host would start it (``small``: 4 tasks instead of 16; ``one``: 1)."""
-    full = {**os.environ, **FARM_ENV, "AUTOTUNE_FARM_HOST": host, "PYTHONPATH": str(REPO), **env}
+    full = child_env(**FARM_ENV, AUTOTUNE_FARM_HOST=host, **env)
     log = open(root.parent / f"{host}.out", "w")  # noqa: SIM115 - closed with the process
     argv = _argv(url, root, workers, "256,512", "32") if small or one else _argv(url, root, workers)
     argv += ["--buckets", "256", "--distributions", "uniform"] if one else []
@@ -312,7 +313,7 @@ for i in range(first, first + 6):
 
 def test_concurrent_artifact_writers_lose_no_entry(tmp_path):
     """Four processes upsert 6 entries each into one artifact at once: the lock and re-read keep all 24."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     code = textwrap.dedent(_MERGER)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(6 * k)], env=env) for k in range(4)]
     assert [p.wait(120) for p in procs] == [0, 0, 0, 0]
@@ -357,7 +358,7 @@ def test_silent_storage_host_times_out_without_traceback(tmp_path):
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # the kernel completes the handshake; nothing ever speaks PostgreSQL
         url = f"postgresql://autotune@127.0.0.1:{silent.getsockname()[1]}/autotune"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_FARM_CONNECT_TIMEOUT": "2"}
+        env = child_env(AUTOTUNE_FARM_CONNECT_TIMEOUT="2")
         cmd = [sys.executable, "-m", "autotune.tuning.cli", "status", "--storage", url]
         t0 = time.time()
         res = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)

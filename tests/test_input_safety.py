@@ -519,11 +519,10 @@ print("SCRIPT DONE", flush=True)
 
 
 def _gpu_env() -> dict:
-    import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CUTE_DSL_ARCH")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_repo_root()), env.get("PYTHONPATH", "")]))
-    return env
+    from proc_env import child_env
+
+    return child_env("TRITON_INTERPRET", "CUTE_DSL_ARCH")
 
 
 def _repo_root():

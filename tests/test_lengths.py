@@ -108,6 +108,7 @@ def test_tasks_carry_the_sample():
     assert d["count"] == 100 and d["max"] == 8999 and d["p50"] <= d["p90"] <= d["p99"]
 
 
+@pytest.mark.interpreter
 def test_run_with_lengths_records_the_sample(tmp_path):
     """autotune run --lengths: jagged entries are tuned on batches from the file and say so."""
     from autotune.tuning.cli import main

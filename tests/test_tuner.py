@@ -84,6 +84,7 @@ class _Interrupt(Reporter):
             raise KeyboardInterrupt
 
 
+@pytest.mark.interpreter
 def test_interrupted_study_resumes_where_it_stopped(tmp_path):
     """Real forward template under the interpreter: stop after 2 measured trials, then resume to 4."""
     task = Task("hstu_attention_fwd", "h100", "float32", 32, 32, 1, 256, "jagged", batch=2, seq_cap=64)

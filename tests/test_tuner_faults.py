@@ -6,16 +6,17 @@ artifact: the best correct config must win and no wrong config may be written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import optuna
 import pytest
+from proc_env import child_env
 
 from autotune.runtime import artifacts as art
 from autotune.tuning.registry import load_plugins
@@ -23,7 +24,6 @@ from autotune.tuning.tasks import Task
 from autotune.tuning.tuner import TuneOptions, compare_extended, compare_verdict, make_storage, run_tasks
 
 load_plugins(["autotune.tuning.fake"])
-REPO = Path(__file__).resolve().parents[1]
 OK = {"mode": "ok", "size": 1}
 
 
@@ -180,7 +180,7 @@ run_tasks([task], opts)
 
 def test_kill_during_the_defaults_trial_then_resume_measures_the_default(tmp_path, monkeypatch):
     _plant(monkeypatch, "ok")
-    env = {**os.environ, "AUTOTUNE_FAKE_DEFAULT_SLEEP": "60", "PYTHONPATH": str(REPO)}
+    env = child_env(AUTOTUNE_FAKE_DEFAULT_SLEEP="60")
     proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(_KILLED_RUN), str(tmp_path)], env=env, start_new_session=True
     )
@@ -197,7 +197,8 @@ def test_kill_during_the_defaults_trial_then_resume_measures_the_default(tmp_pat
                         running = t
         assert running is not None and running.user_attrs["config_key"] == "fake:mode=slow"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended on its own (the assertion says why)
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     (r,) = run_tasks([task], _opts(tmp_path))
     trials = _trials(tmp_path, task)
@@ -315,7 +316,7 @@ def test_worker_dies_with_a_killed_tuner():
     (Linux PR_SET_PDEATHSIG): an orphan would keep the GPU busy under the next tuner's timings."""
     if not sys.platform.startswith("linux"):
         pytest.skip("parent-death signal is Linux-only")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(_ORPHAN_PARENT)], env=env, stdout=subprocess.PIPE, text=True
     )

@@ -211,8 +211,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     console = _console()
     _fill_defaults(args)
-    if args.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
     budget = parse_duration(args.time_budget)
     _check_run_numbers(args)
     gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
@@ -731,11 +729,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interpreter_env(wanted: bool) -> str | None:
+    """Turn the Triton interpreter on for ``--interpret`` (read by the spawned workers and by Triton when it is
+    first imported); returns the variable's value, which ``main`` restores so a library caller's process is
+    left as it was."""
+    before = os.environ.get("TRITON_INTERPRET")
+    if wanted:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return before
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "interpret", False):
-        os.environ["TRITON_INTERPRET"] = "1"
+    before = _interpreter_env(bool(getattr(args, "interpret", False)))
+    try:
+        return _dispatch_command(args)
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def _dispatch_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; a ``CLIError`` is the one-line usage error (exit 2)."""
     try:
         if args.command == "run":
             return cmd_run(args)

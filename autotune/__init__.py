@@ -7,6 +7,10 @@ the GPU registry in ``autotune.runtime.gpus``; buckets in ``autotune.runtime.buc
 
 from __future__ import annotations
 
+# The one home of the project version: pyproject.toml reads it (dynamic), and a source checkout on
+# PYTHONPATH, which has no installed metadata, still knows it.
+__version__ = "0.1.0"
+
 __all__: list[str] = []
 
 # --- runtime dispatch (owner: autotune/runtime/dispatch.py) ---------------------------------------------

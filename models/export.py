@@ -6,7 +6,8 @@
 The graph takes the jagged batch as values plus offsets: ``items`` and ``prev_actions`` (L,) int64,
 ``seq_offsets`` (B+1,) int64 (positions are computed from the offsets), with the row count L dynamic
 (``rows``) and B fixed by the preset (empty sequences are allowed, so fewer sequences fit too); it
-returns ``logits`` (L, num_tasks). Opset 18, exported by ``torch.onnx`` (dynamo) in eval mode.
+returns ``logits`` (L, num_tasks). Opset 18, exported by ``torch.onnx`` (dynamo) in eval mode; the file's
+IR version is the lowest its content needs (``onnx_hstu.pin_ir_version``), so older runtimes load it.
 
 Each HSTU attention call is one ``hstu.JaggedAttention`` node (``autotune.runtime.onnx_hstu``): a model-local
 function of standard operators defines it, so ONNX Runtime runs the file as is, and its attributes
@@ -300,7 +301,7 @@ def export_onnx(
     """Export ``preset`` to ``out`` and run the full ``onnx.checker``; returns (result, module, config)."""
     import onnx
 
-    from autotune.runtime.onnx_hstu import translation_table
+    from autotune.runtime.onnx_hstu import pin_ir_version, translation_table
 
     cfg = resolve_config(preset, overrides)
     out = Path(out)
@@ -337,6 +338,7 @@ def export_onnx(
         )
     proto = program.model_proto
     _annotate(proto, records, cfg, preset, gpu)
+    pin_ir_version(proto)
     large = proto.ByteSize() > _EXTERNAL_DATA_BYTES
     onnx.save_model(proto, str(out), save_as_external_data=large, location=out.name + ".data" if large else None)
     onnx.checker.check_model(str(out), full_check=True)

@@ -78,8 +78,67 @@ def test_onnx_runtime_matches_pytorch(tiny):
         assert r["err_exported"] is not None and r["err_exported"] < 1e-5, r  # Triton (interpreter) model too
 
 
+def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):
+    """The file's IR version is what its content needs, not the installed onnx package's newest.
+
+    Opset 18 and model-local functions need IR 8; the exporter's metadata_props on nodes need IR 10
+    (onnx.proto's Version notes). Nothing newer is used, so the file must say at most 10: a runtime of
+    the IR-10 era (ONNX Runtime >= 1.17) loads it whatever onnx wrote it (a newer onnx stamped 14 and
+    an ONNX Runtime of max IR 13 refused the file).
+    """
+    model = onnx.load(str(tiny[0]))
+    metadata = any(n.metadata_props for n in model.graph.node) or any(v.metadata_props for v in model.graph.value_info)
+    want = max(onnx.helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True), 8, 10 if metadata else 8)
+    assert model.functions and model.ir_version == want <= 10
+    onnx.checker.check_model(model, full_check=True)
+
+
+def _ir_case(feature: str) -> onnx.ModelProto:
+    """An opset-13 Identity model (IR 7 by its opset) with one feature of a newer IR version added."""
+    t = onnx.helper.make_tensor_value_info
+    opset = 18 if feature == "opset18" else 13
+    node = onnx.helper.make_node("Identity", ["x"], ["y"])
+    graph = onnx.helper.make_graph([node], "g", [t("x", onnx.TensorProto.FLOAT, [2])], [t("y", 1, [2])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    func = onnx.helper.make_function("d", "F", ["a"], ["b"], [onnx.helper.make_node("Identity", ["a"], ["b"])], [])
+    func.opset_import.append(onnx.helper.make_opsetid("", opset))
+    if feature == "function_default":
+        func.attribute_proto.append(onnx.helper.make_attribute("k", 1))
+    if feature in ("function", "function_default"):
+        model.functions.append(func)
+    if feature == "node_metadata":
+        model.graph.node[0].metadata_props.add(key="k", value="v")
+    if feature == "int4_initializer":
+        model.graph.initializer.append(onnx.helper.make_tensor("w", onnx.TensorProto.INT4, [2], [1, 2]))
+    if feature == "float4_in_a_subgraph":
+        inner = onnx.helper.make_graph([], "b", [], [t("z", onnx.TensorProto.FLOAT4E2M1, [2])])
+        branch = onnx.helper.make_node("If", ["c"], ["z"], then_branch=inner, else_branch=inner)
+        model.graph.node.append(branch)
+    return model
+
+
+@pytest.mark.parametrize(
+    "feature, want",
+    [
+        ("none", 7),
+        ("opset18", 8),
+        ("function", 8),
+        ("function_default", 9),
+        ("node_metadata", 10),
+        ("int4_initializer", 10),
+        ("float4_in_a_subgraph", 11),
+    ],
+)
+def test_pin_ir_version_takes_the_newest_feature_the_model_uses(feature, want):
+    if feature == "float4_in_a_subgraph" and not hasattr(onnx.TensorProto, "FLOAT4E2M1"):
+        pytest.skip("this onnx predates FLOAT4E2M1")
+    model = _ir_case(feature)
+    assert model.ir_version == onnx.IR_VERSION  # make_model stamps the newest
+    assert onnx_hstu.pin_ir_version(model) == want and model.ir_version == want
+
+
 def _single_node_model(dtype: int, attrs: dict) -> onnx.ModelProto:
-    """A model of one hstu.JaggedAttention node, its function attached."""
+    """A model of one hstu.JaggedAttention node, its function attached, pinned like an exported one."""
     t = lambda name, elem, shape: onnx.helper.make_tensor_value_info(name, elem, shape)  # noqa: E731
     inputs = [
         t("q", dtype, ["L", 2, 16]),
@@ -93,6 +152,7 @@ def _single_node_model(dtype: int, attrs: dict) -> onnx.ModelProto:
     graph = onnx.helper.make_graph([node], "one", inputs, [t("out", dtype, ["L", 2, 8])])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     onnx_hstu.attach_functions(model)
+    onnx_hstu.pin_ir_version(model)
     return model
 
 
@@ -119,6 +179,7 @@ def test_function_body_matches_the_reference_for_every_mask(ctx, targets, window
         has_targets=int(nt is not None),
     )
     model = _single_node_model(onnx.TensorProto.FLOAT, attrs)
+    assert model.ir_version == 8  # opset 18 and a model-local function, nothing newer
     onnx.checker.check_model(model, full_check=True)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {

@@ -4,7 +4,9 @@ that ``autotune.load(DIR)`` accepts."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -79,7 +81,7 @@ def test_wheel_carries_the_artifacts_and_an_install_finds_them(tmp_path):
         timeout=300,
     )
     assert build.returncode == 0, build.stderr
-    (wheel,) = tmp_path.glob("hstu_autotune-*.whl")
+    (wheel,) = tmp_path.glob(f"hstu_autotune-{autotune.__version__}-*.whl")  # pyproject reads the version
     repo_files = {p.relative_to(REPO).as_posix(): p.read_bytes() for p in (REPO / "artifacts").glob("*/*.json")}
     assert repo_files, "the repository has no committed artifacts"
     with zipfile.ZipFile(wheel) as z:
@@ -163,7 +165,7 @@ def test_export_bundle_round_trip(tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["gpu"] == "h100" and manifest["gpu_name"] == "NVIDIA H100 80GB HBM3"
     assert sorted(f["path"] for f in manifest["files"]) == [f"h100/{BWD}.json", f"h100/{FWD}.json"]
-    assert manifest["exported_with"]["hstu-autotune"] and "torch" in manifest["exported_with"]
+    assert manifest["exported_with"]["hstu-autotune"] == autotune.__version__ and "torch" in manifest["exported_with"]
     for f in manifest["files"]:
         assert (out / f["path"]).read_bytes() == (root / f["path"]).read_bytes()
         assert f["template_hash"]["triton"] == art.current_template_hash(f["kernel"])
@@ -178,6 +180,18 @@ def test_export_bundle_round_trip(tmp_path, capsys):
     (out / "h100" / "gemm_silu.json").write_text("{}")
     problems = bundle.verify_bundle(out)
     assert any("sha256 differs" in p for p in problems) and any("not listed" in p for p in problems)
+
+
+def test_the_manifest_records_the_version_from_a_checkout_that_is_not_installed(tmp_path, monkeypatch):
+    """Run from the source tree on PYTHONPATH, no distribution metadata exists: the version still comes along."""
+
+    def not_installed(dist: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    manifest = bundle.export_bundle("h100", tmp_path / "b", _fresh_artifacts(tmp_path / "arts"))
+    assert manifest["exported_with"]["hstu-autotune"] == autotune.__version__
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", autotune.__version__) and manifest["exported_with"]["torch"] is None
 
 
 def test_export_refuses_unusable_artifacts_and_a_used_destination(tmp_path, capsys):

@@ -24,12 +24,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from autotune import __version__
 from autotune.runtime import artifacts as art
 
 MANIFEST = "manifest.json"
 FORMAT = "hstu-autotune-artifact-bundle"
 FORMAT_VERSION = 1
-_VERSIONED = ("hstu-autotune", "torch", "triton", "nvidia-cutlass-dsl", "optuna")
+_VERSIONED = ("torch", "triton", "nvidia-cutlass-dsl", "optuna")  # installed distributions (None if absent)
 
 
 class BundleError(ValueError):
@@ -46,7 +47,8 @@ def _sha256(path: Path) -> str:
 
 
 def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    """Python, this project (from the source, so a checkout that is not installed has it too) and the libraries."""
+    out: dict[str, str | None] = {"python": platform.python_version(), "hstu-autotune": __version__}
     for dist in _VERSIONED:
         try:
             out[dist] = metadata.version(dist)

@@ -14,6 +14,9 @@ The function body is a reference, not a kernel: it builds the (H, L, L) score te
 jagged batch and masks pairs of different sequences, so memory is O(H * L^2) for L rows. It follows
 the HSTU.md mask exactly (causal, context rows, targets, window) and matches the PyTorch oracle to
 float rounding.
+
+Every model the project writes goes through ``pin_ir_version``: it carries the lowest IR version its
+content needs, not the newest the installed ``onnx`` package knows (which an older runtime refuses).
 """
 
 from __future__ import annotations
@@ -231,3 +234,132 @@ def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
         value = onnx.helper.get_attribute_value(a)
         out[a.name] = value.decode() if isinstance(value, bytes) else value
     return out
+
+
+# IR version that introduced each feature ``min_ir_version`` detects (the notes on onnx.proto's Version enum).
+_IR_SPARSE = 6  # sparse initializers
+_IR_TRAINING = 7  # TrainingInfoProto
+_IR_FUNCTIONS = 8  # model-local functions, Optional and SparseTensor types
+_IR_FUNCTION_DEFAULTS = 9  # FunctionProto.attribute_proto
+_IR_METADATA = 10  # metadata_props below ModelProto, function/node overloads, FunctionProto.value_info
+_IR_MULTI_DEVICE = 11  # ModelProto.configuration, NodeProto.device_configurations
+_OLD_DTYPES = 16  # every TensorProto data type up to BFLOAT16 is valid since IR 4
+_DTYPE_IR = {
+    "FLOAT8E4M3FN": 9,
+    "FLOAT8E4M3FNUZ": 9,
+    "FLOAT8E5M2": 9,
+    "FLOAT8E5M2FNUZ": 9,
+    "UINT4": 10,
+    "INT4": 10,
+    "FLOAT4E2M1": 11,
+    "FLOAT8E8M0": 12,
+    "UINT2": 13,
+    "INT2": 13,
+    "FLOAT6E2M3": 14,
+    "FLOAT6E3M2": 14,
+}
+
+
+def _dtype_ir(dtype: int) -> int:
+    """IR version of a tensor data type; one newer than this table: the installed onnx's (safe, not minimal)."""
+    if dtype <= _OLD_DTYPES:
+        return 4
+    known = {getattr(onnx.TensorProto, name, None): ir for name, ir in _DTYPE_IR.items()}
+    return known.get(dtype, onnx.IR_VERSION)
+
+
+def _type_ir(t: onnx.TypeProto) -> int:
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return _dtype_ir(t.tensor_type.elem_type)
+    if kind == "sparse_tensor_type":
+        return max(_IR_FUNCTIONS, _dtype_ir(t.sparse_tensor_type.elem_type))
+    if kind == "optional_type":
+        return max(_IR_FUNCTIONS, _type_ir(t.optional_type.elem_type))
+    if kind == "sequence_type":
+        return _type_ir(t.sequence_type.elem_type)
+    if kind == "map_type":
+        return max(_dtype_ir(t.map_type.key_type), _type_ir(t.map_type.value_type))
+    return 3
+
+
+def _value_info_ir(v: onnx.ValueInfoProto) -> int:
+    return max(_IR_METADATA if v.metadata_props else 3, _type_ir(v.type))
+
+
+def _tensor_ir(t: onnx.TensorProto) -> int:
+    return max(_IR_METADATA if t.metadata_props else 3, _dtype_ir(t.data_type))
+
+
+def _sparse_ir(s: onnx.SparseTensorProto) -> int:
+    return max(_IR_SPARSE, _tensor_ir(s.values))
+
+
+def _set(a: onnx.AttributeProto, field: str) -> list[Any]:
+    """The single-valued ``field`` of an attribute as a list (empty when unset)."""
+    return [getattr(a, field)] if a.HasField(field) else []
+
+
+def _node_ir(n: onnx.NodeProto) -> int:
+    need = _IR_METADATA if n.metadata_props or n.overload else 3
+    if len(getattr(n, "device_configurations", ())):
+        need = max(need, _IR_MULTI_DEVICE)
+    for a in n.attribute:
+        need = max(
+            [
+                need,
+                *(_tensor_ir(t) for t in [*_set(a, "t"), *a.tensors]),
+                *(_sparse_ir(s) for s in [*_set(a, "sparse_tensor"), *a.sparse_tensors]),
+                *(_graph_ir(g) for g in [*_set(a, "g"), *a.graphs]),
+                *(_type_ir(t) for t in [*_set(a, "tp"), *a.type_protos]),
+            ]
+        )
+    return need
+
+
+def _graph_ir(g: onnx.GraphProto) -> int:
+    return max(
+        [
+            _IR_METADATA if g.metadata_props else 3,
+            *(_value_info_ir(v) for v in [*g.input, *g.output, *g.value_info]),
+            *(_tensor_ir(t) for t in g.initializer),
+            *(_sparse_ir(s) for s in g.sparse_initializer),
+            *(_node_ir(n) for n in g.node),
+        ]
+    )
+
+
+def _function_ir(f: onnx.FunctionProto) -> int:
+    need = max(_IR_FUNCTIONS, onnx.helper.find_min_ir_version_for(f.opset_import, ignore_unknown=True))
+    if f.attribute_proto:
+        need = max(need, _IR_FUNCTION_DEFAULTS)
+    if f.overload or f.value_info or f.metadata_props:
+        need = max(need, _IR_METADATA)
+    return max([need, *(_value_info_ir(v) for v in f.value_info), *(_node_ir(n) for n in f.node)])
+
+
+def min_ir_version(model: onnx.ModelProto) -> int:
+    """The lowest IR version that ``model``'s opsets and content need (custom domains need nothing).
+
+    Walks the graph, its subgraphs and the model-local functions for the features newer IR versions
+    introduced (onnx.proto's Version notes): functions, function attribute defaults, metadata_props
+    below the model, overloads, newer tensor data types, training info, multi-device configuration.
+    """
+    return max(
+        onnx.helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True),
+        _IR_TRAINING if model.training_info else 3,
+        _IR_MULTI_DEVICE if len(getattr(model, "configuration", ())) else 3,
+        _graph_ir(model.graph),
+        *(_function_ir(f) for f in model.functions),
+    )
+
+
+def pin_ir_version(model: onnx.ModelProto) -> int:
+    """Set ``model.ir_version`` to ``min_ir_version`` (in place) and return it; call it last, before saving.
+
+    ``onnx.helper.make_model`` and the exporters stamp the newest IR version they know, so a model
+    written with a new onnx package would be refused by an older runtime although nothing in it needs
+    that version.
+    """
+    model.ir_version = min_ir_version(model)
+    return model.ir_version

@@ -107,6 +107,21 @@ def resolve_config(preset: str, overrides: dict[str, Any] | None = None) -> Mode
         raise ExportError(str(e)) from None
 
 
+def _exported_layer(cfg: ModelConfig) -> tuple[ModelConfig, str | None]:
+    """The config the graph is traced with: the unfused layer in the default precision.
+
+    The fused layer, its bf16 precision and recompute are ways to train the same layer (same parameters, same
+    function), built on autograd functions that launch kernels, which ``torch.export`` cannot trace; the exported
+    graph holds the layer as standard ops around ``hstu.JaggedAttention``. A note says so when it differs.
+    """
+    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none"}
+    changed = {k: getattr(cfg, k) for k, v in wanted.items() if getattr(cfg, k) != v}
+    if not changed:
+        return cfg, None
+    told = ", ".join(f"{k}={v}" for k, v in changed.items())
+    return cfg.replace(**wanted), f"{told}: a training-time choice; exported through the unfused layer (same weights)"
+
+
 def task_spec(preset: str, dtype: str = "bfloat16", training: bool = True) -> ExportSpec:
     """The preset model with fake weights (no memory, seconds even for seed) for task extraction.
 
@@ -303,7 +318,7 @@ def export_onnx(
 
     from autotune.runtime.onnx_hstu import pin_ir_version, translation_table
 
-    cfg = resolve_config(preset, overrides)
+    cfg, layer_note = _exported_layer(resolve_config(preset, overrides))
     out = Path(out)
     if out.is_dir() or not out.parent.is_dir():
         raise ExportError(f"--out {out}: must be a file path in an existing directory")
@@ -320,7 +335,7 @@ def export_onnx(
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ExportError(f"--weights {weights}: not a state_dict of this model ({why})") from None
     module = JaggedModule(model).eval()
-    notes: list[str] = []
+    notes: list[str] = [layer_note] if layer_note else []
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own pytree deprecations
         ep = torch.export.export(module, small_jagged_batch(cfg, seed=0), dynamic_shapes=dynamic_shapes(cfg))

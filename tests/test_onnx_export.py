@@ -78,6 +78,26 @@ def test_onnx_runtime_matches_pytorch(tiny):
         assert r["err_exported"] is not None and r["err_exported"] < 1e-5, r  # Triton (interpreter) model too
 
 
+@pytest.mark.interpreter
+def test_a_model_trained_with_the_fused_layer_exports_as_the_same_function(tmp_path):
+    """layer="fused" (with bf16 precision and recompute) is a way to train the same layer: it exports through the
+    unfused layer with a note, and ONNX Runtime matches the fused-layer PyTorch model with the same weights."""
+    from models.hstu import HSTURankingModel
+
+    over = {"layer": "fused", "precision": "bf16", "recompute": "uvqk"}
+    result, module, cfg = export.export_onnx("tiny", tmp_path / "f.onnx", overrides=over)
+    assert (cfg.layer, cfg.precision, cfg.recompute) == ("unfused", "autocast", "none")
+    assert any("layer=fused" in n and "unfused layer" in n for n in result.notes), result.notes
+    fused = HSTURankingModel(export.resolve_config("tiny", over)).eval()
+    fused.load_state_dict(module.model.state_dict())
+    session = ort.InferenceSession(str(tmp_path / "f.onnx"), providers=["CPUExecutionProvider"])
+    args = export.small_jagged_batch(cfg, seed=3)
+    got = session.run(None, dict(zip(export.INPUT_NAMES, (a.numpy() for a in args), strict=True)))[0]
+    with torch.no_grad():
+        want = export.JaggedModule(fused).eval()(*args).float().numpy()
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4 + 1e-4 * np.abs(want).max()
+
+
 def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):
     """The file's IR version is what its content needs, not the installed onnx package's newest.
 

@@ -215,6 +215,8 @@ class HSTURankingModel(nn.Module):
         has ``weights`` (a padded batch: padding rows weigh 0)."""
         logits = self.forward(batch)
         if batch.weights is None:
+            if logits.numel() == 0:  # every sequence empty: no loss (a mean over nothing would be NaN), zero grads
+                return logits.float().sum()
             return F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
         per_row = F.binary_cross_entropy_with_logits(logits.float(), batch.labels, reduction="none").mean(1)
         return (per_row * batch.weights).sum()

@@ -9,7 +9,7 @@ import torch
 
 from autotune.runtime import dispatch
 from models.config import PRESETS, get_config
-from models.data import SyntheticJaggedDataset
+from models.data import JaggedBatch, SyntheticJaggedDataset
 from models.hstu import HSTURankingModel
 from models.metrics import step_flops
 from models.train import build, main, run
@@ -156,3 +156,17 @@ def test_set_values_take_their_field_types():
 
     got = parse_overrides(["lengths_file=123", "dropout=0.25", "zero_copy=false", "num_layers=3", "layer=fused"])
     assert got == {"lengths_file": "123", "dropout": 0.25, "zero_copy": False, "num_layers": 3, "layer": "fused"}
+
+
+@pytest.mark.parametrize("over", [{}, {"layer": "fused"}, {"layer": "fused", "precision": "bf16"}])
+def test_a_batch_of_empty_sequences_has_zero_loss_and_gradients(device, over):
+    """Every sequence empty (L = 0): the loss is 0, not a mean over nothing (NaN), and every gradient is zero."""
+    cfg = get_config("tiny", kernels="default", **over)
+    model = HSTURankingModel(cfg).to(device)
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    labels = torch.zeros(0, cfg.num_tasks, device=device)
+    batch = JaggedBatch(empty, empty, empty, labels, torch.zeros(4, dtype=torch.long, device=device), [0, 0, 0])
+    loss = model.loss(batch)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())

@@ -16,6 +16,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from proc_env import REPO
 from triton.runtime.errors import InterpreterError
 
 from autotune.runtime import dispatch, ops
@@ -519,16 +520,9 @@ print("SCRIPT DONE", flush=True)
 
 
 def _gpu_env() -> dict:
-
     from proc_env import child_env
 
     return child_env("TRITON_INTERPRET", "CUTE_DSL_ARCH")
-
-
-def _repo_root():
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.gpu
@@ -540,7 +534,7 @@ def test_async_mode_fails_a_device_assertion_naming_the_argument(tmp_path, case)
     script = tmp_path / "assert_case.py"
     script.write_text(ASSERT_SCRIPT)
     res = subprocess.run(
-        [sys.executable, str(script), str(_repo_root() / "tests"), case],
+        [sys.executable, str(script), str(REPO / "tests"), case],
         capture_output=True, text=True, timeout=300, env=_gpu_env(),
     )  # fmt: skip
     text = res.stdout + res.stderr

@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
-from proc_env import child_env
+from proc_env import REPO, child_env
 
 from autotune.runtime import artifacts as art
 from autotune.tuning.farm_status import farm_names
@@ -27,7 +27,6 @@ from autotune.tuning.registry import load_plugins
 from autotune.tuning.tuner import rdb_url
 
 load_plugins(["autotune.tuning.fake"])
-REPO = Path(__file__).resolve().parents[1]
 BUCKETS = "256,512,1K,2K"
 N_TASKS = 16  # 4 buckets x 2 distributions x 2 head dims
 FARM_ENV = {
@@ -436,8 +435,30 @@ def test_sigkill_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
     storage = _storage(pg_url)
     (name,) = farm_names(storage)
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
-    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING], trials
+    logs = "".join(p.read_text() for p in root.glob("h100/studies/farm-logs/*.log"))
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING], (trials, logs[-3000:])
     assert "its run died" in trials[0].user_attrs["failed_reason"]
+
+
+def test_a_worker_finishes_its_hand_back_through_further_signals():
+    """The first SIGTERM/SIGINT interrupts a worker; the ones after it (the run's SIGTERM after a Ctrl-C, the
+    parent-death signal re-sent by each thread of a killed run) do not cut its hand-back short."""
+    code = (
+        "import os, signal, time\n"
+        "from autotune.tuning import farm\n"
+        "farm._worker_signals()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(10)\n"
+        "except KeyboardInterrupt:\n"
+        "    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):\n"
+        "        os.kill(os.getpid(), s)\n"
+        "    time.sleep(0.3)\n"
+        "    print('handed back')\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    r = subprocess.run(cmd, env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "handed back", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsys):

@@ -396,6 +396,20 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _interrupt_once(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _worker_signals() -> None:
+    """The first SIGTERM or SIGINT interrupts a worker; later ones are ignored, so the hand-back of its task
+    runs to the end. More do come: Ctrl-C reaches the worker, then its run's SIGTERM; and a killed run's
+    threads each re-send the parent-death signal as the kernel re-parents the worker among them."""
+    signal.signal(signal.SIGTERM, _interrupt_once)
+    signal.signal(signal.SIGINT, _interrupt_once)
+
+
 def _stop_with_parent(parent: int | None) -> None:
     """Linux: the kernel SIGTERMs this worker when the ``autotune run`` that spawned it dies (SIGKILL, OOM
     killer), so the worker hands its task back at once instead of tuning on unsupervised."""
@@ -415,7 +429,7 @@ def work(spec: dict[str, Any]) -> int:
     """One worker process: claim tasks until the farm has none waiting or running; 0, or EXIT_KEY."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    _worker_signals()
     _stop_with_parent(spec.get("parent"))
     names = {f.name for f in dataclasses.fields(TuneOptions)}
     opts = TuneOptions(**{k: v for k, v in spec["opts"].items() if k in names})

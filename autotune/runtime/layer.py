@@ -272,6 +272,7 @@ def hstu_layer(
     p = params
     if x.shape[0] == 0:  # no tokens: out = x, every parameter gradient zero (no kernel launched)
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0
+    seq_offsets = seq_offsets.contiguous()  # the kernels index it densely: a strided view read the wrong values
     return HSTULayerFunction.apply(
         x, p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
         seq_offsets, seed, plan,

@@ -114,23 +114,27 @@ def check_call_offsets(backend: str, validate: str, seq_offsets, num_targets, ro
     _CHECKED.put(seq_offsets, weakref.ref(num_targets) if num_targets is not None else None, key)
 
 
-# Index tensors a backend wants in another dtype (the CuTe kernels read int32 offsets), cast once per
-# unchanged tensor rather than once per call; keyed by the target dtype.
+# Index tensors a backend wants in another dtype (the CuTe kernels read int32 offsets) or that are strided,
+# cast or compacted once per unchanged tensor rather than once per call; keyed by the target dtype.
 _CAST = TensorMemo()
 
 
 def _index_as(t: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor | None:
-    """``t`` in ``dtype`` (the backend's index dtype), from a cache while ``t`` is unchanged.
+    """``t`` contiguous and in ``dtype`` (the backend's index dtype; None: its own), from a cache while ``t``
+    is unchanged.
 
-    Layers of one step pass the same offsets: one cast a step instead of one per kernel. Under CUDA-graph
-    capture, one recorded cast per capture (``TensorMemo``), which every replay reruns on the new contents."""
-    if t is None or dtype is None or t.dtype == dtype:
+    The kernels index offsets and targets densely, so a strided view (a column of a per-sequence table) is
+    compacted first; read as it is, it gave the neighbouring column's values. Layers of one step pass the
+    same offsets: one cast a step instead of one per kernel. Under CUDA-graph capture, one recorded cast
+    per capture (``TensorMemo``), which every replay reruns on the new contents."""
+    if t is None or ((dtype is None or t.dtype == dtype) and t.is_contiguous()):
         return t
+    dtype = t.dtype if dtype is None else dtype
     if type(t) is not torch.Tensor:
-        return t.to(dtype)
+        return t.to(dtype).contiguous()
     out = _CAST.get(t, (dtype,))
     if out is MISS:
-        out = t.to(dtype)
+        out = t.to(dtype).contiguous()
         _CAST.put(t, out, (dtype,))
     return out
 

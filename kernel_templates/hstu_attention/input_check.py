@@ -222,7 +222,11 @@ def launch_offsets_check(
     assert_on_device: bool = True,
 ) -> None:
     """One launch of the check kernel on the current stream: asserts on the device and/or stores the
-    error mask into ``err`` (an int32 tensor of one element). Under the interpreter it runs on CPU."""
+    error mask into ``err`` (an int32 tensor of one element). Under the interpreter it runs on CPU.
+
+    The kernel indexes densely, so strided offsets or targets (a table's column) are compacted first."""
+    seq_offsets = seq_offsets.contiguous()
+    num_targets = None if num_targets is None else num_targets.contiguous()
     _offsets_check_kernel[(1,)](
         seq_offsets,
         seq_offsets if num_targets is None else num_targets,

@@ -262,7 +262,10 @@ def hstu_attention(
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
-    num_targets = kernel_targets(num_targets, contextual_seq_len, seq_offsets)
+    # The kernels index offsets and targets densely: a strided view (a table's column) is compacted first.
+    seq_offsets = seq_offsets.contiguous()
+    num_targets = kernel_targets(None if num_targets is None else num_targets.contiguous(), contextual_seq_len,
+                                 seq_offsets)  # fmt: skip
     if alpha is None:
         alpha = 1.0 / math.sqrt(q.shape[2])
     interp = _interpreting()

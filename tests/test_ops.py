@@ -105,6 +105,29 @@ def test_torch_compile_fullgraph_across_jagged_batches(device):
         torch.testing.assert_close(f(q, k, v, off), ops.hstu_attention(q, k, v, off, 32, source="default"))
 
 
+@pytest.mark.parametrize("targets", [False, True])
+def test_torch_compile_dynamic_traces_one_graph(device, targets):
+    """``torch.compile(dynamic=True)`` makes every dim and int argument symbolic: dispatch must still get plain
+    ints (each specialised by a guard) and the call trace into one graph matching the eager call; it failed
+    in ``_choose`` (``assume_constant_result`` cannot take a SymInt)."""
+
+    def f(q, k, v, off, max_seq_len, nt):
+        return ops.hstu_attention(q, k, v, off, max_seq_len, num_targets=nt, contextual_seq_len=1, source="default")
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+    for rows, d, max_seq_len in ((29, 32, 32), (33, 32, 40), (29, 64, 32)):
+        gen = torch.Generator().manual_seed(rows)
+        q, k, v = (torch.randn(rows, 2, d, generator=gen).to(device).requires_grad_(True) for _ in range(3))
+        off = torch.tensor([0, 7, 20, rows], device=device)
+        nt = torch.tensor([1, 0, 2], device=device) if targets else None
+        out = compiled(q, k, v, off, max_seq_len, nt)
+        want = f(q, k, v, off, max_seq_len, nt)
+        torch.testing.assert_close(out, want)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        for g, r in zip(grads, torch.autograd.grad(want.sum(), (q, k, v)), strict=True):
+            torch.testing.assert_close(g, r)
+
+
 def test_torch_export_sees_the_op(device):
     q, k, v, off = _inputs(device)
 

@@ -17,6 +17,7 @@ replays then run on whatever the tensor holds.
 """
 
 import math
+import operator
 import weakref
 
 import torch
@@ -367,29 +368,39 @@ def hstu_attention(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=source != "reference",
         )  # fmt: skip
-    # Dispatch takes plain ints: under torch.compile a dynamic dim is specialised here (a guard), and the
-    # fill ratio, which changes with every jagged batch, is left out (dispatch then uses the bucket alone).
-    dqk, dv, heads = int(q.shape[2]), int(v.shape[2]), int(q.shape[1])
+    # Dispatch takes plain ints: under torch.compile a dynamic dim or int argument is specialised here (a
+    # guard), and the fill ratio, which changes with every jagged batch, is left out (dispatch then uses the
+    # bucket alone).
+    dqk, dv, heads = _static_int(q.shape[2]), _static_int(v.shape[2]), _static_int(q.shape[1])
+    max_seq_len, ctx_len, win = _static_int(max_seq_len), _static_int(contextual_seq_len), _static_int(max_attn_len)
     compiling = torch.compiler.is_compiling()
-    mask = dispatch.mask_of(int(contextual_seq_len), num_targets is not None, int(max_attn_len))
+    mask = dispatch.mask_of(ctx_len, num_targets is not None, win)
     rows, batch = q.shape[0], seq_offsets.shape[0] - 1
     # The fill ratio is host-side shape arithmetic (no sync); traced calls with symbolic rows keep None.
     plain = not compiling and type(rows) is int and type(batch) is int
-    fill = dispatch.call_fill(rows, batch, int(max_seq_len)) if plain else None
+    fill = dispatch.call_fill(rows, batch, max_seq_len) if plain else None
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
-        q.dtype, dqk, dv, heads, int(max_seq_len), distribution, source, mask, fill
+        q.dtype, dqk, dv, heads, max_seq_len, distribution, source, mask, fill
     )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)
+    scaling = None if scaling_seqlen is None else _static_int(scaling_seqlen)
     args = (
-        q, k, v, seq_offsets, num_targets, int(max_seq_len), float(alpha), int(contextual_seq_len),
-        int(max_attn_len), scaling_seqlen, fwd_backend, fwd_config, bwd_backend, bwd_config, mode,
+        q, k, v, seq_offsets, num_targets, max_seq_len, float(alpha), ctx_len,
+        win, scaling, fwd_backend, fwd_config, bwd_backend, bwd_config, mode,
     )  # fmt: skip
     if _eager(q, k, v):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return _fwd_impl(*args[:10], fwd_backend, fwd_config, mode)  # nothing to differentiate
         return _AttentionFunction.apply(*args)
     return attention_fwd(*args)
+
+
+def _static_int(x: object) -> int:
+    """``x`` as a plain int. Under ``torch.compile(dynamic=True)`` dims and int arguments are symbolic, and
+    ``int()`` keeps them so (``_choose`` then cannot trace); ``operator.index`` specialises one with a guard.
+    A float (only unchecked calls, ``validate="none"``, get here with one) is truncated as ``int()`` does."""
+    return int(x) if isinstance(x, float) else operator.index(x)
 
 
 def _number(x: object) -> bool:

@@ -127,6 +127,8 @@ def test_custom_op_checks_its_inputs_unless_told_not_to(device):
         ({"num_targets": [1, 2]}, "num_targets must be a 1-D int tensor or None"),
         ({"q": "q"}, "q must be a torch.Tensor"),
         ({"alpha": "x"}, "alpha must be a number"),
+        ({"alpha": torch.tensor([0.1, 0.2])}, "alpha must be a number or a one-element real tensor"),
+        ({"alpha": torch.tensor(0.2, requires_grad=True)}, "alpha must not require grad"),
         ({"max_seq_len": True}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
         ({"max_seq_len": 2**40}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
         ({"contextual_seq_len": True}, "contextual_seq_len must be a non-negative int"),
@@ -138,6 +140,16 @@ def test_wrong_argument_types_name_the_argument(kwargs, match):
     args = {"q": q, "k": k, "v": v, "seq_offsets": torch.tensor([0, 4, 10]), "max_seq_len": 8, **kwargs}
     with pytest.raises(ValueError, match=match):
         ops.hstu_attention(**args, source="default")
+
+
+def test_alpha_may_be_a_numpy_or_tensor_scalar():
+    import numpy as np
+
+    q, k, v = (t.detach() for t in _qkv("cpu", 10))
+    off = torch.tensor([0, 4, 10])
+    want = ops.hstu_attention(q, k, v, off, 8, 0.25, source="default")
+    for alpha in (np.float32(0.25), np.float64(0.25), torch.tensor(0.25), torch.tensor([0.25])):
+        torch.testing.assert_close(ops.hstu_attention(q, k, v, off, 8, alpha, source="default"), want)
 
 
 def test_gradients_built_with_create_graph_can_be_updated_in_place(device):

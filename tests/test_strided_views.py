@@ -70,3 +70,68 @@ def test_attention_on_views_matches_contiguous(device, backend):
     torch.testing.assert_close(dv, ref[2], atol=0, rtol=0)
     torch.testing.assert_close(dq, ref[0], atol=1e-3, rtol=1e-2)
     assert (grad[:, :hd] == 7.0).all(), "the backward wrote outside its columns"
+
+
+def _awkward_views(device: str, dtype: torch.dtype, L: int = 200):
+    """q with heads not contiguous (a transpose), k at a misaligned address, v a plain column slice."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(L, D, HEADS, generator=gen).to(device, dtype).transpose(1, 2)
+    k = torch.randn(L * HEADS * D + 1, generator=gen).to(device, dtype)[1:].view(L, HEADS, D)
+    v = torch.randn(L, 2 * HEADS * D, generator=gen).to(device, dtype)[:, HEADS * D :].view(L, HEADS, D)
+    return q, k, v
+
+
+def test_cute_runtime_entry_copies_only_the_views_tma_cannot_read(monkeypatch):
+    """The CuTe forward needs contiguous heads and 16-byte aligned rows; dispatch's entry copies a view that
+    lacks them (which the Triton backend serves) instead of failing, and passes a column slice as it is."""
+    pytest.importorskip("cutlass")
+    import kernel_templates.cute as cute_pkg
+    from kernel_templates.cute.launch import tma_rows_ok
+
+    assert spec.resolve(spec.kernel("hstu_attention_fwd").backend("cute").launcher) is (
+        cute_pkg.hstu_attention_cute_fwd_validated
+    )
+    seen = {}
+
+    def fake_fwd(q, k, v, *args, out=None):
+        seen.update(q=q, k=k, v=v)
+        return torch.empty(q.shape[0], q.shape[1], v.shape[2])
+
+    monkeypatch.setattr(cute_pkg, "hstu_attention_cute_fwd", fake_fwd)
+    q, k, v = _awkward_views("cpu", torch.bfloat16)
+    assert not tma_rows_ok(q) and not tma_rows_ok(k) and tma_rows_ok(v)
+    off = torch.tensor([0, 70, 200], dtype=torch.int32)
+    cute_pkg.hstu_attention_cute_fwd_validated(q, k, v, off, 130, 0.125, None, 0, 0, None, None)
+    assert all(tma_rows_ok(seen[n]) for n in "qkv")
+    assert torch.equal(seen["q"], q) and torch.equal(seen["k"], k)
+    assert seen["v"] is v, "a view the TMA loads can read is not copied"
+
+    def fake_bwd(do, q, k, v, *args, **kw):
+        seen.update(do=do, q=q, k=k, v=v)
+        return q, k, v
+
+    monkeypatch.setattr(cute_pkg, "hstu_attention_cute_bwd", fake_bwd)
+    seen.clear()
+    do = k.detach().clone()  # contiguous and aligned: passed as it is
+    cute_pkg.hstu_attention_cute_bwd_validated(do, q, k, v, off, 130, 0.125, None, 0, 0, None, None)
+    assert all(tma_rows_ok(seen[n]) for n in ("do", "q", "k", "v"))
+    assert seen["do"] is do and seen["v"] is v and torch.equal(seen["k"], k)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="needs an sm90 GPU")
+def test_public_call_on_views_tma_cannot_read_matches_contiguous():
+    """Through the drop-in call (dispatch may pick CuTe): transposed and misaligned q/k views give the same
+    output and gradients as their contiguous copies."""
+    from autotune.ops import hstu_attention
+
+    q, k, v = _awkward_views("cuda", torch.bfloat16)
+    off = torch.tensor([0, 70, 70, 200], dtype=torch.int64, device="cuda")
+    results = []
+    for make in (lambda t: t, lambda t: t.contiguous()):
+        leaves = [make(t).detach().requires_grad_() for t in (q, k, v)]
+        out = hstu_attention(*leaves, off, 130, source="tuned")
+        out.float().square().sum().backward()
+        results.append([out, *(t.grad for t in leaves)])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)

@@ -10,6 +10,7 @@ from . import op as _op
 from .bwd_config import HSTUCuteBwdConfig, bwd_smem_bytes, check_bwd_config, default_cute_bwd_config
 from .bwd_op import BwdKey, bwd_key, compile_bwd, hstu_attention_cute_bwd
 from .config import CUTE_HEAD_DIMS, HSTUCuteFwdConfig, check_fwd_config, smem_bytes
+from .launch import tma_rows_ok
 from .op import (
     FwdKey,
     compile_fwd,
@@ -46,11 +47,33 @@ def hstu_attention_cute(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
     num_targets = kernel_targets(num_targets, contextual_seq_len, seq_offsets)
+    q, k, v = (tma_ready(t) for t in (q, k, v))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         q, k, v = _FirstOrderInputs.apply(q, k, v)
     return _op.hstu_attention_cute(
         q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
         fwd_config, bwd_config, validate=False,
+    )  # fmt: skip
+
+
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when the TMA loads can read it (``tma_rows_ok``: contiguous heads, 16-byte aligned rows, as
+    a column slice of the uvqk projection is), else a contiguous copy: a view that the input checks and the
+    Triton backend accept (a transposed one, a misaligned slice) must not fail where dispatch picks CuTe. A
+    clone, not ``.contiguous()``: a misaligned view can be contiguous, and ``.contiguous()`` returns it as is."""
+    return t if tma_rows_ok(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def hstu_attention_cute_fwd_validated(
+    q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config,
+    out=None,
+):  # fmt: skip
+    """``hstu_attention_cute_fwd`` as dispatch launches it, on inputs its caller validated: a q, k or v the TMA
+    loads cannot read is copied once (``tma_ready``), as the backward does, instead of raising."""
+    q, k, v = (tma_ready(t) for t in (q, k, v))
+    return hstu_attention_cute_fwd(
+        q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+        config, out=out,
     )  # fmt: skip
 
 
@@ -60,7 +83,9 @@ def hstu_attention_cute_bwd_validated(
 ):  # fmt: skip
     """``hstu_attention_cute_bwd`` as dispatch launches it: like every runtime launcher it takes inputs its
     caller (``autotune.runtime.ops``, the fused layer) has validated, so the call does not check them a second
-    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices)."""
+    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices). Inputs the TMA loads
+    cannot read are copied here (``tma_ready``): the launcher's own copy keeps a misaligned contiguous view."""
+    do, q, k, v = (tma_ready(t) for t in (do, q, k, v))
     return hstu_attention_cute_bwd(
         do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
         scaling_seqlen, config=config, out=out, validate=False,
@@ -86,5 +111,7 @@ __all__ = [
     "hstu_attention_cute_bwd",
     "hstu_attention_cute_bwd_validated",
     "hstu_attention_cute_fwd",
+    "hstu_attention_cute_fwd_validated",
     "smem_bytes",
+    "tma_ready",
 ]

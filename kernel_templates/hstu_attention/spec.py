@@ -40,7 +40,7 @@ def _cute(direction: str) -> BackendSpec:
     return BackendSpec(
         name="cute",
         # The runtime entries take inputs ``autotune.runtime.ops`` validated (the backward's own check is off).
-        launcher=f"kernel_templates.cute:hstu_attention_cute_{'fwd' if direction == 'fwd' else 'bwd_validated'}",
+        launcher=f"kernel_templates.cute:hstu_attention_cute_{direction}_validated",
         config=f"kernel_templates.cute.{cls}",  # pure Python: reading an artifact never imports cutlass
         space=f"search_spaces.hstu_attention_cute:HSTU_{direction.upper()}_CUTE",
         tune_launch=f"{_TUNING}:launch_cute_{direction}",

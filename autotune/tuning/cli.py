@@ -212,7 +212,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = _console()
     _fill_defaults(args)
     budget = parse_duration(args.time_budget)
-    _check_run_numbers(args)
+    from autotune.tuning.cli_checks import check_run_numbers, check_run_outputs
+
+    check_run_numbers(args)
     gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
     from autotune.tuning.registry import backends_for, get_op
 
@@ -239,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"no feasible config for {t.label()} (unsupported head dims?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
+    check_run_outputs(args, gpu)
     from autotune.tuning.tuner import TuneOptions, run_tasks
 
     opts = TuneOptions(
@@ -318,20 +321,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             if r.error:
                 console.print(f"  {r.task.label()}: {r.error}", markup=False, soft_wrap=True)
     return 1 if failed else 0
-
-
-def _check_run_numbers(args: argparse.Namespace) -> None:
-    """Usage errors for numbers ``autotune run`` cannot work with."""
-    if args.backends is not None and not args.backends:
-        raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
-    if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:
-        raise CLIError(f"--eval-timeout must be a positive number of seconds, got {args.eval_timeout}")
-    if args.compare_rounds < 1:
-        raise CLIError(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
-    if args.compare_max_rounds < args.compare_rounds:
-        raise CLIError(
-            f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
-        )
 
 
 def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
@@ -441,6 +430,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
             + "; ".join(losses)
             + " (pass --replace to drop them)"
         )
+    from autotune.tuning.cli_checks import writable_folder
+
+    for path in targets:  # before any file is merged: all targets or none
+        writable_folder("--artifacts", path.parent)
     for f, a in loaded:
         try:
             path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment, replace=args.replace)

@@ -30,6 +30,7 @@ GPU_DEFAULTS: dict[str, Any] = {
     "batch": 32,
     "dtype": "bfloat16",
     "distributions": "uniform,jagged,sparse",
+    "masks": "causal",
     "trials": 16,
     "time_budget": "40m",  # 48 tasks; compile ~1-3 s per new config, shared across buckets
 }
@@ -41,6 +42,7 @@ INTERPRET_DEFAULTS: dict[str, Any] = {
     "batch": 2,
     "dtype": "float32",
     "distributions": "uniform,jagged",
+    "masks": "causal",
     "trials": 3,
     "time_budget": None,
     "seq_cap": 64,
@@ -139,7 +141,9 @@ def resolve_gpu(arg: str, interpret: bool, dry_run: bool, needs: str = "tuning n
 
 
 def _fill_defaults(args: argparse.Namespace) -> None:
+    """Fill the unset options; ``args.given`` keeps the ones the user set (even to a default's value)."""
     defaults = INTERPRET_DEFAULTS if args.interpret else GPU_DEFAULTS
+    args.given = {k for k in defaults if getattr(args, k, None) is not None}
     for k, v in defaults.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
@@ -625,7 +629,7 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"
     )
-    p.add_argument("--masks", default="causal", help="mask features: causal, targets, context, window, ...")
+    p.add_argument("--masks", help="mask features: causal (default), targets, context, window, ...")
     p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
     p.add_argument(
         "--artifacts", help="artifacts root (default ./artifacts; runs/interpret/artifacts with --interpret)"

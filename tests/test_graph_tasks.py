@@ -208,6 +208,11 @@ def test_tasks_command_prints_and_writes_json(capsys, monkeypatch, tmp_path):
             ["run", "--gpu", "h100", "--dry-run", "--from-model", "tiny", "--buckets", "1K"],
             "--buckets cannot be combined",
         ),
+        # The default's own value is ignored all the same: the graph decides (it was silently accepted).
+        (["run", "--gpu", "h100", "--dry-run", "--from-model", "tiny", "--heads", "4"], "--heads cannot be combined"),
+        (["run", "--gpu", "h100", "--dry-run", "--from-model", "tiny", "--kernel", "fwd,bwd"], "--kernel cannot be"),
+        (["run", "--gpu", "h100", "--interpret", "--from-model", "tiny", "--dims", "32"], "--dims cannot be"),
+        (["run", "--gpu", "h100", "--dry-run", "--from-model", "tiny", "--masks", "causal"], "--masks cannot be"),
     ],
 )
 def test_tasks_errors_are_clear(capsys, argv, message):

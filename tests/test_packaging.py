@@ -234,3 +234,14 @@ def test_verify_bundle_reports_a_malformed_manifest(tmp_path, mutate, expected):
     (out / "manifest.json").write_text(json.dumps(manifest))
     problems = bundle.verify_bundle(out)
     assert any(expected in p for p in problems), problems
+
+
+def test_export_takes_the_kernel_names_run_show_and_verify_take(tmp_path, capsys):
+    """``--kernel fwd`` was "no artifact for fwd" (exit 1): only spec names were looked up."""
+    argv = ["export", "--gpu", "h100", "--artifacts", str(_fresh_artifacts(tmp_path / "arts")), "--kernel"]
+    assert main([*argv, "fwd", "--out", str(tmp_path / "b")]) == 0
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [f["path"] for f in manifest["files"]] == [f"h100/{FWD}.json"]
+    capsys.readouterr()
+    assert main([*argv, ",", "--out", str(tmp_path / "c")]) == 2
+    assert "--kernel ',' names nothing" in capsys.readouterr().err

@@ -127,6 +127,18 @@ def test_cli_refuses_a_missing_folder_and_bad_jobs(tmp_path, capsys):
     assert "no artifact" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad", [["--timeout", "0"], ["--timeout", "nan"], ["--json", "."]])
+def test_cli_refuses_a_bad_timeout_or_json_before_re_checking(root, capsys, bad):
+    """A timeout of 0 failed every entry as a hang (exit 1); an unwritable --json was a traceback after the
+    whole re-check, and the --write that follows it never happened."""
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(root), "--plugin", PLUGINS[0], "--interpret"]
+    assert cli.main([*argv, "--seq-cap", "16", "--timeout", "5", "--write", *bad]) == 2
+    err = capsys.readouterr().err
+    assert bad[0] in err and "Traceback" not in err
+    entries = art.load_artifact(art.artifact_path("h100", "fake_faults", root), check_stale=False).entries
+    assert not any("verified" in e for e in entries)  # nothing was re-checked
+
+
 def _committed():
     for path in sorted(art.DEFAULT_ROOT.glob("*/*.json")):
         artifact = art.load_artifact(path, check_stale=False, check_configs=False)

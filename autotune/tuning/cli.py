@@ -30,6 +30,7 @@ GPU_DEFAULTS: dict[str, Any] = {
     "batch": 32,
     "dtype": "bfloat16",
     "distributions": "uniform,jagged,sparse",
+    "masks": "causal",
     "trials": 16,
     "time_budget": "40m",  # 48 tasks; compile ~1-3 s per new config, shared across buckets
 }
@@ -41,6 +42,7 @@ INTERPRET_DEFAULTS: dict[str, Any] = {
     "batch": 2,
     "dtype": "float32",
     "distributions": "uniform,jagged",
+    "masks": "causal",
     "trials": 3,
     "time_budget": None,
     "seq_cap": 64,
@@ -139,7 +141,9 @@ def resolve_gpu(arg: str, interpret: bool, dry_run: bool, needs: str = "tuning n
 
 
 def _fill_defaults(args: argparse.Namespace) -> None:
+    """Fill the unset options; ``args.given`` keeps the ones the user set (even to a default's value)."""
     defaults = INTERPRET_DEFAULTS if args.interpret else GPU_DEFAULTS
+    args.given = {k for k in defaults if getattr(args, k, None) is not None}
     for k, v in defaults.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
@@ -212,7 +216,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = _console()
     _fill_defaults(args)
     budget = parse_duration(args.time_budget)
-    _check_run_numbers(args)
+    from autotune.tuning.cli_checks import check_run_numbers, check_run_outputs
+
+    check_run_numbers(args)
     gpu = resolve_gpu(args.gpu, args.interpret, args.dry_run)
     from autotune.tuning.registry import backends_for, get_op
 
@@ -239,6 +245,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"no feasible config for {t.label()} (unsupported head dims?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
+    check_run_outputs(args, gpu)
     from autotune.tuning.tuner import TuneOptions, run_tasks
 
     opts = TuneOptions(
@@ -318,20 +325,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             if r.error:
                 console.print(f"  {r.task.label()}: {r.error}", markup=False, soft_wrap=True)
     return 1 if failed else 0
-
-
-def _check_run_numbers(args: argparse.Namespace) -> None:
-    """Usage errors for numbers ``autotune run`` cannot work with."""
-    if args.backends is not None and not args.backends:
-        raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
-    if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:
-        raise CLIError(f"--eval-timeout must be a positive number of seconds, got {args.eval_timeout}")
-    if args.compare_rounds < 1:
-        raise CLIError(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
-    if args.compare_max_rounds < args.compare_rounds:
-        raise CLIError(
-            f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
-        )
 
 
 def _dry_run(console, tasks: list, args: argparse.Namespace) -> int:
@@ -441,6 +434,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
             + "; ".join(losses)
             + " (pass --replace to drop them)"
         )
+    from autotune.tuning.cli_checks import writable_folder
+
+    for path in targets:  # before any file is merged: all targets or none
+        writable_folder("--artifacts", path.parent)
     for f, a in loaded:
         try:
             path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment, replace=args.replace)
@@ -632,7 +629,7 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"
     )
-    p.add_argument("--masks", default="causal", help="mask features: causal, targets, context, window, ...")
+    p.add_argument("--masks", help="mask features: causal (default), targets, context, window, ...")
     p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
     p.add_argument(
         "--artifacts", help="artifacts root (default ./artifacts; runs/interpret/artifacts with --interpret)"

@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.runtime.buckets import format_bucket
 from autotune.runtime.gpus import GPUS
-from autotune.tuning.cli import GPU_DEFAULTS, INTERPRET_DEFAULTS, CLIError, _console
+from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty
 
 # Grid options of ``autotune run`` that a graph's task list replaces (refused when changed).
 GRID_OPTIONS = ("kernel", "buckets", "dims", "heads", "distributions", "masks")
@@ -83,7 +83,9 @@ def add_parsers(sub: Any) -> None:
     export.add_argument("--gpu", required=True, help=f"GPU key: {', '.join(sorted(GPUS))}")
     export.add_argument("--out", required=True, help="bundle directory (missing or empty)")
     export.add_argument("--artifacts", help="artifacts root (default: the packaged artifacts)")
-    export.add_argument("--kernel", help="kernels to export, comma-separated (default: all of the GPU's)")
+    export.add_argument(
+        "--kernel", help="kernels to export, comma-separated: fwd, bwd, layer or spec names (default: all of the GPU's)"
+    )
 
 
 def _tasks_gpu(arg: str) -> tuple[str, str | None]:
@@ -175,8 +177,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
     """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
-    defaults = INTERPRET_DEFAULTS if args.interpret else GPU_DEFAULTS
-    changed = [o for o in GRID_OPTIONS if getattr(args, o, None) != defaults.get(o, "causal")]
+    changed = [o for o in GRID_OPTIONS if o in args.given]  # given at all: a default's value is ignored too
     if changed:
         flags = ", ".join("--" + o for o in changed)
         raise CLIError(f"{flags} cannot be combined with --from-model/--from-onnx: the graph decides the tasks")
@@ -194,7 +195,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     gpu = args.gpu.lower()
     if gpu not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
-    kernels = [k.strip() for k in args.kernel.split(",") if k.strip()] if args.kernel else None
+    kernels = None
+    if args.kernel is not None:  # the spellings run, show and verify take: fwd, bwd, layer or spec names
+        _nonempty("--kernel", args.kernel)
+        kernels = _kernels(args.kernel)
     try:
         manifest = export_bundle(gpu, args.out, args.artifacts, kernels)
     except BundleError as e:

@@ -182,7 +182,9 @@ def cmd_status(args: Any) -> int:
     from rich.live import Live
 
     from autotune.tuning.cli import CLIError, _console
+    from autotune.tuning.cli_checks import positive_seconds
 
+    positive_seconds("--watch", args.watch)  # 0 would silently not watch, -1 or nan crash time.sleep
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
     if args.storage.startswith("sqlite:///"):

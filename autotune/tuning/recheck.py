@@ -248,15 +248,21 @@ def cmd_verify(args: Any) -> int:
 
     from autotune.runtime import artifacts as art
     from autotune.tuning.cli import CLIError, _console, _kernels, load_plugin_modules, resolve_gpu
+    from autotune.tuning.cli_checks import positive_seconds, writable_file, writable_folder
     from autotune.tuning.registry import plugin_modules
 
     if args.jobs < 1:
         raise CLIError("--jobs must be >= 1")
+    positive_seconds("--timeout", args.timeout)  # 0 or nan would fail every entry as a "hang"
+    if args.json:  # checked now, not after the whole re-check
+        writable_file("--json", args.json)
     load_plugin_modules(args.plugin)
     gpu = resolve_gpu(args.gpu, args.interpret, False, "verify re-checks on the GPU (use --interpret without one)")
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     if not (root / gpu).is_dir():
         raise CLIError(f"--artifacts: no folder {root / gpu}")
+    if args.write:
+        writable_folder("--artifacts", root / gpu)
     console = _console()
 
     def line(r: Recheck) -> None:
@@ -284,9 +290,12 @@ def cmd_verify(args: Any) -> int:
     console.print(f"{len(results) - len(bad)} of {len(results)} entries passed ({args.level}) on {gpu}")
     for r in bad:
         console.print(f"FAILED {r.kernel} entry {r.index}: {r.status}: {r.error}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.row() for r in results], indent=1) + "\n")
-    if args.write:
+    if args.write:  # first: the verdicts reach the artifacts even if the --json file fails
         for path in write_verified(root, gpu, results):
             console.print(f"recorded the passing cases in {path}")
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps([r.row() for r in results], indent=1) + "\n")
+        except OSError as e:
+            raise CLIError(f"--json {args.json}: cannot write it ({e.strerror or e})") from None
     return 1 if bad else 0

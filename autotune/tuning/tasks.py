@@ -168,8 +168,9 @@ def build_tasks(
     sample: tuple[int, ...] | None = None,
 ) -> list[Task]:
     """All tasks, ordered so that buckets of one family run in ascending order (neighbour warm starts).
-    With a lengths ``sample`` the jagged tasks draw their batches from it."""
-    return [
+    With a lengths ``sample`` the jagged tasks draw their batches from it. A value named twice (``1K,1024``,
+    ``128,128``) is one task: the same study tuned twice would only spend the budget twice."""
+    tasks = [
         Task(
             kernel,
             gpu,
@@ -191,3 +192,4 @@ def build_tasks(
         for dist in distributions
         for bucket in sorted(buckets)
     ]
+    return list(dict.fromkeys(tasks))

@@ -1,0 +1,74 @@
+"""Up-front checks of ``autotune`` option values that the commands would otherwise trip over late.
+
+A folder the run cannot write, a journal path that is a folder, a timeout of 0 or a watch interval of
+-1 are the user's mistakes: each is a one-line ``CLIError`` naming the option, raised before any
+tuning or re-checking starts, not a traceback after the first task (or the whole re-check) has run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+
+from autotune.tuning.cli import CLIError
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why no file can be made in ``folder`` (created if missing), or None when one can."""
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} exists and is not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".autotune-probe."):
+            pass
+    except OSError as e:
+        return f"cannot write in {folder} ({e.strerror or e})"
+    return None
+
+
+def writable_folder(option: str, folder: str | Path) -> Path:
+    """``folder``, created if missing, once a file could be made in it: the artifacts are written at the
+    end of each task, so an unwritable root would otherwise fail only after the first task was tuned."""
+    folder = Path(folder)
+    problem = _folder_problem(folder)
+    if problem:
+        raise CLIError(f"{option}: {problem}")
+    return folder
+
+
+def writable_file(option: str, path: str | Path) -> Path:
+    """``path`` as a file this process can create or replace (its folder is created if missing)."""
+    path = Path(path)
+    problem = f"{path} is a folder; name a file" if path.is_dir() else _folder_problem(path.parent)
+    if problem:
+        raise CLIError(f"{option} {path}: {problem}")
+    return path
+
+
+def positive_seconds(option: str, value: float | None) -> None:
+    """A usage error unless ``value`` (when given) is a positive, finite number of seconds."""
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise CLIError(f"{option} must be a positive number of seconds, got {value}")
+
+
+def check_run_numbers(args: argparse.Namespace) -> None:
+    """Usage errors for numbers ``autotune run`` cannot work with."""
+    if args.backends is not None and not args.backends:
+        raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
+    if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:
+        raise CLIError(f"--eval-timeout must be a positive number of seconds, got {args.eval_timeout}")
+    if args.compare_rounds < 1:
+        raise CLIError(f"--compare-rounds must be >= 1, got {args.compare_rounds}")
+    if args.compare_max_rounds < args.compare_rounds:
+        raise CLIError(
+            f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
+        )
+
+
+def check_run_outputs(args: argparse.Namespace, gpu: str) -> None:
+    """The folders ``autotune run`` writes (artifacts, and a journal storage given as a path) are usable."""
+    writable_folder("--artifacts", Path(args.artifacts) / gpu)
+    if args.storage and "://" not in args.storage:  # a journal file path
+        writable_file("--storage", args.storage)

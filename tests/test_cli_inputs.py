@@ -1,0 +1,78 @@
+"""``autotune`` option values a user gets wrong: one-line errors naming the option, before any work runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.runtime import artifacts as art
+from autotune.tuning import cli
+from autotune.tuning.tasks import build_tasks
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    rc = cli.main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.fixture
+def no_tuning(monkeypatch) -> list:
+    """``run_tasks`` replaced by a recorder: a run that gets past its checks tunes nothing here."""
+    import autotune.tuning.tuner
+
+    calls: list = []
+    monkeypatch.setattr(autotune.tuning.tuner, "run_tasks", lambda tasks, *a, **k: calls.append(tasks) or [])
+    return calls
+
+
+RUN = ("run", "--gpu", "h100", "--interpret", "--kernel", "fwd", "--distributions", "uniform")
+
+
+def test_run_refuses_an_artifacts_root_that_is_a_file(capsys, tmp_path, no_tuning):
+    """It was a NotADirectoryError traceback (or, with --storage elsewhere, one after the first task)."""
+    root = tmp_path / "artifacts"
+    root.write_text("")
+    rc, text = _run(capsys, *RUN, "--artifacts", str(root))
+    assert rc == 2 and "--artifacts" in text and "Traceback" not in text and not no_tuning
+
+
+def test_run_refuses_a_journal_storage_that_is_a_folder(capsys, tmp_path, no_tuning):
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", str(tmp_path))
+    assert rc == 2 and "--storage" in text and "is a folder" in text and not no_tuning
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", str(tmp_path / "j.journal"))
+    assert rc == 0 and len(no_tuning) == 1  # a new journal file in an existing folder is fine
+
+
+def test_merge_refuses_an_artifacts_root_that_is_a_file(capsys, tmp_path):
+    root = tmp_path / "artifacts"
+    root.write_text("")
+    src = sorted((art.DEFAULT_ROOT / "h100").glob("*.json"))[0]
+    rc, text = _run(capsys, "merge", str(src), "--artifacts", str(root))
+    assert rc == 2 and "--artifacts" in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("watch", ["0", "-1", "nan"])
+def test_status_watch_must_be_a_positive_interval(capsys, tmp_path, watch):
+    """-1 and nan crashed in time.sleep once a task was waiting; 0 silently printed once and did not watch."""
+    import optuna
+
+    from autotune.tuning.farm_status import FARM_PREFIX
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    farm = optuna.create_study(study_name=f"{FARM_PREFIX}h100|x", storage=url)
+    farm.enqueue_trial({}, user_attrs={"task_key": "t", "label": "a task"})
+    rc, text = _run(capsys, "status", "--storage", url, "--watch", watch)
+    assert rc == 2 and "--watch must be a positive number" in text
+
+
+def test_a_value_named_twice_is_one_task(capsys):
+    """``--buckets 1K,1024`` or ``--dims 128,128`` tuned the same study twice (twice the budget)."""
+    rc, text = _run(
+        capsys, "run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "128,128x128",
+        "--buckets", "1K,1024", "--distributions", "jagged,jagged", "--masks", "causal,causal",
+    )  # fmt: skip
+    assert rc == 0 and "dry run: 1 tasks" in text
+    tasks = build_tasks(["hstu_attention_fwd"], "h100", "bfloat16", [(64, 64)] * 2, 4, [512, 256, 512], ["uniform"],
+                        ["causal"], 32)  # fmt: skip
+    assert [t.bucket for t in tasks] == [256, 512]

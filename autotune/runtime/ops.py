@@ -370,11 +370,12 @@ def hstu_attention(
             check_offsets=False, check_head_dims=source != "reference",
         )  # fmt: skip
     # Dispatch takes plain ints: under torch.compile a dynamic dim or int argument is specialised here (a
-    # guard), and the fill ratio, which changes with every jagged batch, is left out (dispatch then uses the
-    # bucket alone).
-    dqk, dv, heads = _static_int(q.shape[2]), _static_int(v.shape[2]), _static_int(q.shape[1])
-    max_seq_len, ctx_len, win = _static_int(max_seq_len), _static_int(contextual_seq_len), _static_int(max_attn_len)
+    # guard; ``int()`` would keep it symbolic), and the fill ratio, which changes with every jagged batch, is left
+    # out (dispatch then uses the bucket alone). Eager calls take the cheap ``int()``.
     compiling = torch.compiler.is_compiling()
+    as_int = _static_int if compiling else int
+    dqk, dv, heads = as_int(q.shape[2]), as_int(v.shape[2]), as_int(q.shape[1])
+    max_seq_len, ctx_len, win = as_int(max_seq_len), as_int(contextual_seq_len), as_int(max_attn_len)
     mask = dispatch.mask_of(ctx_len, num_targets is not None, win)
     rows, batch = q.shape[0], seq_offsets.shape[0] - 1
     # The fill ratio is host-side shape arithmetic (no sync); traced calls with symbolic rows keep None.
@@ -385,7 +386,7 @@ def hstu_attention(
     )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)
-    scaling = None if scaling_seqlen is None else _static_int(scaling_seqlen)
+    scaling = None if scaling_seqlen is None else as_int(scaling_seqlen)
     args = (
         q, k, v, seq_offsets, num_targets, max_seq_len, float(alpha), ctx_len,
         win, scaling, fwd_backend, fwd_config, bwd_backend, bwd_config, mode,

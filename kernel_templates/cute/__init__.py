@@ -68,13 +68,16 @@ def hstu_attention_cute_fwd_validated(
     q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config,
     out=None,
 ):  # fmt: skip
-    """``hstu_attention_cute_fwd`` as dispatch launches it, on inputs its caller validated: a q, k or v the TMA
-    loads cannot read is copied once (``tma_ready``), as the backward does, instead of raising."""
-    q, k, v = (tma_ready(t) for t in (q, k, v))
-    return hstu_attention_cute_fwd(
-        q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
-        config, out=out,
-    )  # fmt: skip
+    """``hstu_attention_cute_fwd`` as dispatch launches it, on inputs its caller validated. A q, k or v the TMA
+    loads cannot read makes the launcher raise before it launches anything; it is then copied (``tma_ready``)
+    and the call made again, as the backward does, so the common case pays no second layout check."""
+    args = (seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config)
+    try:
+        return hstu_attention_cute_fwd(q, k, v, *args, out=out)
+    except ValueError:
+        if all(tma_rows_ok(t) for t in (q, k, v)):  # not the inputs' layout (``out``'s, say): the caller's error
+            raise
+    return hstu_attention_cute_fwd(*(tma_ready(t) for t in (q, k, v)), *args, out=out)
 
 
 def hstu_attention_cute_bwd_validated(
@@ -83,9 +86,10 @@ def hstu_attention_cute_bwd_validated(
 ):  # fmt: skip
     """``hstu_attention_cute_bwd`` as dispatch launches it: like every runtime launcher it takes inputs its
     caller (``autotune.runtime.ops``, the fused layer) has validated, so the call does not check them a second
-    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices). Inputs the TMA loads
-    cannot read are copied here (``tma_ready``): the launcher's own copy keeps a misaligned contiguous view."""
-    do, q, k, v = (tma_ready(t) for t in (do, q, k, v))
+    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices). The launcher copies
+    inputs the TMA loads cannot read with ``.contiguous()``, which keeps a misaligned contiguous view as it is:
+    an input not on a 16-byte boundary is cloned here."""
+    do, q, k, v = (t if t.data_ptr() % 16 == 0 else tma_ready(t) for t in (do, q, k, v))
     return hstu_attention_cute_bwd(
         do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
         scaling_seqlen, config=config, out=out, validate=False,

@@ -142,13 +142,14 @@ def test_wrong_argument_types_name_the_argument(kwargs, match):
         ops.hstu_attention(**args, source="default")
 
 
-def test_alpha_may_be_a_numpy_or_tensor_scalar():
+def test_alpha_may_be_a_numpy_or_tensor_scalar(device):
     import numpy as np
 
-    q, k, v = (t.detach() for t in _qkv("cpu", 10))
-    off = torch.tensor([0, 4, 10])
+    q, k, v = (t.detach() for t in _qkv(device, 10))
+    off = torch.tensor([0, 4, 10], device=device)
     want = ops.hstu_attention(q, k, v, off, 8, 0.25, source="default")
-    for alpha in (np.float32(0.25), np.float64(0.25), torch.tensor(0.25), torch.tensor([0.25])):
+    scalars = (torch.tensor(0.25), torch.tensor([0.25]), torch.tensor(0.25, device=device))
+    for alpha in (np.float32(0.25), np.float64(0.25), *scalars):
         torch.testing.assert_close(ops.hstu_attention(q, k, v, off, 8, alpha, source="default"), want)
 
 

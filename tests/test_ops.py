@@ -239,3 +239,13 @@ def test_drop_in_call_dispatches_on_its_heads_and_mask(monkeypatch, kwargs, mask
         kwargs = {**kwargs, "num_targets": torch.tensor([1, 0, 0, 2])}
     ops.hstu_attention(q, k, v, off, 13, source="reference", **kwargs)
     assert asked == [("hstu_attention_fwd", 2, mask), ("hstu_attention_bwd", 2, mask)]
+
+
+def test_short_name_is_the_runtime_module():
+    """``autotune.ops.hstu_attention`` (the name the issues and users write) is the runtime call itself."""
+    import autotune.ops
+    from autotune.ops import HSTUAttention, hstu_attention
+    from autotune.runtime import ops as runtime_ops
+
+    assert autotune.ops is runtime_ops
+    assert hstu_attention is runtime_ops.hstu_attention and HSTUAttention is runtime_ops.HSTUAttention

@@ -31,8 +31,8 @@ def _fresh_dispatch():
 
 def _column(values: list[int], device: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """``values`` as column 0 of a (B, 2) table: a stride-2 view, its neighbour column all 1s."""
-    t = torch.tensor(values, dtype=dtype)
-    view = torch.stack([t, torch.ones_like(t)], dim=1)[:, 0].to(device)
+    t = torch.tensor(values, dtype=dtype, device=device)
+    view = torch.stack([t, torch.ones_like(t)], dim=1)[:, 0]
     assert view.stride() == (2,)
     return view
 

@@ -126,7 +126,7 @@ def test_cute_runtime_entry_copies_only_the_views_tma_cannot_read(monkeypatch):
 def test_public_call_on_views_tma_cannot_read_matches_contiguous():
     """Through the drop-in call (dispatch may pick CuTe): transposed and misaligned q/k views give the same
     output and gradients as their contiguous copies."""
-    from autotune.ops import hstu_attention
+    from autotune.runtime.ops import hstu_attention
 
     q, k, v = _awkward_views("cuda", torch.bfloat16)
     off = torch.tensor([0, 70, 70, 200], dtype=torch.int64, device="cuda")

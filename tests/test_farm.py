@@ -353,6 +353,7 @@ def test_silent_storage_host_times_out_without_traceback(tmp_path):
     one line too; a host that accepts TCP but never answers is an error after the connect timeout."""
     import socket
 
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (the dev extra) is what times out here")
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # the kernel completes the handshake; nothing ever speaks PostgreSQL

@@ -73,9 +73,10 @@ def test_attention_on_views_matches_contiguous(device, backend):
 
 
 def _awkward_views(device: str, dtype: torch.dtype, L: int = 200):
-    """q with heads not contiguous (a transpose), k at a misaligned address, v a plain column slice."""
+    """q with heads not contiguous (an (H, L, D) tensor transposed; its rows are, as the public call asks), k at a
+    misaligned address, v a plain column slice."""
     gen = torch.Generator().manual_seed(1)
-    q = torch.randn(L, D, HEADS, generator=gen).to(device, dtype).transpose(1, 2)
+    q = torch.randn(HEADS, L, D, generator=gen).to(device, dtype).transpose(0, 1)
     k = torch.randn(L * HEADS * D + 1, generator=gen).to(device, dtype)[1:].view(L, HEADS, D)
     v = torch.randn(L, 2 * HEADS * D, generator=gen).to(device, dtype)[:, HEADS * D :].view(L, HEADS, D)
     return q, k, v

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from autotune.runtime import dispatch, ops
-from kernel_templates.hstu_attention.input_check import validate_mode
+from kernel_templates.hstu_attention.input_check import launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format
 
 LAYER_KERNELS = (
@@ -125,8 +125,9 @@ def plan_layer(
 dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen again
 
 
-def _attention_args(plan: LayerPlan, seq_offsets: torch.Tensor) -> tuple:
-    return (seq_offsets, plan.max_seq_len, plan.alpha, None, 0, 0, None)
+def _attention_args(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tuple:
+    max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
+    return (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
 
 
 def _views(uvqk: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, ...]:
@@ -156,7 +157,7 @@ class HSTULayerFunction(torch.autograd.Function):
         if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
             u, q, k, v = (t.contiguous() for t in (u, q, k, v))
         s = cfg("hstu_attention_fwd")
-        attn = s.launch(q, k, v, *_attention_args(plan, seq_offsets), s.config)
+        attn = s.launch(q, k, v, *_attention_args(plan, seq_offsets, q.shape[0]), s.config)
         attn2 = attn.view(attn.shape[0], -1)
         s = cfg("ln_mul_dropout_fwd")
         y, mean2, rstd2 = s.launch(attn2, u, ln2_w, ln2_b, plan.eps, plan.dropout, seed, config=s.config)
@@ -206,7 +207,7 @@ class HSTULayerFunction(torch.autograd.Function):
         )
         s = cfg("hstu_attention_bwd")
         d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
-        s.launch(d_attn3, q, k, v, *_attention_args(plan, seq_offsets), s.config, out=(dq, dk, dv))
+        s.launch(d_attn3, q, k, v, *_attention_args(plan, seq_offsets, L), s.config, out=(dq, dk, dv))
         if not plan.zero_copy:
             d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
         s = cfg("gemm_silu_bwd")

@@ -27,7 +27,7 @@ from torch import nn
 from autotune.runtime import dispatch
 from autotune.runtime.buckets import DISTRIBUTIONS
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
-from kernel_templates.hstu_attention.input_check import check_offsets, validate_mode
+from kernel_templates.hstu_attention.input_check import check_offsets, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import (
     first_order_only,
     kernel_targets,
@@ -183,6 +183,7 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     launcher, cfg, index = dispatch.runner(backend, FWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
+    max_seq_len, scaling = launch_lengths(max_seq_len, scaling, q.shape[0])
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
 
@@ -229,6 +230,7 @@ def _bwd_impl(
     launcher, cfg, index = dispatch.runner(backend, BWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
+    max_seq_len, scaling = launch_lengths(max_seq_len, scaling, q.shape[0])
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
 

@@ -50,6 +50,18 @@ def validate_mode(validate: bool | str) -> str:
     raise ValueError(f"validate must be one of {VALIDATE_MODES} (or True/False), got {validate!r}")
 
 
+def launch_lengths(max_seq_len: int, scaling_seqlen: int | None, rows: int) -> tuple[int, int | None]:
+    """(the length a launch is sized for, the divisor to pass): ``max_seq_len`` capped at q's row count.
+
+    No sequence is longer than q has rows, so the capped launch still covers every real tile, while a loose
+    upper bound (say 2**24) would size the kernels' grids past CUDA's limits (a launch error) and their tile
+    tables for tiles that cannot exist. When it caps, the divisor (``scaling_seqlen``, default max_seq_len)
+    is passed explicitly, so the result is unchanged."""
+    if max_seq_len <= rows or rows < 1:
+        return max_seq_len, scaling_seqlen
+    return rows, max_seq_len if scaling_seqlen is None else scaling_seqlen
+
+
 def describe(bits: int) -> list[str]:
     """The messages of an error mask, in bit order."""
     return [msg for bit, msg in MESSAGES.items() if bits & bit]

@@ -341,6 +341,24 @@ def test_public_call_dispatches_by_fill_without_reading_offsets(tmp_path, monkey
         assert json.loads(seen[-1][11])["block_m"] == want
 
 
+def test_a_loose_max_seq_len_chooses_by_the_rows(tmp_path, monkeypatch):
+    """No sequence is longer than q has rows: max_seq_len 2**20 over 1000 rows takes the 1K entry (as a tight
+    bound would), not the largest bucket's with a "never tuned at these lengths" warning."""
+    import torch
+
+    from autotune.runtime import ops
+
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    seen = []
+    monkeypatch.setattr(ops, "_AttentionFunction", type("F", (), {"apply": staticmethod(lambda *a: seen.append(a))}))
+    offsets = torch.empty(2, dtype=torch.int32, device="meta")  # B = 1
+    q = torch.empty(1000, 4, 64, dtype=torch.bfloat16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops.hstu_attention(q, q, q, offsets, 1 << 20, validate="none")
+    assert json.loads(seen[-1][11])["block_m"] == 32 and seen[-1][5] == 1 << 20  # the call keeps max_seq_len
+
+
 def test_no_runnable_default_says_what_to_do(monkeypatch):
     import torch
 

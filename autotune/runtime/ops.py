@@ -382,9 +382,11 @@ def hstu_attention(
     rows, batch = q.shape[0], seq_offsets.shape[0] - 1
     # The fill ratio is host-side shape arithmetic (no sync); traced calls with symbolic rows keep None.
     plain = not compiling and type(rows) is int and type(batch) is int
-    fill = dispatch.call_fill(rows, batch, max_seq_len) if plain else None
+    # No sequence is longer than q has rows, so a loose max_seq_len chooses by the rows (as it launches).
+    longest = rows if plain and 0 < rows < max_seq_len else max_seq_len
+    fill = dispatch.call_fill(rows, batch, longest) if plain else None
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
-        q.dtype, dqk, dv, heads, max_seq_len, distribution, source, mask, fill
+        q.dtype, dqk, dv, heads, longest, distribution, source, mask, fill
     )
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)

@@ -359,6 +359,38 @@ def test_a_loose_max_seq_len_chooses_by_the_rows(tmp_path, monkeypatch):
     assert json.loads(seen[-1][11])["block_m"] == 32 and seen[-1][5] == 1 << 20  # the call keeps max_seq_len
 
 
+def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch):
+    """CUDA caps a grid's y dimension at 65535, where the CuTe grid order puts the sequences: a larger batch runs
+    the Triton default (once warned) in the public call and the fused layer; compact/persistent CuTe configs
+    (sequences in x) and batches within the limit keep their choice."""
+    import torch
+
+    from autotune.runtime import layer, ops
+    from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
+
+    grid = {"block_m": 128, "block_n": 128, "compact": False}
+    big = dispatch.GRID_YZ_MAX + 1
+    for kind, cfg in ((FWD, grid), (BWD, dict(grid, persistent=False))):
+        assert dispatch.for_batch(kind, "cute", json.dumps(cfg), big - 1, 64, 64, "bfloat16", 4)[0] == "cute"
+        compact = json.dumps(dict(cfg, compact=True))
+        assert dispatch.for_batch(kind, "cute", compact, big, 64, 64, "bfloat16", 4) == ("cute", compact)
+        with pytest.warns(dispatch.DispatchWarning, match="over the 65535"):
+            backend, config = dispatch.for_batch(kind, "cute", json.dumps(cfg), big, 64, 64, "bfloat16", 4)
+        assert backend == "triton" and dispatch.decode_config(backend, kind, config) is not None
+    seen = []
+    monkeypatch.setattr(ops, "_AttentionFunction", type("F", (), {"apply": staticmethod(lambda *a: seen.append(a))}))
+    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: ("cute", json.dumps(grid), "cute", json.dumps(grid)))
+    q = torch.empty(big, 4, 64, dtype=torch.bfloat16, requires_grad=True)
+    for batch, want in ((big - 1, "cute"), (big, "triton")):
+        ops.hstu_attention(q, q, q, torch.empty(batch + 1, dtype=torch.int32, device="meta"), 8, validate="none")
+        assert (seen[-1][10], seen[-1][12]) == (want, want)
+    fwd = layer.Step(FWD, "cute", type("C", (), {"to_dict": lambda self: grid})(), "tuned")
+    plan = type("P", (), {"step": lambda self, kind: fwd, "head_dim": 64, "heads": 4, "dtype": torch.bfloat16})()
+    assert layer._attention_step(plan, FWD, torch.empty(big, device="meta")) is fwd
+    swapped = layer._attention_step(plan, FWD, torch.empty(big + 1, device="meta"))
+    assert swapped.backend == "triton" and isinstance(swapped.config, HSTUFwdConfig | HSTUBwdConfig)
+
+
 def test_no_runnable_default_says_what_to_do(monkeypatch):
     import torch
 

@@ -352,6 +352,31 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
     raise RuntimeError(f"{kind}: no backend of its defaults ({', '.join(defaults)}) can run in this process{hint}")
 
 
+# CUDA caps a grid's y and z dimensions at 65535. The CuTe kernels' grid order, (heads, sequences, blocks), puts
+# the batch in y; their compact and persistent orders, and the Triton kernels, put it in x (2**31 - 1).
+GRID_YZ_MAX = 65535
+
+
+def for_batch(
+    kind: str, backend: str, config: Any, batch: int, dqk: int, dv: int, dtype: object, heads: int
+) -> tuple[str, Any]:
+    """(backend, config) that can launch ``batch`` sequences: the choice itself (config as given: JSON or object),
+    unless it is a CuTe config of the grid order and the batch is over ``GRID_YZ_MAX``; then the Triton default
+    of the same dims, its config as JSON (said once)."""
+    if batch <= GRID_YZ_MAX or backend != "cute":
+        return backend, config
+    c = json.loads(config) if isinstance(config, str) else config.to_dict()
+    if c.get("compact") or c.get("persistent"):
+        return backend, config
+    defaults = spec.resolve(spec.kernel(kind).default)(dqk, dv, heads, dtype, _interpreting())
+    _warn_once(
+        f"{kind}: a batch of {batch} sequences is over the {GRID_YZ_MAX} the chosen CuTe config's launch grid holds "
+        "(its grid order puts sequences in the grid's y dimension); running the Triton default",
+        key=f"{kind}:wide-batch",
+    )
+    return "triton", _config_json(defaults["triton"])
+
+
 def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
     backend = _get(entry, "backend", "triton")
     if backend == "reference":  # the fp32 oracle is asked for by source="reference", never read from a file

@@ -125,6 +125,19 @@ def plan_layer(
 dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen again
 
 
+def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor) -> Step:
+    """The plan's attention kernel, or the Triton default where its launch grid cannot hold the batch."""
+    s = plan.step(kind)
+    batch = seq_offsets.shape[0] - 1
+    if batch <= dispatch.GRID_YZ_MAX:
+        return s
+    d = plan.head_dim
+    backend, config = dispatch.for_batch(kind, s.backend, s.config, batch, d, d, plan.dtype, plan.heads)
+    if backend == s.backend:
+        return s
+    return Step(kind, backend, dispatch.decode_config(backend, kind, config), "default")
+
+
 def _attention_args(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tuple:
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
     return (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
@@ -156,7 +169,7 @@ class HSTULayerFunction(torch.autograd.Function):
         u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
         if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
             u, q, k, v = (t.contiguous() for t in (u, q, k, v))
-        s = cfg("hstu_attention_fwd")
+        s = _attention_step(plan, "hstu_attention_fwd", seq_offsets)
         attn = s.launch(q, k, v, *_attention_args(plan, seq_offsets, q.shape[0]), s.config)
         attn2 = attn.view(attn.shape[0], -1)
         s = cfg("ln_mul_dropout_fwd")
@@ -205,7 +218,7 @@ class HSTULayerFunction(torch.autograd.Function):
         s.launch(
             dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2)
         )
-        s = cfg("hstu_attention_bwd")
+        s = _attention_step(plan, "hstu_attention_bwd", seq_offsets)
         d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
         s.launch(d_attn3, q, k, v, *_attention_args(plan, seq_offsets, L), s.config, out=(dq, dk, dv))
         if not plan.zero_copy:

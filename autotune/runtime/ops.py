@@ -388,6 +388,9 @@ def hstu_attention(
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
         q.dtype, dqk, dv, heads, longest, distribution, source, mask, fill
     )
+    if plain and batch > dispatch.GRID_YZ_MAX:
+        fwd_backend, fwd_config = dispatch.for_batch(FWD, fwd_backend, fwd_config, batch, dqk, dv, q.dtype, heads)
+        bwd_backend, bwd_config = dispatch.for_batch(BWD, bwd_backend, bwd_config, batch, dqk, dv, q.dtype, heads)
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)
     scaling = None if scaling_seqlen is None else as_int(scaling_seqlen)

@@ -128,10 +128,8 @@ dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen agai
 def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor) -> Step:
     """The plan's attention kernel, or the Triton default where its launch grid cannot hold the batch."""
     s = plan.step(kind)
-    batch = seq_offsets.shape[0] - 1
-    if batch <= dispatch.GRID_YZ_MAX:
-        return s
     d = plan.head_dim
+    batch = seq_offsets.shape[0] - 1
     backend, config = dispatch.for_batch(kind, s.backend, s.config, batch, d, d, plan.dtype, plan.heads)
     if backend == s.backend:
         return s

@@ -383,7 +383,7 @@ def hstu_attention(
     # The fill ratio is host-side shape arithmetic (no sync); traced calls with symbolic rows keep None.
     plain = not compiling and type(rows) is int and type(batch) is int
     # No sequence is longer than q has rows, so a loose max_seq_len chooses by the rows (as it launches).
-    longest = rows if plain and 0 < rows < max_seq_len else max_seq_len
+    longest = launch_lengths(max_seq_len, None, rows)[0] if plain else max_seq_len
     fill = dispatch.call_fill(rows, batch, longest) if plain else None
     fwd_backend, fwd_config, bwd_backend, bwd_config = _choose(
         q.dtype, dqk, dv, heads, longest, distribution, source, mask, fill

@@ -5,14 +5,17 @@ Python path a training step pays per call: validation (shapes, dtypes, strides; 
 check of a new offsets tensor is skipped for a tensor already checked), dispatch of the cached
 choice, and the eager autograd wrapper.
 
-What is asserted is counted, not timed, so it is the same on every machine: the lines of this
-project's Python that one call executes, the torch operators it dispatches, and the host syncs
-among them (an ``.item()`` or a value comparison waits for the GPU on a GPU host). A count more
-than ``SLOWER`` times its value in ``host_overhead_baseline.json`` fails, as does any new sync, or
-two calls in a row doing different work (a cache that never settles). Re-record the baseline with
-``HOST_OVERHEAD_RECORD=1 pytest tests/test_host_overhead.py`` after a deliberate change. The time
-per call is kept as data (pytest-benchmark's JSON and ``extra_info``); the whole call with its
-kernels is timed on a GPU by ``benchmarks/bench_call_host.py``.
+Two things are checked against ``host_overhead_baseline.json``. The time per call, as a ratio to a
+unit timed in the same run (a plain Python call; for a training step, a minimal autograd step),
+fails more than ``SLOWER`` times its baseline. The host work, counted and so the same on every
+machine, fails more than ``GROWTH`` times its baseline: the lines of this project's Python that one
+call executes and the torch operators it dispatches; any new host sync fails (an ``.item()`` or a
+value comparison waits for the GPU on a GPU host), as do two calls in a row doing different work
+(a cache that never settles). Re-record the baseline with ``HOST_OVERHEAD_RECORD=1 pytest
+tests/test_host_overhead.py`` after a deliberate change; the time ratio depends on how a machine
+runs torch's C++ against Python, so a higher ratio already recorded (on another machine) is kept
+unless ``HOST_OVERHEAD_KEEP=0``. The whole call with its kernels is timed
+on a GPU by ``benchmarks/bench_call_host.py``.
 
 ``test_cute_launch_path_host_overhead`` goes one step further for the CuTe backend: the real launchers
 run (key lookup, layout checks, output and dQ-accumulator allocation, the compact tile table's memo), with
@@ -39,7 +42,9 @@ from autotune.runtime import dispatch, ops
 
 pytest.importorskip("pytest_benchmark")
 BASELINE = Path(__file__).with_name("host_overhead_baseline.json")
-SLOWER = 1.25
+SLOWER = 1.5  # time ratio over its baseline that fails
+RETRIES = 2
+GROWTH = 1.25  # counted lines or operators over their baseline that fail
 # The project's own packages: a line executed there is host work this project adds to a call.
 PACKAGES = tuple(
     str(Path(__file__).resolve().parents[1] / p) + os.sep
@@ -217,23 +222,38 @@ def test_host_work_counts_what_a_call_adds():
 
 
 def _check_against_baseline(benchmark, key: str, call, unit: Callable[[], float]) -> None:
-    """Record ``key``'s counted host work, or fail when it grew past its baseline; its time (and the time's
-    ratio to ``unit``) is kept as data."""
+    """Record ``key``'s time ratio to ``unit`` and its counted host work, or fail when either grew past its
+    baseline.
+
+    The ratio is machine-dependent within bounds (torch's C++ and Python scale apart); a burst of load on a
+    shared machine slows the long call path more than the unit, so a ratio over its limit is measured
+    again (up to ``RETRIES`` times) and fails only when every measure is over. The counts are exact.
+    """
     us = benchmark.stats.stats.median * 1e6
+    ratio = us / unit()
     work = host_work(call)
-    benchmark.extra_info.update({"us_per_call": us, "ratio_to_unit": us / unit(), **work})
+    benchmark.extra_info.update({"us_per_call": us, "ratio_to_unit": ratio, **work})
     again = host_work(call)
     assert again == work, f"{key}: two calls in a row did different host work: {work} then {again}"
     if os.environ.get("HOST_OVERHEAD_RECORD") == "1":
         data = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
-        data[key] = work
+        # A ratio already recorded on another machine stays when higher: the limit must hold on each of them.
+        kept = data.get(key, {}).get("ratio", 0.0) if os.environ.get("HOST_OVERHEAD_KEEP", "1") == "1" else 0.0
+        data[key] = {"ratio": max(round(ratio, 1), kept), **work}
         BASELINE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         return
     base = json.loads(BASELINE.read_text())[key]
     assert work["syncs"] <= base["syncs"], f"{key}: {work['syncs']} host syncs per call, baseline {base['syncs']}"
     for what in ("lines", "torch_ops"):
-        limit = max(SLOWER * base[what], base[what] + 2)
+        limit = max(GROWTH * base[what], base[what] + 2)
         assert work[what] <= limit, f"{key}: {work[what]} {what} per call, over {limit:g} (baseline {base[what]})"
+    ratios = [ratio]
+    while ratios[-1] > SLOWER * base["ratio"] and len(ratios) <= RETRIES:
+        ratios.append(_median_us(call) / unit())
+    assert ratios[-1] <= SLOWER * base["ratio"], (
+        f"{key}: {us:.1f} us per call = {ratio:.2f}x its unit (baseline {base['ratio']}x); measured again: "
+        + ", ".join(f"{r:.2f}x" for r in ratios[1:])
+    )
 
 
 def _median_us(call, number: int = 200) -> float:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.profiler import ProfilerActivity, profile
 
 from autotune.runtime import dispatch, ops
 
@@ -54,20 +54,10 @@ PACKAGES = tuple(
 SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero"})
 
 
-class _CountOps(TorchDispatchMode):
-    """Counts every operator torch dispatches while active (below autograd, so backward's ops count too)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.name()] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def host_work(call: Callable[[], object]) -> dict[str, int]:
-    """What one ``call`` does on the host: project lines executed, torch operators dispatched, host syncs."""
+    """What one ``call`` does on the host: project lines executed, torch operators dispatched, host syncs.
+
+    Operators are counted by torch's profiler (a dispatch mode would send the call down its traced path)."""
     lines = 0
 
     def local(frame, event, arg):
@@ -79,16 +69,16 @@ def host_work(call: Callable[[], object]) -> dict[str, int]:
     def on_call(frame, event, arg):
         return local if frame.f_code.co_filename.startswith(PACKAGES) else None
 
-    counter = _CountOps()
     previous = sys.gettrace()
-    sys.settrace(on_call)
-    try:
-        with counter:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sys.settrace(on_call)
+        try:
             call()
-    finally:
-        sys.settrace(previous)
-    syncs = sum(n for name, n in counter.ops.items() if name in SYNC_OPS)
-    return {"lines": lines, "torch_ops": sum(counter.ops.values()), "syncs": syncs}
+        finally:
+            sys.settrace(previous)
+    ops_run = Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+    syncs = sum(n for name, n in ops_run.items() if name in SYNC_OPS)
+    return {"lines": lines, "torch_ops": sum(ops_run.values()), "syncs": syncs}
 
 
 class _MinimalStep(torch.autograd.Function):

@@ -29,6 +29,9 @@ class BackendSpec:
     # dtype name the kernels read offsets/targets in ("int32"); the runtime passes a cast it caches per
     # unchanged tensor instead of the launcher casting on every call. None: any integer dtype.
     index_dtype: str | None = None
+    # "module:fn" config -> rows of a sequence one launch-grid block covers along a grid dimension CUDA caps at
+    # 65535 (y or z), None when the config's grids hold any length: how long a launch the config can take.
+    grid_rows: str | None = None
 
 
 @dataclass(frozen=True)

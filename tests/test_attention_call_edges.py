@@ -221,3 +221,61 @@ def test_a_loose_max_seq_len_gives_the_reference_result(device, call, max_seq_le
     assert ref.abs().max() > 0
     for name, g, r, t in zip(("out", "dq", "dk", "dv"), got, refs, owns, strict=True):
         check_tolerance(name, g, r, t)
+
+
+def test_fit_grid_reads_the_longest_sequence_only_past_the_grid(monkeypatch):
+    """A launch whose row blocks fit the grid keeps its arguments (no read of the offsets); past the limit, the
+    longest sequence is read and launched for with the divisor kept; a sequence longer than the grid holds is a
+    ValueError naming max_seq_len."""
+    from kernel_templates.hstu_attention import input_check
+    from kernel_templates.hstu_attention.testing import offsets_from_lengths
+
+    off = offsets_from_lengths([20, 0, 1, 13], "cpu")
+    assert input_check.fit_grid(1 << 20, None, off, 34, (16, 32)) == (1 << 20, None)  # 34 rows: 3 blocks
+    monkeypatch.setattr(input_check, "GRID_YZ_MAX", 2)  # 32 rows of 16-row blocks
+    assert input_check.fit_grid(32, None, off, 34, (16, None)) == (32, None)
+    assert input_check.fit_grid(1 << 20, None, off, 34, (None, None)) == (1 << 20, None)
+    with pytest.warns(UserWarning, match="longest sequence was read from seq_offsets"):
+        assert input_check.fit_grid(1 << 20, None, off, 34, (16, 32)) == (20, 1 << 20)
+        assert input_check.fit_grid(1 << 20, 64, off, 34, (16, 32)) == (20, 64)
+        assert input_check.fit_grid(1 << 20, None, offsets_from_lengths([0, 0], "cpu"), 0, (16,)) == (1, 1 << 20)
+    with pytest.raises(ValueError, match="max_seq_len: a sequence of 40 rows needs more than the 2 blocks of 16"):
+        input_check.fit_grid(40, None, offsets_from_lengths([40], "cpu"), 40, (16, 64))
+
+
+@pytest.mark.parametrize("call", ["default", "template"])
+def test_a_launch_past_the_grid_limit_gives_the_reference_result(device, call, monkeypatch):
+    """With CUDA's 65535-block grid limit shrunk to one block, a loose max_seq_len over a whole batch's rows
+    launches for the longest sequence instead (read from the offsets, warned) and still gives the reference's
+    output and gradients; one sequence longer than the grid holds is a ValueError naming max_seq_len, not a
+    launch error. Every kernel's block covers at least 16 rows and at most 256."""
+    from kernel_templates.hstu_attention import input_check
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    monkeypatch.setattr(input_check, "GRID_YZ_MAX", 1)
+    lengths = [16, 0, 1, 9, 16, 5, 12, 16] * 5
+    off = offsets_from_lengths(lengths, device)
+    q, k, v = _qkv(device, sum(lengths), heads=2, d=64 if device == "cuda" else 32)
+    alpha = 1.0 / math.sqrt(q.shape[2])
+
+    def attend(q, k, v, off, max_seq_len):
+        if call == "template":
+            return hstu_attention(q, k, v, off, max_seq_len, alpha)
+        return ops.hstu_attention(q, k, v, off, max_seq_len, alpha, source=call)
+
+    with pytest.warns(UserWarning, match="longest sequence was read from seq_offsets"):
+        out = attend(q, k, v, off, 1 << 20)
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    got = (out, *torch.autograd.grad(out, (q, k, v), go.to(out.dtype)))
+    ref_in = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    same = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    ref = hstu_attention_reference(*ref_in, off, 1 << 20, alpha)
+    own = hstu_attention_reference(*same, off, 1 << 20, alpha, compute_dtype=q.dtype)
+    refs = (ref, *torch.autograd.grad(ref, ref_in, go))
+    owns = (own, *torch.autograd.grad(own, same, go.to(own.dtype)))
+    assert ref.abs().max() > 0
+    for name, g, r, t in zip(("out", "dq", "dk", "dv"), got, refs, owns, strict=True):
+        check_tolerance(name, g, r, t)
+    long_q, long_k, long_v = _qkv(device, 300, heads=2, d=q.shape[2])
+    with pytest.raises(ValueError, match="max_seq_len: a sequence of 300 rows needs more than the 1 blocks"):
+        attend(long_q, long_k, long_v, offsets_from_lengths([300], device), 300)

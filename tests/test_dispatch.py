@@ -368,9 +368,13 @@ def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch)
     from autotune.runtime import layer, ops
     from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
 
-    grid = {"block_m": 128, "block_n": 128, "compact": False}
+    from kernel_templates.cute.bwd_config import default_cute_bwd_config
+    from kernel_templates.cute.op import default_cute_fwd_config
+
+    grid = {**default_cute_fwd_config(64, 64).to_dict(), "compact": False}
+    grid_bwd = {**default_cute_bwd_config(64, 64).to_dict(), "compact": False, "persistent": False}
     big = dispatch.GRID_YZ_MAX + 1
-    for kind, cfg in ((FWD, grid), (BWD, dict(grid, persistent=False))):
+    for kind, cfg in ((FWD, grid), (BWD, grid_bwd)):
         assert dispatch.for_batch(kind, "cute", json.dumps(cfg), big - 1, 64, 64, "bfloat16", 4)[0] == "cute"
         compact = json.dumps(dict(cfg, compact=True))
         assert dispatch.for_batch(kind, "cute", compact, big, 64, 64, "bfloat16", 4) == ("cute", compact)
@@ -379,7 +383,7 @@ def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch)
         assert backend == "triton" and dispatch.decode_config(backend, kind, config) is not None
     seen = []
     monkeypatch.setattr(ops, "_AttentionFunction", type("F", (), {"apply": staticmethod(lambda *a: seen.append(a))}))
-    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: ("cute", json.dumps(grid), "cute", json.dumps(grid)))
+    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: ("cute", json.dumps(grid), "cute", json.dumps(grid_bwd)))
     q = torch.empty(big, 4, 64, dtype=torch.bfloat16, requires_grad=True)
     for batch, want in ((big - 1, "cute"), (big, "triton")):
         ops.hstu_attention(q, q, q, torch.empty(batch + 1, dtype=torch.int32, device="meta"), 8, validate="none")

@@ -179,3 +179,37 @@ def test_fused_layer_rejects_bad_offsets_like_the_attention_call(offsets, max_se
         hstu_layer(x, params, off.float(), plan, seed)
     with pytest.raises(ValueError, match="x must be a 2-D"):
         hstu_layer(x[None], params, off, plan, seed)
+
+
+def test_fused_layer_launches_past_the_grid_limit_for_the_longest_sequence(device, monkeypatch):
+    """The layer's attention steps size their launch as the public call does: with the grid limit shrunk to one
+    block, a loose max_seq_len over the batch's rows launches for the longest sequence (read from the offsets,
+    warned), giving the same output and gradients as a launch within the limit."""
+    from autotune.runtime.layer import hstu_layer, plan_layer
+    from kernel_templates.hstu_attention import input_check
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=4096, layer="fused")
+    torch.manual_seed(0)
+    layer = HSTULayer(cfg).to(device)
+    x, off, dout = _batch(device, cfg.hidden_dim, [0, 1, 5, 16, 16, 0, 9, 16, 16] * 3)
+    dt = _dtype(device)
+    plan = plan_layer(dt, cfg.num_heads, cfg.head_dim, 4096, 0.1, cfg.eps, 0.0, "default")
+    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
+              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
+              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def run():
+        xg = x.to(dt).clone().requires_grad_(True)
+        out = hstu_layer(xg, params, off, plan, seed)
+        grads = torch.autograd.grad(out, [xg, *params.values()], dout.to(out.dtype))
+        return out, grads
+
+    want, want_grads = run()
+    monkeypatch.setattr(input_check, "GRID_YZ_MAX", 1)
+    with pytest.warns(UserWarning, match="longest sequence was read from seq_offsets"):
+        got, got_grads = run()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    tol = 1e-6 if device == "cpu" else 2e-2  # a GPU backward's dQ may sum by atomics, in any order
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)

@@ -39,6 +39,7 @@ import torch
 
 from autotune import spec
 from autotune.runtime.buckets import BUCKETS, bucket_for
+from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX
 
 SOURCES = ("tuned", "default", "reference")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS
@@ -184,6 +185,7 @@ def clear_cache() -> None:
     _RUNNERS.clear()
     decode_config.cache_clear()
     backend_available.cache_clear()
+    grid_rows.cache_clear()
     for fn in _CLEAR_HOOKS:
         fn()
 
@@ -352,9 +354,8 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
     raise RuntimeError(f"{kind}: no backend of its defaults ({', '.join(defaults)}) can run in this process{hint}")
 
 
-# CUDA caps a grid's y and z dimensions at 65535. The CuTe kernels' grid order, (heads, sequences, blocks), puts
-# the batch in y; their compact and persistent orders, and the Triton kernels, put it in x (2**31 - 1).
-GRID_YZ_MAX = 65535
+# The CuTe kernels' grid order, (heads, sequences, blocks), puts the batch in y, which CUDA caps at GRID_YZ_MAX;
+# their compact and persistent orders, and the Triton kernels, put it in x (2**31 - 1).
 
 
 def for_batch(
@@ -375,6 +376,16 @@ def for_batch(
         key=f"{kind}:wide-batch",
     )
     return "triton", _config_json(defaults["triton"])
+
+
+@functools.lru_cache(maxsize=512)
+def grid_rows(kind: str, backend: str, config: Any) -> int | None:
+    """Rows of a sequence one block of the choice's launch grid covers along a 65535-capped grid dimension
+    (``BackendSpec.grid_rows``; config as JSON or object), None when its grids hold any length."""
+    b = next((b for b in spec.kernel(kind).backends if b.name == backend), None)  # "reference": no grid
+    if b is None or b.grid_rows is None:
+        return None
+    return spec.resolve(b.grid_rows)(decode_config(backend, kind, config) if isinstance(config, str) else config)
 
 
 def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:

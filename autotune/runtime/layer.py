@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from autotune.runtime import dispatch, ops
-from kernel_templates.hstu_attention.input_check import launch_lengths, validate_mode
+from kernel_templates.hstu_attention.input_check import fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format
 
 LAYER_KERNELS = (
@@ -137,7 +137,11 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor) -> St
 
 
 def _attention_args(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tuple:
+    """The attention launch's arguments after q, k, v: lengths that both attention steps' grids can hold."""
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
+    steps = (_attention_step(plan, kind, seq_offsets) for kind in ("hstu_attention_fwd", "hstu_attention_bwd"))
+    sizes = [dispatch.grid_rows(s.kind, s.backend, s.config) for s in steps]
+    max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)
     return (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from autotune.runtime import dispatch
 from autotune.runtime.buckets import DISTRIBUTIONS
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
-from kernel_templates.hstu_attention.input_check import check_offsets, launch_lengths, validate_mode
+from kernel_templates.hstu_attention.input_check import check_offsets, fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import (
     first_order_only,
     kernel_targets,
@@ -394,6 +394,9 @@ def hstu_attention(
     if alpha is None:
         alpha = 1.0 / math.sqrt(dqk)
     scaling = None if scaling_seqlen is None else as_int(scaling_seqlen)
+    if plain:  # a launch past the grid's limit reads the longest sequence instead (never on ordinary calls)
+        sizes = (dispatch.grid_rows(FWD, fwd_backend, fwd_config), dispatch.grid_rows(BWD, bwd_backend, bwd_config))
+        max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)
     args = (
         q, k, v, seq_offsets, num_targets, max_seq_len, float(alpha), ctx_len,
         win, scaling, fwd_backend, fwd_config, bwd_backend, bwd_config, mode,

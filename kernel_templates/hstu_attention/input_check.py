@@ -20,6 +20,8 @@ can give wrong rows but never an out-of-bounds access; this module tells the cal
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterable
 
 import torch
 import triton
@@ -37,6 +39,9 @@ MESSAGES = {
     BAD_TARGETS: "num_targets must be within [0, sequence length] for every sequence",
 }
 _BLOCK = 512
+# CUDA's limit on a launch grid's y and z dimensions (x holds 2**31 - 1): the attention kernels that put
+# sequences or row blocks there cannot launch past it.
+GRID_YZ_MAX = 65535
 
 
 def validate_mode(validate: bool | str) -> str:
@@ -60,6 +65,43 @@ def launch_lengths(max_seq_len: int, scaling_seqlen: int | None, rows: int) -> t
     if max_seq_len <= rows or rows < 1:
         return max_seq_len, scaling_seqlen
     return rows, max_seq_len if scaling_seqlen is None else scaling_seqlen
+
+
+def fit_grid(
+    max_seq_len: int, scaling_seqlen: int | None, seq_offsets: torch.Tensor, rows: int, block_rows: Iterable[int | None]
+) -> tuple[int, int | None]:
+    """(max_seq_len, divisor) that every launch grid can hold: the arguments as given while each kernel's
+    ``cdiv(launch length, rows per block)`` fits ``GRID_YZ_MAX`` (``block_rows``: rows one grid block covers
+    per kernel, None for one whose grid holds any length), as on every call but huge ones.
+
+    A launch length over it comes from a loose ``max_seq_len`` over a batch of millions of rows, or from a
+    sequence that long. The longest sequence is then read from the offsets (one host-device sync, warned)
+    and launched for, with the divisor passed explicitly so the result is unchanged; a sequence itself too
+    long for the grid, or a CUDA graph being captured (no sync allowed), is a ``ValueError`` naming
+    max_seq_len, instead of a launch error."""
+    sizes = [b for b in block_rows if b]
+    limit = GRID_YZ_MAX * min(sizes) if sizes else 0
+    if not sizes or launch_lengths(max_seq_len, scaling_seqlen, rows)[0] <= limit:
+        return max_seq_len, scaling_seqlen
+    if seq_offsets.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            f"max_seq_len: {max_seq_len} over {rows} rows sizes a launch grid past CUDA's {GRID_YZ_MAX} blocks "
+            f"({min(sizes)} rows each), and the longest sequence cannot be read during CUDA graph capture; "
+            f"pass a max_seq_len of at most {limit}"
+        )
+    longest = int((seq_offsets[1:] - seq_offsets[:-1]).max()) if seq_offsets.numel() > 1 else 0
+    if longest > limit:
+        raise ValueError(
+            f"max_seq_len: a sequence of {longest} rows needs more than the {GRID_YZ_MAX} blocks of {min(sizes)} "
+            f"rows a launch grid holds; sequences of at most {limit} rows run"
+        )
+    warnings.warn(
+        f"max_seq_len={max_seq_len} over {rows} rows sizes a launch grid past CUDA's limit: the longest "
+        "sequence was read from seq_offsets (a host-device sync per such call); a max_seq_len closer to the "
+        "longest sequence avoids it",
+        stacklevel=3,
+    )
+    return max(longest, 1), max_seq_len if scaling_seqlen is None else scaling_seqlen
 
 
 def describe(bits: int) -> list[str]:

@@ -256,7 +256,8 @@ def hstu_attention(
     ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
     True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.
     """
-    from .input_check import launch_lengths, validate_mode
+    from .input_check import fit_grid, launch_lengths, validate_mode
+    from .spec import grid_rows_triton_bwd, grid_rows_triton_fwd
 
     if validate_mode(validate) != "none":
         validate_hstu_inputs(
@@ -276,6 +277,8 @@ def hstu_attention(
         raise ValueError(f"fwd_config must be an HSTUFwdConfig, got {type(fwd_config).__name__}")
     if not isinstance(bwd_config, HSTUBwdConfig):
         raise ValueError(f"bwd_config must be an HSTUBwdConfig, got {type(bwd_config).__name__}")
+    sizes = (grid_rows_triton_fwd(fwd_config), grid_rows_triton_bwd(bwd_config))
+    max_seq_len, scaling_seqlen = fit_grid(max_seq_len, scaling_seqlen, seq_offsets, q.shape[0], sizes)
     return HSTUAttentionFunction.apply(
         q,
         k,

@@ -31,6 +31,7 @@ def _triton(direction: str) -> BackendSpec:
         sources=(*_TRITON_COMMON, *(f"kernel_templates/hstu_attention/{f}" for f in files)),
         interpretable=True,
         jit_functions=f"{_TUNING}:_jit_{direction}",
+        grid_rows=f"{_T}.spec:grid_rows_triton_{direction}",
     )
 
 
@@ -49,6 +50,7 @@ def _cute(direction: str) -> BackendSpec:
         needs_cuda=True,
         compute_capability=(9, 0),
         index_dtype="int32",
+        grid_rows=f"{_T}.spec:grid_rows_cute_{direction}",
     )
 
 
@@ -86,3 +88,22 @@ def default_configs_bwd(dqk: int, dv: int, num_heads: int, dtype: object, interp
     from .config import default_bwd_config
 
     return {"triton": default_bwd_config(dqk, dv, interpret, dtype)}
+
+
+# Rows per block along each kernel's 65535-capped grid dimension (``BackendSpec.grid_rows``): the Triton grids
+# are (sequence x head, row block); the CuTe grid order is (head, sequence, row block), while its compact and
+# persistent orders put every tile in x.
+def grid_rows_triton_fwd(config) -> int:
+    return config.block_m
+
+
+def grid_rows_triton_bwd(config) -> int:
+    return min(config.block_n, config.dq_rows)  # the key-block kernel's grid, and the dQ kernel's when it runs
+
+
+def grid_rows_cute_fwd(config) -> int | None:
+    return None if config.compact else config.block_m
+
+
+def grid_rows_cute_bwd(config) -> int | None:
+    return None if config.compact or config.persistent else config.block_n

@@ -275,3 +275,49 @@ def test_a_launch_past_the_grid_limit_gives_the_reference_result(device, call, m
     long_q, long_k, long_v = _qkv(device, 300, heads=2, d=q.shape[2])
     with pytest.raises(ValueError, match="max_seq_len: a sequence of 300 rows needs more than the 1 blocks"):
         attend(long_q, long_k, long_v, offsets_from_lengths([300], device), 300)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("case", ["wide-batch", "loose-over-the-grid"])
+def test_the_grid_limits_for_real_on_an_sm90_gpu(case):
+    """The launches CUDA's 65535-block y/z grid dimensions used to refuse, run for real through the public call on
+    the shipped artifacts: a batch of 70000 sequences (more than a grid's y holds), and a loose max_seq_len over
+    16.9M rows (more than 65535 blocks of any kernel's 256 rows). Sequences at both ends of the batch are checked,
+    output and every gradient, against the fp32 reference (sequences are independent, so their rows' values
+    depend on nothing else)."""
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    dispatch.load()
+    gen = torch.Generator().manual_seed(5)
+    if case == "wide-batch":
+        lengths = torch.randint(0, 5, (70_000,), generator=gen).tolist()
+        lengths[1] = 4  # the longest, for max_seq_len
+        heads, max_seq_len, scaling = 2, 4, None
+    else:
+        lengths, heads = [512] * 33_000, 1
+        max_seq_len, scaling = sum(lengths), 512  # loose: over 65535 x 256 rows; values of order one
+    off = offsets_from_lengths(lengths, "cuda")
+    rows = sum(lengths)
+    q, k, v = (
+        (torch.randn(rows, heads, 64, generator=gen) * 0.5).to("cuda", torch.bfloat16).requires_grad_(True)
+        for _ in range(3)
+    )
+    alpha = 0.125
+    out = ops.hstu_attention(q, k, v, off, max_seq_len, alpha, scaling_seqlen=scaling)
+    go = torch.randn(out.shape, generator=gen).to("cuda")
+    grads = torch.autograd.grad(out, (q, k, v), go.to(out.dtype))
+    assert all(torch.isfinite(t).all() for t in (out, *grads))
+    for first, last in ((0, 40), (len(lengths) - 40, len(lengths))):
+        r0, r1 = off[first].item(), off[last].item()
+        sub_off = off[first : last + 1] - r0
+        ins = [t.detach()[r0:r1].float().requires_grad_(True) for t in (q, k, v)]
+        same = [t.detach()[r0:r1].clone().requires_grad_(True) for t in (q, k, v)]
+        args = (sub_off, max_seq_len, alpha)
+        ref = hstu_attention_reference(*ins, *args, scaling_seqlen=scaling)
+        own = hstu_attention_reference(*same, *args, scaling_seqlen=scaling, compute_dtype=q.dtype)
+        g = go[r0:r1]
+        refs = (ref, *torch.autograd.grad(ref, ins, g))
+        owns = (own, *torch.autograd.grad(own, same, g.bfloat16()))
+        for name, got, r, t in zip(("out", "dq", "dk", "dv"), (out, *grads), refs, owns, strict=True):
+            check_tolerance(f"{case} {name} rows {r0}:{r1}", got[r0:r1], r, t)

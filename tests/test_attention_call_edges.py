@@ -142,6 +142,22 @@ def test_wrong_argument_types_name_the_argument(kwargs, match):
         ops.hstu_attention(**args, source="default")
 
 
+@pytest.mark.parametrize("call", ["public", "template", "cute"])
+def test_every_entry_point_refuses_a_bad_alpha(call):
+    """The kernels take alpha as a constant: every entry point refuses what they would misread (a tensor that
+    requires grad gets no gradient; inf or NaN make every output NaN), with a ValueError naming alpha."""
+    from kernel_templates.cute import hstu_attention_cute
+
+    q, k, v = (t.detach() for t in _qkv("cpu", 10))
+    off = torch.tensor([0, 4, 10])
+    fn = {"public": ops.hstu_attention, "template": hstu_attention, "cute": hstu_attention_cute}[call]
+    bad = ("x", 1j, True, torch.tensor([0.1, 0.2]), torch.tensor(0.2, requires_grad=True), math.inf, math.nan,
+           torch.tensor(math.inf))  # fmt: skip
+    for alpha in bad:
+        with pytest.raises(ValueError, match="alpha must"):
+            fn(q, k, v, off, 8, alpha)
+
+
 def test_alpha_may_be_a_numpy_or_tensor_scalar(device):
     import numpy as np
 
@@ -245,7 +261,9 @@ def test_fit_grid_reads_the_longest_sequence_only_past_the_grid(monkeypatch):
     with pytest.warns(UserWarning, match="longest sequence was read from seq_offsets"):
         assert input_check.fit_grid(1 << 20, None, off, 34, (16, 32)) == (20, 1 << 20)
         assert input_check.fit_grid(1 << 20, 64, off, 34, (16, 32)) == (20, 64)
-        assert input_check.fit_grid(1 << 20, None, offsets_from_lengths([0, 0], "cpu"), 0, (16,)) == (1, 1 << 20)
+    assert input_check.fit_grid(1 << 20, None, offsets_from_lengths([0, 0], "cpu"), 0, (16,)) == (1 << 20, None)
+    with pytest.raises(ValueError, match="max_seq_len is below the longest sequence: max_seq_len=33, a sequence of 40"):
+        input_check.fit_grid(33, None, offsets_from_lengths([40], "cpu"), 40, (16, 64))
     with pytest.raises(ValueError, match="max_seq_len: a sequence of 40 rows needs more than the 2 blocks of 16"):
         input_check.fit_grid(40, None, offsets_from_lengths([40], "cpu"), 40, (16, 64))
 

@@ -366,10 +366,9 @@ def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch)
     import torch
 
     from autotune.runtime import layer, ops
-    from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
-
     from kernel_templates.cute.bwd_config import default_cute_bwd_config
     from kernel_templates.cute.op import default_cute_fwd_config
+    from kernel_templates.hstu_attention.config import HSTUBwdConfig, HSTUFwdConfig
 
     grid = {**default_cute_fwd_config(64, 64).to_dict(), "compact": False}
     grid_bwd = {**default_cute_bwd_config(64, 64).to_dict(), "compact": False, "persistent": False}

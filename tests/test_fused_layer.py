@@ -213,3 +213,33 @@ def test_fused_layer_launches_past_the_grid_limit_for_the_longest_sequence(devic
     tol = 1e-6 if device == "cpu" else 2e-2  # a GPU backward's dQ may sum by atomics, in any order
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
+def test_fused_layer_names_a_parameter_of_the_wrong_shape():
+    """``hstu_layer`` reads its parameters by the plan's heads x head_dim: one of another shape (a projection
+    with extra rows was read in part, silently), a missing one or a plan of other heads is a ValueError naming
+    it; ``plan_layer`` refuses a head dim the attention kernels lack."""
+    from autotune.runtime.layer import hstu_layer, plan_layer
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
+    layer = HSTULayer(cfg)
+    x, off, _ = _batch("cpu", cfg.hidden_dim)
+    plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
+    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
+              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
+              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    seed = torch.zeros(1, dtype=torch.int64)
+    wide = torch.cat([params["w_uvqk"], params["w_uvqk"][:32]])
+    for bad, match in (
+        ({**params, "w_uvqk": wide}, r"params\['w_uvqk'\] must have shape"),
+        ({**params, "b_uvqk": params["b_uvqk"][:-1]}, r"params\['b_uvqk'\] must have shape"),
+        ({k: t for k, t in params.items() if k != "w_o"}, "params must be a dict of"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            hstu_layer(x, bad, off, plan, seed)
+    other = plan_layer(torch.float32, cfg.num_heads * 2, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
+    with pytest.raises(ValueError, match=r"params\['w_uvqk'\] must have shape .* heads 4"):
+        hstu_layer(x, params, off, other, seed)
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        plan_layer(torch.float32, cfg.num_heads, 48, 32, 0.1, cfg.eps, 0.0, "default")
+    assert hstu_layer(x, params, off, plan, seed).shape == x.shape

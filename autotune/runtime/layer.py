@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from autotune.runtime import dispatch, ops
+from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format
 
@@ -106,6 +107,10 @@ def plan_layer(
     """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
     if keep not in KEEP:
         raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
+    if not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"heads must be a positive int, got {heads!r}")
     flags = (keep, recompute_ln, zero_copy)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
@@ -258,11 +263,35 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return LayerNormFunction.apply(x, weight, bias, eps, plan)
 
 
-def _check_call(x: torch.Tensor, seq_offsets: torch.Tensor, plan: LayerPlan, mode: str) -> None:
+def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerPlan) -> None:
+    """Each parameter of ``hstu_layer`` present, on x's device, of the shape x's width and the plan's heads x
+    head_dim give it (``ValueError`` naming it): a wider projection was otherwise read in part without a word."""
+    hidden, hd = x.shape[1], plan.heads * plan.head_dim
+    shapes = {"ln1_w": (hidden,), "ln1_b": (hidden,), "w_uvqk": (4 * hd, hidden), "b_uvqk": (4 * hd,),
+              "ln2_w": (hd,), "ln2_b": (hd,), "w_o": (hidden, hd), "b_o": (hidden,)}  # fmt: skip
+    if not isinstance(params, dict) or set(params) != set(shapes):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"params must be a dict of {sorted(shapes)}, got {got}")
+    for name, shape in shapes.items():
+        t = params[name]
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(
+                f"params[{name!r}] must have shape {shape} (hidden {hidden}, heads {plan.heads} x head_dim "
+                f"{plan.head_dim}), got {got}"
+            )
+        if t.device != x.device:
+            raise ValueError(f"params[{name!r}] is on {t.device}, x on {x.device}")
+
+
+def _check_call(
+    x: torch.Tensor, params: dict[str, torch.Tensor], seq_offsets: torch.Tensor, plan: LayerPlan, mode: str
+) -> None:
     """The attention op's input rules for the layer's call (``ValueError`` naming the argument); the offsets
     as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    _check_params(x, params, plan)
     check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend
     ops.check_call_offsets(backend, mode, seq_offsets, None, x.shape[0], plan.max_seq_len)
@@ -284,7 +313,7 @@ def hstu_layer(
     """
     mode = validate_mode(validate)
     if mode != "none":
-        _check_call(x, seq_offsets, plan, mode)
+        _check_call(x, params, seq_offsets, plan, mode)
     p = params
     if x.shape[0] == 0:  # no tokens: out = x, every parameter gradient zero (no kernel launched)
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0

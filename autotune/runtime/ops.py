@@ -17,7 +17,6 @@ replays then run on whatever the tensor holds.
 """
 
 import math
-import numbers
 import operator
 import weakref
 
@@ -27,7 +26,13 @@ from torch import nn
 from autotune.runtime import dispatch
 from autotune.runtime.buckets import DISTRIBUTIONS
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
-from kernel_templates.hstu_attention.input_check import check_offsets, fit_grid, launch_lengths, validate_mode
+from kernel_templates.hstu_attention.input_check import (
+    check_alpha,
+    check_offsets,
+    fit_grid,
+    launch_lengths,
+    validate_mode,
+)
 from kernel_templates.hstu_attention.op import (
     first_order_only,
     kernel_targets,
@@ -359,8 +364,8 @@ def hstu_attention(
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     if distribution is not None and distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
-    if alpha is not None and type(alpha) is not float:
-        _check_alpha(alpha)
+    if alpha is not None and (type(alpha) is not float or not math.isfinite(alpha)):
+        check_alpha(alpha)
     if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
         return _padded_call(
             q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
@@ -413,21 +418,6 @@ def _static_int(x: object) -> int:
     ``int()`` keeps them so (``_choose`` then cannot trace); ``operator.index`` specialises one with a guard.
     A float (only unchecked calls, ``validate="none"``, get here with one) is truncated as ``int()`` does."""
     return int(x) if isinstance(x, float) else operator.index(x)
-
-
-def _check_alpha(alpha: object) -> None:
-    """A real number (a numpy scalar too) or a one-element real tensor, else a ``ValueError`` naming alpha.
-
-    The kernels take alpha as a constant: a tensor that requires grad would silently get no gradient, and a
-    tensor of several elements failed in ``float()`` with a message that did not say which argument."""
-    if isinstance(alpha, torch.Tensor):
-        if alpha.numel() != 1 or alpha.is_complex() or alpha.dtype == torch.bool:
-            raise ValueError(f"alpha must be a number or a one-element real tensor, got {alpha!r}")
-        if alpha.requires_grad:
-            raise ValueError("alpha must not require grad: the kernels take it as a constant (no gradient reaches it)")
-        return
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise ValueError(f"alpha must be a number or None (1/sqrt(Dqk)), got {alpha!r}")
 
 
 def _needs_padding(dqk: int, dv: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX, check_alpha, fit_grid, launch_lengths
 from kernel_templates.hstu_attention.op import first_order_only, kernel_targets, validate_hstu_inputs
 
 from . import op as _op
@@ -42,11 +43,19 @@ def hstu_attention_cute(
     what the drop-in call adds in front of the same kernels: a context without targets runs with zero targets
     (``kernel_targets``: the same mask, and the kernel variant the drop-in call runs and the tuner times), and
     the gradients are first order only (a double backward raises)."""
+    if alpha is not None:
+        check_alpha(alpha)
     if validate:
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
-    num_targets = kernel_targets(num_targets, contextual_seq_len, seq_offsets)
+    # The kernels index offsets and targets densely (an int32 strided view would be read as if compact).
+    seq_offsets = seq_offsets.contiguous()
+    num_targets = kernel_targets(None if num_targets is None else num_targets.contiguous(), contextual_seq_len,
+                                 seq_offsets)  # fmt: skip
+    fwd_config = fwd_config or default_cute_fwd_config(q.shape[2], v.shape[2])
+    bwd_config = bwd_config or default_cute_bwd_config(q.shape[2], v.shape[2])
+    max_seq_len, scaling_seqlen = _launch_lengths(q, seq_offsets, max_seq_len, scaling_seqlen, fwd_config, bwd_config)
     q, k, v = (tma_ready(t) for t in (q, k, v))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         q, k, v = _FirstOrderInputs.apply(q, k, v)
@@ -54,6 +63,27 @@ def hstu_attention_cute(
         q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
         fwd_config, bwd_config, validate=False,
     )  # fmt: skip
+
+
+def _launch_lengths(q, seq_offsets, max_seq_len, scaling_seqlen, fwd_config, bwd_config) -> tuple[int, int | None]:
+    """(max_seq_len, divisor) both configs' launch grids hold, as the drop-in call sizes them (``launch_lengths``,
+    ``fit_grid``); a batch over ``GRID_YZ_MAX`` sequences with a grid-order config (sequences in y) is a
+    ``ValueError`` naming the config, where the drop-in call would run the Triton kernels instead."""
+    from kernel_templates.hstu_attention.spec import grid_rows_cute_bwd, grid_rows_cute_fwd
+
+    max_seq_len, scaling_seqlen = launch_lengths(max_seq_len, scaling_seqlen, q.shape[0])
+    configs = (("fwd_config", fwd_config, HSTUCuteFwdConfig), ("bwd_config", bwd_config, HSTUCuteBwdConfig))
+    if any(not isinstance(c, cls) for _, c, cls in configs):
+        return max_seq_len, scaling_seqlen  # the op's config check names it
+    batch = seq_offsets.shape[0] - 1
+    for name, c, _ in configs:
+        if batch > GRID_YZ_MAX and not c.compact:
+            raise ValueError(
+                f"{name}: a batch of {batch} sequences is over the {GRID_YZ_MAX} its launch grid holds (the grid "
+                "order puts sequences in y); use a config with compact=True"
+            )
+    sizes = (grid_rows_cute_fwd(fwd_config), grid_rows_cute_bwd(bwd_config))
+    return fit_grid(max_seq_len, scaling_seqlen, seq_offsets, q.shape[0], sizes)
 
 
 def tma_ready(t: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,8 @@ can give wrong rows but never an out-of-bounds access; this module tells the cal
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import warnings
 from collections.abc import Iterable
@@ -81,8 +83,8 @@ def fit_grid(
     max_seq_len, instead of a launch error."""
     sizes = [b for b in block_rows if b]
     limit = GRID_YZ_MAX * min(sizes) if sizes else 0
-    if not sizes or launch_lengths(max_seq_len, scaling_seqlen, rows)[0] <= limit:
-        return max_seq_len, scaling_seqlen
+    if not sizes or rows < 1 or launch_lengths(max_seq_len, scaling_seqlen, rows)[0] <= limit:
+        return max_seq_len, scaling_seqlen  # (no rows: nothing is launched)
     if seq_offsets.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             f"max_seq_len: {max_seq_len} over {rows} rows sizes a launch grid past CUDA's {GRID_YZ_MAX} blocks "
@@ -90,6 +92,8 @@ def fit_grid(
             f"pass a max_seq_len of at most {limit}"
         )
     longest = int((seq_offsets[1:] - seq_offsets[:-1]).max()) if seq_offsets.numel() > 1 else 0
+    if longest > max_seq_len:
+        raise ValueError(f"{MESSAGES[TOO_LONG]}: max_seq_len={max_seq_len}, a sequence of {longest} rows")
     if longest > limit:
         raise ValueError(
             f"max_seq_len: a sequence of {longest} rows needs more than the {GRID_YZ_MAX} blocks of {min(sizes)} "
@@ -102,6 +106,22 @@ def fit_grid(
         stacklevel=3,
     )
     return max(longest, 1), max_seq_len if scaling_seqlen is None else scaling_seqlen
+
+
+def check_alpha(alpha: object) -> None:
+    """A finite real number (a numpy scalar too) or a one-element finite real tensor, else a ``ValueError`` naming
+    alpha. The kernels take alpha as a constant: a tensor that requires grad would silently get no gradient, a
+    tensor of several elements failed in ``float()`` with a message that did not say which argument, and an
+    infinite or NaN alpha made every output NaN."""
+    if isinstance(alpha, torch.Tensor):
+        if alpha.numel() != 1 or alpha.is_complex() or alpha.dtype == torch.bool:
+            raise ValueError(f"alpha must be a number or a one-element real tensor, got {alpha!r}")
+        if alpha.requires_grad:
+            raise ValueError("alpha must not require grad: the kernels take it as a constant (no gradient reaches it)")
+    elif isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise ValueError(f"alpha must be a number or None (1/sqrt(Dqk)), got {alpha!r}")
+    if not math.isfinite(float(alpha)):
+        raise ValueError(f"alpha must be finite, got {float(alpha)}")
 
 
 def describe(bits: int) -> list[str]:

@@ -256,9 +256,11 @@ def hstu_attention(
     ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
     True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.
     """
-    from .input_check import fit_grid, launch_lengths, validate_mode
+    from .input_check import check_alpha, fit_grid, launch_lengths, validate_mode
     from .spec import grid_rows_triton_bwd, grid_rows_triton_fwd
 
+    if alpha is not None:
+        check_alpha(alpha)
     if validate_mode(validate) != "none":
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen

@@ -132,6 +132,9 @@ def test_custom_op_checks_its_inputs_unless_told_not_to(device):
         ({"max_seq_len": True}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
         ({"max_seq_len": 2**40}, r"max_seq_len must be an int in \[0, 2\*\*31\)"),
         ({"contextual_seq_len": True}, "contextual_seq_len must be a non-negative int"),
+        ({"contextual_seq_len": 2**31}, "contextual_seq_len must be a non-negative int below 2"),
+        ({"max_attn_len": 2**31}, "max_attn_len must be a non-negative int below 2"),
+        ({"scaling_seqlen": 2**31}, "scaling_seqlen must be a positive int below 2"),
         ({"distribution": "Jagged"}, "distribution must be None or one of"),
     ],
 )

@@ -166,11 +166,11 @@ def shapes_look_valid(
         return False
     if type(max_seq_len) is not int or not 0 < max_seq_len < 2**31:
         return False
-    if type(contextual_seq_len) is not int or contextual_seq_len < 0:
+    if type(contextual_seq_len) is not int or not 0 <= contextual_seq_len < 2**31:
         return False
-    if type(max_attn_len) is not int or max_attn_len < 0:
+    if type(max_attn_len) is not int or not 0 <= max_attn_len < 2**31:
         return False
-    if scaling_seqlen is not None and (type(scaling_seqlen) is not int or scaling_seqlen <= 0):
+    if scaling_seqlen is not None and (type(scaling_seqlen) is not int or not 0 < scaling_seqlen < 2**31):
         return False
     if num_targets is None:
         return True

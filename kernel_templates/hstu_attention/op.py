@@ -129,12 +129,13 @@ def validate_hstu_inputs(
             raise ValueError(f"num_targets must have shape ({batch},), got {tuple(num_targets.shape)}")
         if num_targets.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"num_targets must be int32 or int64, got {num_targets.dtype}")
-    if not _is_int(contextual_seq_len) or contextual_seq_len < 0:
-        raise ValueError(f"contextual_seq_len must be a non-negative int, got {contextual_seq_len!r}")
-    if not _is_int(max_attn_len) or max_attn_len < 0:
-        raise ValueError(f"max_attn_len must be a non-negative int (0 = no window), got {max_attn_len!r}")
-    if scaling_seqlen is not None and (not _is_int(scaling_seqlen) or scaling_seqlen <= 0):
-        raise ValueError(f"scaling_seqlen must be a positive int or None, got {scaling_seqlen!r}")
+    # The kernels take these as int32 (a larger context or window would wrap to a negative one).
+    if not _is_int(contextual_seq_len) or not 0 <= contextual_seq_len < MAX_SEQ_LEN_LIMIT:
+        raise ValueError(f"contextual_seq_len must be a non-negative int below 2**31, got {contextual_seq_len!r}")
+    if not _is_int(max_attn_len) or not 0 <= max_attn_len < MAX_SEQ_LEN_LIMIT:
+        raise ValueError(f"max_attn_len must be a non-negative int below 2**31 (0 = no window), got {max_attn_len!r}")
+    if scaling_seqlen is not None and (not _is_int(scaling_seqlen) or not 0 < scaling_seqlen < MAX_SEQ_LEN_LIMIT):
+        raise ValueError(f"scaling_seqlen must be a positive int below 2**31 or None, got {scaling_seqlen!r}")
     if scaling_seqlen is None and max_seq_len == 0 and q.shape[0] > 0:
         raise ValueError("max_seq_len must be positive when it is the divisor (scaling_seqlen is None)")
     if check_offsets:

@@ -112,8 +112,30 @@ def test_edited_template_starts_a_fresh_study(monkeypatch):
     before = study_name(task, ["triton"])
     assert before.startswith(task.study_name + "|src") and study_name(task, ["triton"]) == before
     assert study_name(task, ["triton", "cute"]) != before
+    assert study_name(task, ["triton"], cuda_graph=True) != before  # graph replays are timed in their own study
     monkeypatch.setattr(art, "current_template_hash", lambda kernel, backend="triton": "edited")
     assert study_name(task, ["triton"]) != before
+
+
+def test_every_timing_of_a_cuda_graph_session_replays_a_graph(monkeypatch):
+    """With --cuda-graph, the trials' times and the winner-vs-default comparison (whose times the entry records)
+    are all graph replays: the comparison had timed plain launches under the "do_bench+cuda_graph" label."""
+    from autotune.tuning import measure, worker
+
+    flags: list[bool] = []
+    real = measure.bench
+
+    def spy(fn, quick, cuda_graph=False):
+        flags.append(cuda_graph)
+        return real(fn, quick)
+
+    monkeypatch.setattr(measure, "bench", spy)
+    session = worker._Session({"task": _fake_task().to_dict(), "cuda_graph": True})
+    ok = {"backend": "fake", "config": {"mode": "ok", "size": 1}}
+    slow = {"backend": "fake", "config": {"mode": "slow", "size": 1}}
+    assert session.time(ok)["status"] == "ok"
+    assert session.compare({"a": ok, "b": slow, "rounds": 2})["status"] == "ok"
+    assert len(flags) >= 5 and all(flags), flags
 
 
 def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp_path, monkeypatch):

@@ -243,8 +243,9 @@ def bench_launches(
     return op.flops(inputs), default, tuned
 
 
-def study_name(task: Task, backends: list[str]) -> str:
-    """The task's study name plus a digest of what its trials measured (backends, template sources, spaces).
+def study_name(task: Task, backends: list[str], cuda_graph: bool = False) -> str:
+    """The task's study name plus a digest of what its trials measured (backends, template sources, spaces)
+    and how (CUDA-graph replays are timed apart: their times never meet plain launches' in one study).
 
     A resumed run reuses the study only while the measured code is the same; an edited template or
     space starts a fresh study instead of trusting timings of code that no longer exists.
@@ -252,7 +253,8 @@ def study_name(task: Task, backends: list[str]) -> str:
     parts = [search_space_hash(task.kernel)]
     parts += [f"{b}:{art.current_template_hash(task.kernel, b)}" for b in sorted(backends)]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-    return f"{task.study_name}|src{digest}|{task.gpu}|env{environment_digest()}"
+    timing = "|graph" if cuda_graph else ""
+    return f"{task.study_name}|src{digest}|{task.gpu}|env{environment_digest()}{timing}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -360,7 +362,7 @@ class _Study:
         self.default_key = _key(first.name, self.default_values)
         self.choices = {n: _choices(b, self.ctx, self.defaults[n]) for n, b in self.backends.items()}
         self.study = optuna.create_study(
-            study_name=study_name(task, list(self.backends)),
+            study_name=study_name(task, list(self.backends), opts.cuda_graph),
             storage=storage,
             sampler=make_sampler(opts.sampler, opts.seed, opts.n_trials),
             pruner=optuna.pruners.PercentilePruner(opts.prune_percentile, n_startup_trials=3, n_warmup_steps=0),

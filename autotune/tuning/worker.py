@@ -276,8 +276,8 @@ class _Session:
         for _ in range(int(msg.get("rounds", 6))):
             for side, (backend, config) in enumerate(pairs):
                 out = outs[side]
-                t = measure.bench(lambda b=backend, c=config, o=out: b.launch(self.inputs, c, o), quick=True)
-                times[side].append(t.median_ms)
+                launch = lambda b=backend, c=config, o=out: b.launch(self.inputs, c, o)  # noqa: E731
+                times[side].append(measure.bench(launch, quick=True, cuda_graph=self.cuda_graph).median_ms)
         return {"status": "ok", "a_ms": times[0], "b_ms": times[1]}
 
     def verify(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,10 @@ def test_upsert_replaces_the_same_key():
         (lambda d: d["entries"][0].update(default_ms=-1.0), "default_ms must be >= 0"),
         (lambda d: d["entries"][0].update(speedup=-2), "speedup must be >= 0"),
         (lambda d: d["entries"][0].update(tuning_s=-3.0), "tuning_s must be >= 0"),
+        (lambda d: d["entries"][0].update(median_ms=10**400), "median_ms must be finite"),  # valid JSON
+        (lambda d: d["entries"][0].update(trials=10**400), "trials must be finite"),
+        (lambda d: d.update(gpu="../elsewhere"), "gpu must be a lower-case GPU key"),  # the folder merge writes
+        (lambda d: d.update(gpu="H100"), "gpu must be a lower-case GPU key"),  # a folder load never reads
         (lambda d: d["entries"][0].update(backend="cute"), "not a valid HSTUCuteFwdConfig"),
         (
             lambda d: d["entries"][0].update(

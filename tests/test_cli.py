@@ -190,3 +190,18 @@ def test_merge_refuses_to_drop_entries_of_another_environment_and_interpreter_fi
     assert len(art.load_artifact(target).entries) == n
     rc, text = _run(capsys, "merge", str(other), "--artifacts", str(root), "--replace")
     assert rc == 0 and art.load_artifact(target).entries == []
+
+
+def test_show_prints_file_text_as_text(capsys, tmp_path):
+    """``show`` gives the verdict ``load`` gives: rich markup in a file's strings (its creation time, its
+    library versions) is printed as written, not parsed (a "[/x]" made the table raise)."""
+    import json
+
+    data = json.loads(art.artifact_path("h100", "hstu_attention_fwd").read_text())
+    data["created"] = "[/bogus]"
+    data["environment"] = {**data["environment"], "torch": "[/x] [red]"}
+    target = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(data))
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path))
+    assert rc == 0 and "created [/bogus]" in text and "torch [/x] [red]" in text

@@ -245,3 +245,10 @@ def test_export_takes_the_kernel_names_run_show_and_verify_take(tmp_path, capsys
     capsys.readouterr()
     assert main([*argv, ",", "--out", str(tmp_path / "c")]) == 2
     assert "--kernel ',' names nothing" in capsys.readouterr().err
+
+
+def test_verify_bundle_reports_a_manifest_nested_past_the_parser(tmp_path):
+    """JSON nested deeper than the parser's stack is a named problem, not a RecursionError."""
+    (tmp_path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    problems = bundle.verify_bundle(tmp_path)
+    assert len(problems) == 1 and "cannot read the manifest" in problems[0], problems

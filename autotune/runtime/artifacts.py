@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -179,8 +180,19 @@ def _check_type(value: Any, types: tuple, where: str) -> None:
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         names = "/".join("null" if t is type(None) else t.__name__ for t in types)
         raise ArtifactError(f"{where} must be {names}, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ArtifactError(f"{where} must be finite, got {value!r}")
+    if isinstance(value, float | int) and not isinstance(value, bool) and not _finite(value):
+        raise ArtifactError(f"{where} must be finite, got {value!r:.40}")
+
+
+_GPU_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def _finite(x: float | int) -> bool:
+    """A float that is not inf/NaN, or an int a float can hold (10**400 is valid JSON and overflows a format)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
 
 
 def _config_class(kernel: str, backend: str) -> type | None:
@@ -320,6 +332,8 @@ def validate_artifact(
         raise ArtifactError(f"{source}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
     for k, t in TOP_KEYS.items():
         _check_type(data[k], (t,), f"{source}: {k}")
+    if not _GPU_KEY.fullmatch(data["gpu"]):  # it names the folder a merge writes: no separators, no "..", lower case
+        raise ArtifactError(f"{source}: gpu must be a lower-case GPU key such as 'h100', got {data['gpu']!r:.60}")
     env_missing = set(ENV_KEYS) - set(data["environment"])
     if env_missing:
         raise ArtifactError(f"{source}: environment lacks {sorted(env_missing)}")

@@ -135,7 +135,7 @@ def verify_bundle(path: str | Path) -> list[str]:
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past the parser
         return [f"{path / MANIFEST}: cannot read the manifest ({e})"]
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return [f"{path / MANIFEST}: not an {FORMAT} manifest"]

@@ -483,7 +483,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         else:
             hint = " (usable with allow_same_arch=True)" if v.same_arch else ""
             verdict = f"[red]NOT USED{hint}[/]"
-        table = Table(title=f"{a.kernel} on {a.gpu} ({env.get('gpu_name')}), created {a.created}: {verdict}")
+        title = escape(f"{a.kernel} on {a.gpu} ({env.get('gpu_name')}), created {a.created}")
+        table = Table(title=f"{title}: {verdict}")
         for col in ("dtype", "dims", "heads", "bucket", "dist", "mask", "backend", "config", "ms", "TFLOP/s"):
             table.add_column(col)
         for col in ("default TFLOP/s", "speedup", "trials", "tuning s", "re-checked"):
@@ -497,8 +498,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                 format_bucket(e["bucket"]),
                 e["distribution"],
                 e["mask"],
-                e["backend"],
-                config_str(e["config"]),
+                escape(e["backend"]),
+                escape(config_str(e["config"])),
                 f"{e['median_ms']:.3f}",
                 f"{e['tflops']:.1f}",
                 _fmt(e["default_tflops"]),
@@ -508,10 +509,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                 recheck_status(a.kernel, a.gpu, e, on_gpu),
             )
         console.print(table)
-        console.print(
+        versions = (
             f"  torch {env.get('torch')}, triton {env.get('triton')}, cuda {env.get('cuda')}, "
             f"driver {env.get('driver')}; search space {a.search_space_hash[:12]}"
         )
+        console.print(escape(versions))
         lines = [f"[red]not used: {escape(v.reason)}[/]"] if v.reason else []
         lines += [f"[yellow]note: {escape(n)}[/]" for n in v.notes] + [f"info: {escape(i)}" for i in v.info]
         for line in lines:

@@ -336,3 +336,19 @@ def test_worker_dies_with_a_killed_tuner():
             os.kill(worker_pid, 0)
     finally:
         parent.kill()
+
+
+def test_an_output_less_precise_than_the_task_is_judged_by_the_tasks_tolerance():
+    """The check's slack is the dtype each output must have (PyTorch's own output's), not the output's own:
+    an fp16 output of an fp32 task passed by fp16's slack; an fp32 output of an fp16 task is fine."""
+    import torch
+
+    from autotune.tuning import measure
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 32, generator=gen)
+    half = ref.half()
+    assert measure.check_outputs([half], [ref], [0.0], ["out"])[0]  # judged by its own dtype: passes
+    ok, detail = measure.check_outputs([half], [ref], [0.0], ["out"], [torch.float32])
+    assert not ok and detail["out"]["err"] > detail["out"]["bound"], detail
+    assert measure.check_outputs([ref.clone()], [ref], [1e-3], ["out"], [torch.float16])[0]

@@ -132,15 +132,22 @@ def torch_errors(ref32: Sequence[torch.Tensor], ref_lo: Sequence[torch.Tensor]) 
 
 
 def check_outputs(
-    outs: Sequence[torch.Tensor], ref32: Sequence[torch.Tensor], torch_errs: Sequence[float], names: Sequence[str]
+    outs: Sequence[torch.Tensor],
+    ref32: Sequence[torch.Tensor],
+    torch_errs: Sequence[float],
+    names: Sequence[str],
+    dtypes: Sequence[torch.dtype] | None = None,
 ) -> tuple[bool, dict[str, Any]]:
     """The tolerance rule (``kernel_templates.tolerance``): max|kernel - fp32 ref| <= 2 x max|torch-in-dtype -
-    fp32 ref| + the slack of the output's dtype, all finite."""
+    fp32 ref| + the slack of the dtype each output must have (``dtypes``: PyTorch's own outputs' in the kernel's
+    dtype; default the output's own, which would let an fp16 output of an fp32 task pass by fp16's slack), all
+    finite."""
     detail: dict[str, Any] = {}
     ok = True
     if len(outs) != len(names):
         return False, {"outputs": f"{len(outs)} outputs, expected {len(names)} ({', '.join(names)})"}
-    for name, o, r, torch_err in zip(names, outs, ref32, torch_errs, strict=True):
+    wanted = dtypes if dtypes is not None else [getattr(o, "dtype", None) for o in outs]
+    for name, o, r, torch_err, dtype in zip(names, outs, ref32, torch_errs, wanted, strict=True):
         if not isinstance(o, torch.Tensor) or o.shape != r.shape:
             detail[name] = f"shape {tuple(getattr(o, 'shape', ()))} != {tuple(r.shape)}"
             ok = False
@@ -151,7 +158,7 @@ def check_outputs(
             ok = False
             continue
         err = float((o32 - r32).abs().max()) if o32.numel() else 0.0
-        bound = error_bound(torch_err, o.dtype, r32)
+        bound = error_bound(torch_err, dtype, r32)
         detail[name] = {"err": err, "bound": bound}
         ok = ok and err <= bound
     return ok, detail

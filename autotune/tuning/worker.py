@@ -139,6 +139,7 @@ class _Reference:
         self.ref32 = op.reference(self.inputs, torch.float32)
         ref_lo = self.ref32 if self.dtype == torch.float32 else op.reference(self.inputs, self.dtype)
         self.errs = measure.torch_errors(self.ref32, ref_lo)
+        self.dtypes = [t.dtype for t in ref_lo]  # each output's dtype in PyTorch's own run: its tolerance
         self.names = op.output_names
         self.op = op
 
@@ -150,7 +151,8 @@ class _Reference:
         guard, prints = bounds.OutputGuard(self.op.alloc_out(self.inputs)), bounds.InputPrints(self.inputs)
         outs = backend.launch(self.inputs, config, guard.outs)
         measure.synchronize()
-        return checked(measure.check_outputs(outs, self.ref32, self.errs, self.names), guard, prints, self.names)
+        verdict = measure.check_outputs(outs, self.ref32, self.errs, self.names, self.dtypes)
+        return checked(verdict, guard, prints, self.names)
 
 
 class StrayWrite(Exception):
@@ -220,7 +222,7 @@ class _Session:
         spills = report.get("n_spills")
         if spills is not None and spills > msg.get("spill_limit", 1 << 30):
             return {**res, "status": "spill", "error": f"{spills} spills > limit {msg['spill_limit']}"}
-        ok, detail = measure.check_outputs(outs, ref.ref32, ref.errs, self.op.output_names)
+        ok, detail = measure.check_outputs(outs, ref.ref32, ref.errs, self.op.output_names, ref.dtypes)
         res["check"] = detail
         if not ok:
             return {**res, "status": "incorrect", "error": f"outside tolerance on the check batch: {detail}"}

@@ -181,7 +181,7 @@ def test_a_reference_entry_is_never_served_as_tuned(tmp_path):
         c = dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192, "uniform")
     assert c.backend == "triton" and c.source == "default"
     with pytest.warns(dispatch.DispatchWarning, match="reference"):
-        assert dispatch._entry_choice(FWD, _entry(8192, 16, backend="reference"), "tuned") is None
+        assert dispatch._entry_choice(FWD, _entry(8192, 16, backend="reference"), "tuned", {}) is None
 
 
 def test_entry_fill_skips_recorded_values_outside_zero_one():
@@ -414,3 +414,16 @@ def test_load_takes_gpu_keys_in_any_case_and_says_what_a_wrong_folder_is(tmp_pat
         dispatch.load(123, gpu="h100")
     with pytest.raises(ValueError, match="gpu must be a GPU key"):
         dispatch.load(root, gpu=100)
+
+
+def test_an_entry_its_space_rules_out_is_never_served(tmp_path):
+    """A config the search space rejects for the call (here ~1.2 MB of shared memory for a 227 KB GPU, as a
+    hand-edited file or a tightened rule leaves it) is not served, tuned or nearest: the default runs, said."""
+    cfg = {"block_m": 256, "block_n": 128, "num_warps": 1, "num_stages": 8}
+    bad = _entry(4096, 256, FWD, dqk=256, config=dict(default_fwd_config(256, 256).to_dict(), **cfg))
+    dispatch.load(write_artifacts(tmp_path, extra=[bad]), gpu="h100")
+    for heads in (4, 2):  # the entry's own key, then a nearest lookup
+        with pytest.warns(dispatch.DispatchWarning, match="cannot serve .* shared memory"):
+            choice = dispatch.select(FWD, "bfloat16", 256, 256, heads, 4096, "uniform")
+        assert choice.source == "default" and json.loads(choice.config) != bad["config"]
+    assert dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform").source == "tuned"  # feasible ones serve

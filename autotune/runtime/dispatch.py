@@ -388,7 +388,10 @@ def grid_rows(kind: str, backend: str, config: Any) -> int | None:
     return spec.resolve(b.grid_rows)(decode_config(backend, kind, config) if isinstance(config, str) else config)
 
 
-def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
+def _entry_choice(kind: str, entry: Any, source: str, call: dict[str, Any]) -> Choice | None:
+    """The entry's choice, or None (the default serves) when its backend cannot run here or its config is
+    infeasible for the call (``call``: dtype, dqk, dv, num_heads, bucket), say a nearest entry of other heads
+    whose tile the space's rules reject at this width, or a hand-edited file."""
     backend = _get(entry, "backend", "triton")
     if backend == "reference":  # the fp32 oracle is asked for by source="reference", never read from a file
         _warn_once(f"{kind}: an entry names the 'reference' backend, not a tuned one; using the default")
@@ -396,7 +399,28 @@ def _entry_choice(kind: str, entry: Any, source: str) -> Choice | None:
     if not backend_available(backend, kind):
         _warn_once(f"{kind}: tuned backend '{backend}' is not available in this process; using the default")
         return None
-    return Choice(backend, _config_json(_get(entry, "config")), source, _get(entry, "bucket"))
+    config = _config_json(_get(entry, "config"))
+    reason = _infeasible(kind, backend, config, call)
+    if reason:
+        _warn_once(
+            f"{kind}: the {source} entry's {backend} config {config} cannot serve {call}: {reason}; using the default"
+        )
+        return None
+    return Choice(backend, config, source, _get(entry, "bucket"))
+
+
+def _infeasible(kind: str, backend: str, config: str, call: dict[str, Any]) -> str | None:
+    """The search space's reason to reject ``config`` for the call on the loaded artifacts' GPU, or None."""
+    from autotune.runtime.gpus import GPUS
+    from search_spaces.base import SpaceContext
+
+    space_name = spec.kernel(kind).backend(backend).space
+    gpu = GPUS.get(str(_STATE.gpu).lower())
+    if space_name is None or gpu is None:
+        return None
+    # The GPU's rules (the interpreter runs any tile, only slower; its own rules only keep tuning under it short).
+    ctx = SpaceContext(gpu, call["dtype"], call["dqk"], call["dv"], call["bucket"], False, call["num_heads"])
+    return spec.resolve(space_name).why_infeasible(decode_config(backend, kind, config), ctx)
 
 
 def mask_of(contextual_seq_len: int, has_targets: bool, max_attn_len: int) -> str:
@@ -569,8 +593,9 @@ def _resolve(
     if entry is not None and distribution is None and fbin is not None:
         same = [e for e in pool if _same_task_but_distribution(e, serve, dqk, dv, bucket, num_heads, mask)]
         entry = _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
+    fit = {"dtype": serve, "dqk": dqk, "dv": dv, "num_heads": num_heads, "bucket": bucket}  # the config must fit
     if entry is not None:
-        choice = _entry_choice(kind, entry, "tuned")
+        choice = _entry_choice(kind, entry, "tuned", fit)
         return choice or default_choice(kind, dqk, dv, dtype, num_heads)
     same_dims = [e for e in pool if _has_dims(e, serve, dqk, dv)]
     if not same_dims:
@@ -582,7 +607,7 @@ def _resolve(
     best = _nearest(same_dims, bucket, distribution, num_heads, mask)
     call = {"dtype": dtype, "dqk": dqk, "dv": dv, "bucket": bucket, "distribution": distribution}
     _warn_once(_fallback_message(kind, {**call, "num_heads": num_heads, "mask": mask}, best))
-    choice = _entry_choice(kind, best, "nearest")
+    choice = _entry_choice(kind, best, "nearest", fit)
     return choice or default_choice(kind, dqk, dv, dtype, num_heads)
 
 

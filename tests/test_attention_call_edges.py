@@ -3,6 +3,7 @@ the custom op called directly, and arguments of the wrong type. fp32 on CPU (int
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -342,3 +343,21 @@ def test_the_grid_limits_for_real_on_an_sm90_gpu(case):
         owns = (own, *torch.autograd.grad(own, same, g.bfloat16()))
         for name, got, r, t in zip(("out", "dq", "dk", "dv"), (out, *grads), refs, owns, strict=True):
             check_tolerance(f"{case} {name} rows {r0}:{r1}", got[r0:r1], r, t)
+
+
+def test_the_cute_entry_names_a_grid_order_config_over_65535_sequences():
+    """The CuTe entry (no Triton fallback of its own) refuses a batch its grid-order config cannot launch, naming
+    the config, before anything runs; a compact config holds it."""
+    from kernel_templates.cute import default_cute_bwd_config, default_cute_fwd_config, hstu_attention_cute
+    from kernel_templates.hstu_attention import input_check
+
+    batch = input_check.GRID_YZ_MAX + 1
+    q = torch.zeros(batch, 1, 64, dtype=torch.bfloat16)
+    off = torch.arange(batch + 1, dtype=torch.int32)
+    fc = dataclasses.replace(default_cute_fwd_config(64, 64), compact=False)
+    bc = dataclasses.replace(default_cute_bwd_config(64, 64), compact=True, persistent=False)
+    with pytest.raises(ValueError, match="fwd_config: a batch of 65536 sequences is over the 65535"):
+        hstu_attention_cute(q, q, q, off, 1, fwd_config=fc, bwd_config=bc)
+    with pytest.raises(ValueError, match="bwd_config: a batch of 65536"):
+        hstu_attention_cute(q, q, q, off, 1, fwd_config=dataclasses.replace(fc, compact=True),
+                            bwd_config=dataclasses.replace(bc, compact=False))  # fmt: skip

@@ -356,8 +356,6 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
 
 # The CuTe kernels' grid order, (heads, sequences, blocks), puts the batch in y, which CUDA caps at GRID_YZ_MAX;
 # their compact and persistent orders, and the Triton kernels, put it in x (2**31 - 1).
-
-
 def for_batch(
     kind: str, backend: str, config: Any, batch: int, dqk: int, dv: int, dtype: object, heads: int
 ) -> tuple[str, Any]:

@@ -141,13 +141,14 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor) -> St
     return Step(kind, backend, dispatch.decode_config(backend, kind, config), "default")
 
 
-def _attention_args(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tuple:
-    """The attention launch's arguments after q, k, v: lengths that both attention steps' grids can hold."""
+def _attention_call(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int) -> tuple[Step, tuple]:
+    """The attention step of ``kind`` and its launch arguments after q, k, v: lengths that both attention steps'
+    grids can hold (the forward's and the backward's launches agree)."""
+    steps = {k: _attention_step(plan, k, seq_offsets) for k in ("hstu_attention_fwd", "hstu_attention_bwd")}
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
-    steps = (_attention_step(plan, kind, seq_offsets) for kind in ("hstu_attention_fwd", "hstu_attention_bwd"))
-    sizes = [dispatch.grid_rows(s.kind, s.backend, s.config) for s in steps]
+    sizes = [dispatch.grid_rows(k, s.backend, s.config) for k, s in steps.items()]
     max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)
-    return (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
+    return steps[kind], (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
 
 
 def _views(uvqk: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, ...]:
@@ -176,8 +177,8 @@ class HSTULayerFunction(torch.autograd.Function):
         u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
         if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
             u, q, k, v = (t.contiguous() for t in (u, q, k, v))
-        s = _attention_step(plan, "hstu_attention_fwd", seq_offsets)
-        attn = s.launch(q, k, v, *_attention_args(plan, seq_offsets, q.shape[0]), s.config)
+        s, args = _attention_call(plan, "hstu_attention_fwd", seq_offsets, q.shape[0])
+        attn = s.launch(q, k, v, *args, s.config)
         attn2 = attn.view(attn.shape[0], -1)
         s = cfg("ln_mul_dropout_fwd")
         y, mean2, rstd2 = s.launch(attn2, u, ln2_w, ln2_b, plan.eps, plan.dropout, seed, config=s.config)
@@ -225,9 +226,9 @@ class HSTULayerFunction(torch.autograd.Function):
         s.launch(
             dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2)
         )
-        s = _attention_step(plan, "hstu_attention_bwd", seq_offsets)
+        s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
         d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
-        s.launch(d_attn3, q, k, v, *_attention_args(plan, seq_offsets, L), s.config, out=(dq, dk, dv))
+        s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
         if not plan.zero_copy:
             d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
         s = cfg("gemm_silu_bwd")

@@ -215,20 +215,20 @@ def test_fused_layer_launches_past_the_grid_limit_for_the_longest_sequence(devic
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
 
 
-def test_fused_layer_names_a_parameter_of_the_wrong_shape():
+def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
     """``hstu_layer`` reads its parameters by the plan's heads x head_dim: one of another shape (a projection
     with extra rows was read in part, silently), a missing one or a plan of other heads is a ValueError naming
     it; ``plan_layer`` refuses a head dim the attention kernels lack."""
     from autotune.runtime.layer import hstu_layer, plan_layer
 
     cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
-    layer = HSTULayer(cfg)
-    x, off, _ = _batch("cpu", cfg.hidden_dim)
+    layer = HSTULayer(cfg).to(device)
+    x, off, _ = _batch(device, cfg.hidden_dim)
     plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
     params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
               "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
               "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
-    seed = torch.zeros(1, dtype=torch.int64)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
     wide = torch.cat([params["w_uvqk"], params["w_uvqk"][:32]])
     for bad, match in (
         ({**params, "w_uvqk": wide}, r"params\['w_uvqk'\] must have shape"),

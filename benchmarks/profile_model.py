@@ -6,6 +6,8 @@ Trains ``--warmup`` untimed steps (compilation, allocator growth), then profiles
 and prints, per kernel source, the CUDA kernels with the most total device time (per step) and the
 share of the step they take, grouped into attention / GEMM / other. Writes JSON to ``--json`` or
 ``$OUT/profile_model_<preset>.json``. The totals are device-busy time: they do not include host gaps.
+``--by-op`` adds the device time of each aten operator with its input shapes, which names the call
+behind an "other" kernel (a cast, a residual add, a bias gradient's sum).
 """
 
 from __future__ import annotations
@@ -52,8 +54,22 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def profile_source(preset: str, kernels: str, steps: int, warmup: int, artifacts: str, overrides: dict) -> dict:
-    """Per-kernel device time (ms per step) for one kernel source."""
+def _by_op(prof: Any, steps: int) -> list[dict]:
+    """Device time per step of each aten operator and input shapes, outermost first: which call launched the
+    "other" kernels (a parent's time includes its children's, so an ``aten::linear`` row holds its addmm)."""
+    rows = []
+    for ev in prof.key_averages(group_by_input_shape=True):
+        ms = getattr(ev, "device_time_total", 0.0) / 1e3 / steps
+        if ev.device_type == torch.autograd.DeviceType.CPU and ev.key.startswith("aten::") and ms >= 0.05:
+            rows.append(dict(op=ev.key, shapes=str(ev.input_shapes), ms_per_step=ms, calls=ev.count // steps))
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows[:60]
+
+
+def profile_source(
+    preset: str, kernels: str, steps: int, warmup: int, artifacts: str, overrides: dict, by_op: bool = False
+) -> dict:
+    """Per-kernel device time (ms per step) for one kernel source; with ``by_op`` also per aten operator."""
     cfg = get_config(preset, **{**overrides, "kernels": kernels})
     device = torch.device("cuda")
     if kernels == "tuned":
@@ -68,10 +84,11 @@ def profile_source(preset: str, kernels: str, steps: int, warmup: int, artifacts
     batches = [next(loader).to(device) for _ in range(steps)]
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
+    with torch.profiler.profile(activities=acts, record_shapes=by_op) as prof:
         for batch in batches:
             train_step(model, opt, batch, amp)
         torch.cuda.synchronize()
+    ops = _by_op(prof, steps) if by_op else []
     rows = []
     for ev in prof.key_averages():
         dev_us = getattr(ev, "self_device_time_total", 0.0)
@@ -91,7 +108,7 @@ def profile_source(preset: str, kernels: str, steps: int, warmup: int, artifacts
     dispatch.reset()
     overrides = {k: v for k, v in overrides.items() if k != "kernels"}
     return dict(kernels=kernels, overrides=overrides, device_ms_per_step=total, groups=groups,
-                copy_kernels=copy_kernels, top=rows[:40])  # fmt: skip
+                copy_kernels=copy_kernels, top=rows[:40], ops=ops)  # fmt: skip
 
 
 def show(result: dict, console: Console, top: int) -> None:
@@ -109,6 +126,13 @@ def show(result: dict, console: Console, top: int) -> None:
         name = r["name"] if len(r["name"]) < 90 else r["name"][:87] + "..."
         t.add_row(f"{r['ms_per_step']:.2f}", f"{r['ms_per_step'] / total:.1%}", str(r["calls"]), r["group"], name)
     console.print(t)
+    if result.get("ops"):
+        t = Table(title="per aten operator (a parent's time includes its children's)")
+        for col in ("ms/step", "calls/step", "operator", "input shapes"):
+            t.add_column(col, justify="right" if col.startswith(("ms", "calls")) else "left")
+        for r in result["ops"][:top]:
+            t.add_row(f"{r['ms_per_step']:.2f}", str(r["calls"]), r["op"], r["shapes"][:80])
+        console.print(t)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -121,13 +145,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--artifacts", default="artifacts")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     p.add_argument("--json", default=None)
+    p.add_argument("--by-op", action="store_true", help="also device time per aten operator and input shapes")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_model.py needs a CUDA GPU")
     console = Console(width=160)
     results = []
     for kernels in args.kernels:
-        res = profile_source(args.preset, kernels, args.steps, args.warmup, args.artifacts, parse_overrides(args.set))
+        res = profile_source(
+            args.preset, kernels, args.steps, args.warmup, args.artifacts, parse_overrides(args.set), args.by_op
+        )
         show(res, console, args.top)
         results.append(res)
     out = args.json or (

@@ -29,26 +29,49 @@ from rich.table import Table  # noqa: E402
 
 from autotune.runtime import dispatch  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
-from models.train import parse_overrides, run  # noqa: E402
+from models.train import check_precision, parse_overrides, run  # noqa: E402
 
 
-def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
-    """Run every requested kernel source in this process, one after the other."""
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any, int, int]]:
+    """(variant, config, steps, warm-up) of every run, each checked before the first starts (a bad later
+    variant would otherwise end the benchmark after the earlier ones had run, with nothing written)."""
     overrides = parse_overrides(args.set)
-    results = []
+    if "kernels" in overrides:
+        raise ValueError("--set kernels=...: the kernel source is each variant's own (--kernels tuned default ...)")
+    runs = []
     for variant in args.kernels:
         source, own = parse_variant(variant)
-        cfg = get_config(args.preset, kernels=source, **{**overrides, **own})
+        if "kernels" in own:
+            raise ValueError(f"--kernels {variant!r}: the source goes before the ':' (tuned:layer=fused)")
+        cfg = get_config(args.preset, **{**overrides, **own, "kernels": source})
+        if cfg.cuda_graph and device.type != "cuda":
+            raise ValueError(f"--kernels {variant!r}: CUDA graphs need a CUDA device, got --device {device}")
+        check_precision(cfg, args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
         steps = args.reference_steps if source == "reference" else args.steps
         warmup = min(args.warmup, 1) if source == "reference" else args.warmup
+        if steps < 1 or warmup < 0:
+            name = "--reference-steps" if source == "reference" else "--steps"
+            raise ValueError(f"{name} must be >= 1 and --warmup >= 0, got {steps} and {args.warmup}")
+        runs.append((variant, cfg, steps, warmup))
+    if args.base is not None and args.base not in args.kernels:
+        raise ValueError(f"--base {args.base!r} is none of the variants run: {args.kernels}")
+    return runs
+
+
+def bench(args: argparse.Namespace, console: Console, device: torch.device) -> list[dict[str, Any]]:
+    """Run every planned variant in this process, one after the other; a variant that runs out of memory or
+    whose loss diverges gets an error row, and the others still run."""
+    results = []
+    for variant, cfg, steps, warmup in plan(args, device):
         dispatch.reset()
-        console.rule(f"{args.preset}: {source} kernels ({steps} steps + {warmup} warm-up)")
+        console.rule(f"{args.preset}: {variant} ({steps} steps + {warmup} warm-up)")
         try:
             res = run(cfg, steps, device, warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
                       args.workers, progress=not args.no_progress, console=console)  # fmt: skip
         except torch.cuda.OutOfMemoryError as exc:
-            res = {"kernels": source, "error": f"out of memory: {str(exc).splitlines()[0]}"}
+            res = {"kernels": cfg.kernels, "error": f"out of memory: {str(exc).splitlines()[0]}"}
+        except FloatingPointError as exc:
+            res = {"kernels": cfg.kernels, "error": str(exc)}
         res["preset"], res["variant"] = args.preset, variant
         results.append(res)
         gc.collect()
@@ -61,7 +84,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     """``source[:key=value,key=value]`` -> (kernel source, config overrides)."""
     source, _, rest = text.partition(":")
     if source not in KERNEL_SOURCES:
-        raise SystemExit(f"--kernels {text!r}: the source must be one of {KERNEL_SOURCES}")
+        raise ValueError(f"--kernels {text!r}: the source must be one of {KERNEL_SOURCES}")
     return source, parse_overrides([kv for kv in rest.split(",") if kv]) if rest else {}
 
 
@@ -116,16 +139,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default=["default", "tuned", "reference"],
         help="variants: a kernel source, optionally with config overrides (tuned:layer=fused,precision=bf16)",
     )
-    p.add_argument("--base", default="default", help="the variant the speed-up column divides by")
+    p.add_argument("--base", default=None, help="the variant the speed-up column divides by (default: default)")
     p.add_argument("--cuda-graph", action="store_true", help="also run every variant replayed from CUDA graphs")
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--reference-steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="bf16 (default on GPU) or fp32")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="bf16 (default on GPU) or fp32")
     p.add_argument("--artifacts", default="artifacts")
     p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument(
+        "--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides (repeatable)"
+    )
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--json", default=None)
@@ -133,9 +158,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = p.parse_args(argv)
     if args.cuda_graph:
         args.kernels = with_graph_twins(args.kernels)
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        plan(args, device)
+    except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's message for a bad --device
+        p.error(str(e))
     console = Console(stderr=True)
-    results = bench(args, console)
-    Console(width=max(140, Console().width)).print(table(results, args.preset, args.base))
+    results = bench(args, console, device)
+    Console(width=max(140, Console().width)).print(table(results, args.preset, args.base or "default"))
     for r in results:
         for w in r.get("dispatch", {}).get("warnings", []):
             console.print(f"[yellow]{r['kernels']}: dispatch fallback:[/yellow] {w}")

@@ -118,6 +118,18 @@ def select_sequences(batch: Any, indices: list[int]) -> Any:
     )  # fmt: skip
 
 
+def shard(batch: Any, rank: int, world: int, balance: str, weight: float) -> tuple[Any, float]:
+    """This rank's sub-batch of the global ``batch`` and the split's imbalance.
+
+    Each row weighs ``world / global rows``: the rank's loss is then its share of the global batch's mean
+    (not its own mean), and DDP's average over ranks gives the global batch's gradient whatever the ranks'
+    row counts, which a workload-balanced split makes unequal."""
+    shards, imb = split(batch.lengths, world, balance, weight)
+    sub = select_sequences(batch, shards[rank])
+    sub.weights = torch.full((sub.num_tokens,), world / max(batch.num_tokens, 1), dtype=torch.float32)
+    return sub, imb
+
+
 class LossModule(torch.nn.Module):
     """``forward(batch) = model.loss(batch)``: lets DDP wrap the loss, so its hooks see each step."""
 

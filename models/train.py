@@ -153,6 +153,16 @@ def run(
     return _report(r, tally, steps, warmup, balance, world_tokens, rank_fwd_ms)
 
 
+def check_precision(cfg: ModelConfig, dtype: str) -> None:
+    """precision="bf16" keeps activations in the run's compute dtype: with dtype "fp32" that is fp32, a run
+    that would be reported as bf16 precision while computing in fp32."""
+    if cfg.precision == "bf16" and dtype == "fp32":
+        raise ValueError(
+            "precision='bf16' keeps activations in the compute dtype, which dtype='fp32' makes fp32: "
+            "pass dtype 'bf16' (--dtype bf16, a GPU's default) or precision 'autocast'"
+        )
+
+
 def _prepare(
     cfg: ModelConfig, device: torch.device, dtype: str | None, artifacts: str, gpu: str | None, allow_same_arch: bool
 ) -> _Run:
@@ -166,6 +176,7 @@ def _prepare(
         device = torch.device("cuda", dist_info.local_rank)
         torch.cuda.set_device(device)
     dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
+    check_precision(cfg, dtype)
     gpu_name = gpu or detect_gpu_name(device)
     dispatch_summary = None
     if cfg.kernels == "tuned":
@@ -210,8 +221,7 @@ def _train(
                 tally.pad_before = graphed.padding_rows if graphed else 0
             batch = next(loader)
             if dist_info.enabled:
-                shards, imb = distributed.split(batch.lengths, dist_info.world, balance, weight)
-                batch = distributed.select_sequences(batch, shards[dist_info.rank])
+                batch, imb = distributed.shard(batch, dist_info.rank, dist_info.world, balance, weight)
                 tally.imbalances.append(imb)
             if step >= warmup:
                 tally.tokens += batch.num_tokens
@@ -225,7 +235,7 @@ def _train(
             else:
                 pending.append((step, train_step(r.model, r.opt, batch.to(device), r.amp, r.loss_fn, timer)))
             if (step + 1) % log_every == 0 or step + 1 == warmup + steps:
-                tally.losses.extend((s, float(v)) for s, v in pending)
+                tally.losses.extend(_read_losses(pending, dist_info, cfg.lr))
                 pending.clear()
                 bar.update(task, loss=f"loss {tally.losses[-1][1]:.4f}")
                 if not progress:
@@ -234,6 +244,23 @@ def _train(
     _sync(device)
     tally.elapsed = time.perf_counter() - t0
     return tally
+
+
+def _read_losses(pending: list[tuple[int, torch.Tensor]], dist_info: Any, lr: float) -> list[tuple[int, float]]:
+    """The pending steps' losses on the host (one sync): in data-parallel runs the global batch's mean, summed
+    over the ranks' shares; a non-finite loss stops the run (``FloatingPointError``), since every later step
+    and the throughput measured on it would be of a diverged model."""
+    values = torch.stack([v.float().reshape(()) for _, v in pending])
+    if dist_info.enabled:
+        import torch.distributed as dist
+
+        dist.all_reduce(values)
+        values /= dist_info.world  # each rank's loss is world / global rows x its rows' sum
+    out = [(s, float(v)) for (s, _), v in zip(pending, values.tolist(), strict=True)]
+    bad = next(((s, v) for s, v in out if not math.isfinite(v)), None)
+    if bad is not None:
+        raise FloatingPointError(f"the loss is {bad[1]} at step {bad[0] + 1}: training diverged (lr={lr})")
+    return out
 
 
 def _reduce_ranks(r: _Run, tally: _Tally) -> tuple[int, list[float] | None]:
@@ -375,7 +402,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="accept artifacts of a same-architecture GPU (H100 on H200)",
     )
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument(
+        "--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides (repeatable)"
+    )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers for data generation")
     p.add_argument("--json", default=None, help="write the metrics here")
@@ -389,12 +418,15 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_cli_args(args: argparse.Namespace) -> None:
+def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> None:
     """What ``run`` would refuse only after set-up, and a ``--json`` path that could not be written after
     the whole run: ``ValueError`` naming the option."""
     for name, low in (("steps", 1), ("warmup", 0), ("workers", 0), ("log_every", 1)):
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if cfg.cuda_graph and torch.device(device).type != "cuda":
+        raise ValueError(f"--cuda-graph needs a CUDA device, got --device {device}")
+    check_precision(cfg, args.dtype or ("bf16" if torch.device(device).type == "cuda" else "fp32"))
     if args.json:
         out = Path(args.json)
         if out.is_dir() or (out.parent.exists() and not out.parent.is_dir()):
@@ -420,16 +452,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         overrides["cuda_graph"] = True
     if args.graph_tokens is not None:
         overrides["graph_tokens"] = args.graph_tokens
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         cfg = get_config(args.preset, **overrides)
-        _check_cli_args(args)
-    except ValueError as e:
+        _check_cli_args(args, cfg, device)
+    except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's message for a bad --device
         parser.error(str(e))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
-                 args.workers, progress=not args.no_progress and rank0, console=console,
-                 balance=args.balance, allow_same_arch=args.allow_same_arch)  # fmt: skip
+    try:
+        result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
+                     args.workers, progress=not args.no_progress and rank0, console=console,
+                     balance=args.balance, allow_same_arch=args.allow_same_arch)  # fmt: skip
+    except FloatingPointError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise SystemExit(1) from None
     result["preset"] = args.preset
     if not rank0:
         return result

@@ -73,6 +73,52 @@ def test_two_gloo_ranks_end_with_identical_parameters(tmp_path, balance):
     assert any(not torch.equal(p, r0["params"][n]) for n, p in init.state_dict().items())
 
 
+def _grad_rank_main(rank: int, world: int, port: int, out: str) -> None:
+    """One DDP backward on this rank's shard (equal sequence counts): the ranks hold unequal row counts, so
+    each rank's mean loss would weigh the rows of the smaller shard more."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))  # fmt: skip
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from models.train import build
+
+    dist.init_process_group("gloo")
+    cfg = get_config("tiny", kernels="reference", dropout=0.0)
+    batch = _global_batch(cfg, world)
+    model, _ = build(cfg, torch.device("cpu"))
+    sub, _ = distributed.shard(batch, rank, world, "none", distributed.token_weight(cfg))
+    ddp = DistributedDataParallel(distributed.LossModule(model))  # kept: its reducer all-reduces in backward
+    ddp(sub).backward()
+    torch.save({"grads": {n: p.grad for n, p in model.named_parameters()}, "rows": sub.num_tokens}, f"{out}/g{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _global_batch(cfg, world: int):
+    from models.data import make_loader
+
+    return next(iter(make_loader(cfg.replace(batch_size=cfg.batch_size * world), 1)))
+
+
+def test_data_parallel_gradient_is_the_global_batch_gradient(tmp_path):
+    """Each rank's loss is its share of the global batch's mean (rows weigh world / global rows), so DDP's average
+    over ranks is the global batch's gradient when ranks hold unequal row counts (as both splits give them)."""
+    import torch.multiprocessing as mp
+
+    from models.train import build
+
+    mp.spawn(_grad_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    g0, g1 = (torch.load(tmp_path / f"g{r}.pt", weights_only=False) for r in (0, 1))
+    cfg = get_config("tiny", kernels="reference", dropout=0.0)
+    model, _ = build(cfg, torch.device("cpu"))
+    model.loss(_global_batch(cfg, 2)).backward()
+    assert g0["rows"] != g1["rows"]  # the case a per-rank mean gets wrong
+    for name, p in model.named_parameters():
+        for g in (g0, g1):
+            got = g["grads"][name]
+            torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_balanced_split_evens_heavy_tailed_work():
     cfg = get_config("seed")
     weight = distributed.token_weight(cfg)

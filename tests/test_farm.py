@@ -526,6 +526,88 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]
 
 
+def test_two_farms_naming_one_task_keep_to_their_own_task_studies(pg_url, tmp_path, monkeypatch):
+    """Two commands of other knobs (``--trials 2`` and ``3``) on one storage are two farms naming the same task.
+    When farm B's worker opens the task while A's worker is inside a config trial, A's trial is not failed as
+    interrupted (it used to be, and A recorded the task as failed): each farm has its own task study."""
+    import dataclasses
+
+    from autotune.runtime import gpus
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.worker import Worker
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=2, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts_a = tuner.TuneOptions(
+        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
+    )
+    opts_b = dataclasses.replace(opts_a, n_trials=3)
+    storage = farm.farm_storage(pg_url, fopts)
+    farm_a = optuna.load_study(study_name=farm.join_farm(storage, [task], opts_a), storage=storage)
+    farm_b_name = farm.join_farm(storage, [task], opts_b)
+    assert farm_b_name != farm_a.study_name
+    trial = farm.claim(farm_a, fopts)
+    real_evaluate, opened = tuner._Study._evaluate, []
+
+    def evaluate(self, *args, **kwargs):
+        if not opened:  # farm B's worker opens its study of the same task now
+            opened.append(tuner._Study(task, dataclasses.replace(opts_b, study_namespace=farm_b_name),
+                                       self.worker, storage, tuner.Reporter()))  # fmt: skip
+        return real_evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(tuner._Study, "_evaluate", evaluate)
+    worker = Worker(plugin_modules(opts_a.plugins))
+    ctx = {"opts": opts_a, "fopts": fopts, "id": "A-w0", "deadline": None, "env": gpus.environment(), "worker": worker}
+    try:
+        assert farm._run_one(farm_a, trial, ctx) is True
+    finally:
+        worker.close()
+    done = farm_a.get_trials(deepcopy=False)
+    assert [t.state for t in done] == [TrialState.COMPLETE] and not done[0].user_attrs["result"]["error"]
+    task_studies = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
+    (mine,) = [n for n in task_studies if n.endswith(farm_a.study_name)]
+    assert len(task_studies) == 2 and opened[0].study.study_name.endswith(farm_b_name)
+    statuses = [t.user_attrs.get("status") for t in optuna.load_study(study_name=mine, storage=storage).trials]
+    assert "interrupted" not in statuses and "ok" in statuses, statuses
+
+
+def test_a_host_joining_while_a_stale_claim_is_failed_queues_nothing_twice(pg_url, tmp_path, monkeypatch):
+    """Failing a stale claim and queueing its copy happen under the farm's lock: a host that joins in between
+    (it queues every task with no waiting or running copy) waits for the copy, so the task is queued once."""
+    import copy
+    import threading
+
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.tasks import Task
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = tuner.TuneOptions(
+        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
+    )
+    storage = farm.farm_storage(pg_url, fopts)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    held = farm.claim(study, fopts)
+    joined = threading.Event()
+
+    def fail_stale(s):  # what Optuna's fail_stale_trials does with a stale claim: fail it, then re-queue it
+        storage.set_trial_state_values(held._trial_id, TrialState.FAIL)
+        other = threading.Thread(target=lambda: (farm.join_farm(storage, [task], opts), joined.set()))
+        other.start()
+        assert not joined.wait(1.5), "a host joined between the fail and the re-queue"
+        farm._retry_callback(storage)(s, copy.deepcopy(storage.get_trial(held._trial_id)))
+        fail_stale.thread = other
+
+    monkeypatch.setattr(optuna.storages, "fail_stale_trials", fail_stale)
+    farm.claim(study, fopts)
+    fail_stale.thread.join(30)
+    assert joined.is_set()
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.WAITING) + states.count(TrialState.RUNNING) == 1, states
+
+
 def test_status_of_a_sqlite_storage(tmp_path, capsys):
     """sqlite storages hold single-process studies, never a farm: status of a missing file is an error that
     creates nothing there, and of an existing one says that farms need PostgreSQL."""

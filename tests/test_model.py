@@ -143,12 +143,35 @@ def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [["--steps", "0"], ["--warmup", "-1"], ["--log-every", "0"], ["--dtype", "fp16"], ["--set", "foo=1"],
-     ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"]],
+     ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"], ["--device", "nope"],
+     ["--device", "cpu", "--cuda-graph"], ["--device", "cpu", "--layer", "fused", "--precision", "bf16"],
+     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"]],
 )  # fmt: skip
 def test_train_cli_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--preset", "tiny", "--kernels", "reference", "--no-progress", *argv])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_every_set_option_applies(tmp_path):
+    """``--set`` given twice keeps both (argparse's plain ``nargs`` kept only the last one, silently)."""
+    out = tmp_path / "m.json"
+    main(["--preset", "tiny", "--kernels", "reference", "--set", "num_layers=1", "--set", "dropout=0.0",
+          "--steps", "1", "--warmup", "0", "--device", "cpu", "--no-progress", "--json", str(out)])  # fmt: skip
+    cfg = json.loads(out.read_text())["config"]
+    assert (cfg["num_layers"], cfg["dropout"]) == (1, 0.0)
+
+
+def test_a_diverged_loss_stops_the_run(tmp_path, capsys):
+    """A non-finite loss is an error at the next read-back, not a run that reports throughput on NaNs."""
+    cfg = get_config("tiny", kernels="reference", lr=1e6)
+    with pytest.raises(FloatingPointError, match=r"the loss is nan at step \d+: training diverged"):
+        run(cfg, steps=6, warmup=0, log_every=1, progress=False)
+    out = tmp_path / "m.json"
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--kernels", "reference", "--set", "lr=1e6", "--steps", "6", "--warmup", "0",
+              "--log-every", "1", "--device", "cpu", "--no-progress", "--json", str(out)])  # fmt: skip
+    assert e.value.code == 1 and "training diverged" in capsys.readouterr().err and not out.exists()
 
 
 def test_set_values_take_their_field_types():

@@ -135,14 +135,17 @@ def farm_name(tasks: list[Task], opts: TuneOptions) -> str:
 
 @contextlib.contextmanager
 def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[None]:
-    """PostgreSQL's advisory lock around joining: two hosts starting at once enqueue each task once."""
+    """PostgreSQL's advisory lock around joining and re-queueing: each task is queued once however hosts
+    interleave."""
     from sqlalchemy import text
 
     lock_id = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-    if storage.engine.dialect.name != "postgresql":
+    # A loaded study's storage is Optuna's cache around the RDBStorage, which holds the engine.
+    engine = getattr(storage, "engine", None) or getattr(getattr(storage, "_backend", None), "engine", None)
+    if engine is None or engine.dialect.name != "postgresql":
         yield
         return
-    with storage.engine.connect() as conn:
+    with engine.connect() as conn:
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_id})
         try:
             yield
@@ -266,9 +269,13 @@ def _log(msg: str) -> None:
 
 
 def claim(farm: optuna.Study, fopts: FarmOptions) -> optuna.Trial | None:
-    """Fail stale claims (re-queued by the retry callback), then pop one waiting task; None if none."""
-    optuna.storages.fail_stale_trials(farm)
-    _fail_orphans(farm, fopts)
+    """Fail stale claims (re-queued by the retry callback), then pop one waiting task; None if none.
+
+    Failing a claim and queueing its copy are two writes: under the farm's lock, so a host joining in
+    between (which queues every task with no waiting or running copy) cannot queue the task a second time."""
+    with _advisory_lock(farm._storage, farm.study_name):
+        optuna.storages.fail_stale_trials(farm)
+        _fail_orphans(farm, fopts)
     if not farm.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return None
     trial = farm.ask()
@@ -309,7 +316,7 @@ def _fail_orphans(farm: optuna.Study, fopts: FarmOptions) -> None:
 
 def _release(farm: optuna.Study, trial_id: int, reason: str, requeue: bool = True) -> None:
     """Fail a claim, saying why, and queue its task again now (Ctrl-C, SIGTERM, orphans), as a stale one
-    would be."""
+    would be. The caller holds the farm's lock (see ``claim``)."""
     storage = farm._storage
     try:
         storage.set_trial_user_attr(trial_id, "failed_reason", reason)
@@ -356,7 +363,7 @@ def _summary(r: TaskResult) -> dict[str, Any]:
 def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bool:
     """Tune the claimed task under heartbeats; record its result in the farm, then in the artifact."""
     storage, tid = farm._storage, trial._trial_id
-    opts: TuneOptions = ctx["opts"]
+    opts: TuneOptions = dataclasses.replace(ctx["opts"], study_namespace=farm.study_name)
     task = Task.from_dict(trial.user_attrs["task"])
     with _Heartbeat(storage, tid, ctx["fopts"].heartbeat_s):
         try:
@@ -384,7 +391,8 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             return False
         except BaseException:
             # hand the task back now
-            _release(farm, tid, f"{ctx['id']} was interrupted (Ctrl-C, SIGTERM, or its run died)")
+            with _advisory_lock(storage, farm.study_name):  # as in ``claim``: fail and re-queue as one
+                _release(farm, tid, f"{ctx['id']} was interrupted (Ctrl-C, SIGTERM, or its run died)")
             raise
     _log(f"{ctx['id']}: finished {task.label()}" + (f" with error: {r.error}" if r.error else ""))
     if r.config is not None:

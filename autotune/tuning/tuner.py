@@ -87,6 +87,10 @@ class TuneOptions:
     compare_max_rounds: int = 18  # rounds an inconclusive comparison (a gain inside the spread) extends to
     setup_retries: int = 3
     setup_backoff_s: float = 1.0
+    # A farm's name, set by its workers: a task study then belongs to one farm, so two farms (commands of
+    # other knobs) naming the same task on one storage never fail each other's live trials as interrupted,
+    # and a config timed under one farm's limits is timed again under another's (``farm.FARM_KNOBS``).
+    study_namespace: str | None = None
 
 
 @dataclass
@@ -362,7 +366,8 @@ class _Study:
         self.default_key = _key(first.name, self.default_values)
         self.choices = {n: _choices(b, self.ctx, self.defaults[n]) for n, b in self.backends.items()}
         self.study = optuna.create_study(
-            study_name=study_name(task, list(self.backends), opts.cuda_graph),
+            study_name=study_name(task, list(self.backends), opts.cuda_graph)
+            + (f"|{opts.study_namespace}" if opts.study_namespace else ""),
             storage=storage,
             sampler=make_sampler(opts.sampler, opts.seed, opts.n_trials),
             pruner=optuna.pruners.PercentilePruner(opts.prune_percentile, n_startup_trials=3, n_warmup_steps=0),

@@ -1,0 +1,53 @@
+"""The model benchmark's command line (CPU): every variant is checked before the first one runs, and a variant
+whose loss diverges gets an error row while the others still run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import bench_model
+
+BASE = ["--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--kernels", "default", "reference", "--reference-steps", "0"], "--reference-steps must be >= 1"),
+        (["--kernels", "reference", "--set", "kernels=default"], "the kernel source is each variant's own"),
+        (["--kernels", "reference:kernels=default"], "the source goes before the ':'"),
+        (["--kernels", "default", "nope"], "the source must be one of"),
+        (["--kernels", "default", "default:foo=1"], "foo"),
+        (["--kernels", "default", "default:layer=fused,precision=bf16"], "precision='bf16'"),
+        (["--kernels", "default", "--cuda-graph"], "CUDA graphs need a CUDA device"),
+        (["--kernels", "reference", "--base", "tuned"], "--base 'tuned' is none of the variants"),
+        (["--kernels", "reference", "--dtype", "fp16"], "invalid choice"),
+    ],
+)
+def test_bad_variants_are_usage_errors_before_anything_runs(argv, match, monkeypatch, capsys):
+    monkeypatch.setattr(bench_model, "run", lambda *a, **kw: pytest.fail("a variant ran before every one was checked"))
+    with pytest.raises(SystemExit) as e:
+        bench_model.main([*BASE, *argv])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_repeated_set_options_all_apply_and_a_diverged_variant_keeps_the_others(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(cfg, steps, *a, **kw):
+        seen.append(cfg)
+        if cfg.kernels == "default":
+            raise FloatingPointError("the loss is nan at step 2: training diverged (lr=1.0)")
+        return {"kernels": cfg.kernels, "tokens_per_s": 1.0, "steps": steps, "step_ms": 1.0, "tflops": 1.0,
+                "mfu": None, "peak_memory_gib": None, "first_loss": 0.7, "final_loss": 0.6,
+                "dispatch": {"warnings": []}}  # fmt: skip
+
+    monkeypatch.setattr(bench_model, "run", fake_run)
+    out = tmp_path / "b.json"
+    results = bench_model.main([*BASE, "--kernels", "default", "reference", "--set", "num_layers=1", "--set",
+                                "dropout=0.0", "--json", str(out)])  # fmt: skip
+    assert [(c.kernels, c.num_layers, c.dropout) for c in seen] == [("default", 1, 0.0), ("reference", 1, 0.0)]
+    assert "training diverged" in results[0]["error"] and results[1]["final_loss"] == 0.6
+    assert [r["variant"] for r in json.loads(out.read_text())["results"]] == ["default", "reference"]

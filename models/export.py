@@ -12,8 +12,8 @@ IR version is the lowest its content needs (``onnx_hstu.pin_ir_version``), so ol
 Each HSTU attention call is one ``hstu.JaggedAttention`` node (``autotune.runtime.onnx_hstu``): a model-local
 function of standard operators defines it, so ONNX Runtime runs the file as is, and its attributes
 record the call's kernel key (kernel dtype, bucket, distribution, mask) and the configs a runtime with
-the kernels should launch: the exact tuned entry of ``--gpu``'s artifacts, else what dispatch chose
-while tracing (``config_source`` says which). The model metadata holds the preset config and where
+the kernels should launch: the exact tuned entry of ``--gpu``'s artifacts, else the heuristic defaults for
+``--kernel-dtype`` on a GPU (``config_source`` says which). The model metadata holds the preset config and where
 the configs came from.
 
 Checked export: ``onnx.checker`` (full check) on the written file, then ONNX Runtime on CPU against
@@ -185,6 +185,10 @@ def _artifacts(gpu: str | None, root: Path | None, notes: list[str]) -> dict[str
     if gpu is None:
         return {}
     from autotune.runtime.artifacts import DEFAULT_ROOT, assess_artifact
+    from autotune.runtime.gpus import GPUS
+
+    if gpu not in GPUS:
+        raise ExportError(f"--gpu {gpu!r}: not a known GPU; one of {sorted(GPUS)}")
 
     root = Path(root) if root is not None else DEFAULT_ROOT
     if not root.is_dir():
@@ -206,8 +210,9 @@ def _artifacts(gpu: str | None, root: Path | None, notes: list[str]) -> dict[str
 def kernel_records(
     ep: Any, root: nn.Module, kernel_dtype: str, gpu: str | None, artifacts_root: Path | None, notes: list[str]
 ) -> list[dict[str, Any]]:
-    """The kernel-key and config attributes of each hstu::attention_fwd call, in graph order."""
-    from autotune.runtime import dispatch
+    """The kernel-key and config attributes of each hstu::attention_fwd call, in graph order: the tuned entries
+    of ``gpu``'s artifacts, else the heuristic defaults for ``kernel_dtype`` on a GPU (never the configs this
+    process traced with, which are for the trace's fp32 and, on a CPU, the Triton interpreter's small tiles)."""
     from autotune.runtime.buckets import bucket_for
     from autotune.runtime.graph import FWD, attention_op, module_hint, schema_args, walk_nodes
 
@@ -238,28 +243,25 @@ def kernel_records(
                 config_source=f"tuned:{gpu}",
             )
         else:
-            choice = dispatch.select(
-                FWD,
-                op.dtype,
-                op.dqk,
-                op.dv,
-                op.num_heads,
-                op.max_seq_len,
-                op.distribution,
-                getattr(module_of(n, root), "source", "tuned"),
-                op.mask,
-            )
-            rec.update(
-                backend=args["backend"],
-                config=args["config"],
-                bwd_backend=args["bwd_backend"],
-                bwd_config=args["bwd_config"],
-                config_source=f"dispatch:{choice.source}",
-            )
+            rec.update(**_default_record(kernel_dtype, op), config_source="default")
             if arts:
-                notes.append(f"{n.name}: no tuned entry for {key}; recorded the trace-time dispatch")
+                notes.append(f"{n.name}: no tuned entry for {key}; recorded the default configs")
         records.append(rec)
     return records
+
+
+def _default_record(kernel_dtype: str, op: Any) -> dict[str, str]:
+    """The forward and backward heuristic defaults a GPU runs for this call without artifacts."""
+    from autotune import spec
+    from autotune.runtime.graph import BWD, FWD
+
+    rec = {}
+    for kind, prefix in ((FWD, ""), (BWD, "bwd_")):
+        defaults = spec.resolve(spec.kernel(kind).default)(op.dqk, op.dv, op.num_heads, kernel_dtype, False)
+        backend, config = next(iter(defaults.items()))
+        rec[f"{prefix}backend"] = backend
+        rec[f"{prefix}config"] = json.dumps(config if isinstance(config, dict) else config.to_dict(), sort_keys=True)
+    return rec
 
 
 def module_of(node: Any, root: nn.Module) -> nn.Module | None:
@@ -319,11 +321,12 @@ def export_onnx(
     from autotune.runtime.onnx_hstu import pin_ir_version, translation_table
 
     cfg, layer_note = _exported_layer(resolve_config(preset, overrides))
+    gpu = gpu.lower() if gpu else gpu
     out = Path(out)
     if out.is_dir() or not out.parent.is_dir():
         raise ExportError(f"--out {out}: must be a file path in an existing directory")
-    if opset < DEFAULT_OPSET:
-        raise ExportError(f"--opset {opset}: the hstu function body needs opset {DEFAULT_OPSET} or newer")
+    if opset != DEFAULT_OPSET:
+        raise ExportError(f"--opset {opset}: the hstu function body is written for opset {DEFAULT_OPSET}, the only one")
     torch.manual_seed(cfg.seed)
     model = HSTURankingModel(cfg).eval()
     if weights is not None:
@@ -432,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" etc.
     try:
+        if args.json and Path(args.json).is_dir():
+            raise ExportError(f"--json {args.json}: a directory, not a file path")
         result, module, cfg = export_onnx(
             args.preset,
             args.out,
@@ -449,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         result.errors = compare_with_torch(result.path, module, cfg, args.check_batches)
     _print(result)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(_summary(result), indent=2, default=str) + "\n")
     return 0 if all(r["ok"] for r in result.errors) else 1
 

@@ -263,3 +263,31 @@ def test_a_factory_that_fails_or_returns_the_wrong_thing_is_named(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(gt.GraphTaskError, match=match):
         gt.ops_from_model(f"{name}:factory")
+
+
+def test_a_task_head_mlp_of_the_projection_shape_is_no_projection(monkeypatch):
+    """A ``silu(linear)`` is a uvqk projection only when its output feeds an attention call's q, k or v: a task
+    head's MLP of the same width (head_hidden = 4 H D) was counted as one more projection."""
+    from models import config
+
+    monkeypatch.setitem(config.PRESETS, "tiny", dict(config.PRESETS["tiny"], head_hidden=256))
+    for training in (False, True):
+        graph = gt.ops_from_model("tiny", training=training)
+        gemm = [t for t in gt.build_tasks(graph, "h100") if t.task.kernel == "gemm_silu"]
+        assert [t.count for t in gemm] == [2]  # one per layer
+
+
+def test_a_model_on_the_fused_layer_is_named_with_what_traces(tmp_path, monkeypatch):
+    """torch.export cannot trace the fused layer's kernel-launching autograd functions: a clear error that names
+    the source and says to build the model with layer='unfused' (it was a raw TypeError from the tracer)."""
+    (tmp_path / "fused_model.py").write_text(
+        "from models.config import get_config\n"
+        "from models.export import JaggedModule, dynamic_shapes, small_jagged_batch\n"
+        "from models.hstu import HSTURankingModel\n"
+        "def factory():\n"
+        "    cfg = get_config('tiny', layer='fused')\n"
+        "    return JaggedModule(HSTURankingModel(cfg)), small_jagged_batch(cfg, 0), dynamic_shapes(cfg)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gt.GraphTaskError, match=r"fused_model:factory: torch.export could not trace .*layer='unfused'"):
+        gt.ops_from_model("fused_model:factory", training=False)

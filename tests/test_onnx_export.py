@@ -51,7 +51,7 @@ def test_exported_file_structure_and_checker_in_a_fresh_process(tiny):
         "jagged",
         "causal",
     )
-    assert attrs["max_seq_len"] == 32 and attrs["has_targets"] == 0 and attrs["config_source"] == "dispatch:default"
+    assert attrs["max_seq_len"] == 32 and attrs["has_targets"] == 0 and attrs["config_source"] == "default"
     assert json.loads(attrs["config"]) and json.loads(attrs["bwd_config"])
     meta = {p.key: p.value for p in model.metadata_props}
     assert json.loads(meta["hstu.config"])["num_layers"] == 2 and len(json.loads(meta["hstu.kernels"])["nodes"]) == 2
@@ -295,6 +295,9 @@ def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
             "no such directory",
         ),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--set", "head_dim=48"], "hidden_dim"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--opset", "20"], "written for opset 18"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--gpu", "h999"], "--gpu 'h999': not a known GPU"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--json", "{tmp}"], "--json"),
     ],
 )
 def test_bad_exporter_input_is_a_clear_error(tmp_path, capsys, argv, message):
@@ -323,3 +326,54 @@ def test_the_file_carries_its_length_sample_wherever_it_is_read(tmp_path):
     file_lengths.cache_clear()  # this process read the file while it existed
     with pytest.raises(gt.GraphTaskError, match="cannot be read here"):
         gt.ops_from_onnx(str(path))
+
+
+def test_recorded_configs_are_the_kernel_dtypes_gpu_defaults_without_the_interpreter(tmp_path, monkeypatch):
+    """Without a GPU's artifacts each node records the heuristic defaults a GPU runs for ``--kernel-dtype`` (not
+    the trace's fp32 configs or the interpreter's small tiles), and exporting needs no ``TRITON_INTERPRET``;
+    ``--gpu`` is read in any case and ``--json`` goes into a new directory."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    report = tmp_path / "new" / "r.json"
+    argv = ["--preset", "tiny", "--out", str(tmp_path / "m.onnx"), "--check-batches", "0", "--json", str(report)]
+    assert export.main(argv) == 0
+    for dtype in ("bfloat16", "float16"):
+        result, _, cfg = export.export_onnx("tiny", tmp_path / f"{dtype}.onnx", kernel_dtype=dtype, gpu="H100",
+                                            artifacts_root=tmp_path)  # fmt: skip
+        want_f = default_fwd_config(cfg.head_dim, cfg.head_dim, False, dtype).to_dict()
+        want_b = default_bwd_config(cfg.head_dim, cfg.head_dim, False, dtype).to_dict()
+        for rec in result.kernels:
+            assert (rec["kernel_dtype"], rec["config_source"]) == (dtype, "default")
+            assert json.loads(rec["config"]) == want_f and json.loads(rec["bwd_config"]) == want_b
+    assert json.loads(report.read_text())["kernels"][0]["config_source"] == "default"
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_int32_offsets_and_targets_export_and_run(index_dtype):
+    """The call takes int32 offsets and targets; the node takes int64 ones, so the translation casts them (an
+    int32 model exported before but ONNX Runtime could not load it)."""
+    from autotune.runtime.ops import HSTUAttention
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = HSTUAttention(source="reference", contextual_seq_len=2, max_attn_len=3)
+
+        def forward(self, q, k, v, off, nt):
+            return self.a(q, k, v, off, 16, 0.25, nt)
+
+    off = torch.tensor([0, 5, 12, 12], dtype=index_dtype)
+    nt = torch.tensor([1, 2, 0], dtype=index_dtype)
+    q, k, v = (torch.randn(12, 2, 32) for _ in range(3))
+    m = M().eval()
+    with torch.no_grad():
+        want = m(q, k, v, off, nt)
+    rows = torch.export.Dim("rows", min=1, max=64)
+    ep = torch.export.export(m, (q, k, v, off, nt), dynamic_shapes=({0: rows}, {0: rows}, {0: rows}, None, None))
+    prog = torch.onnx.export(ep, (), None, opset_version=18, dynamo=True,
+                             custom_translation_table=onnx_hstu.translation_table())  # fmt: skip
+    proto = prog.model_proto
+    onnx_hstu.attach_functions(proto)
+    onnx_hstu.pin_ir_version(proto)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v, off, nt), strict=True)})
+    np.testing.assert_allclose(got[0], want.numpy(), rtol=1e-4, atol=1e-5)

@@ -152,9 +152,13 @@ def _attention_fwd(
     exported program (the length-distribution hint lives on the module, not in the op's arguments).
     """
     has_targets = num_targets is not None
+    # The node takes int64 offsets and targets; the call also takes int32 ones (a model's own index dtype).
+    seq_offsets = op.Cast(seq_offsets, to=onnx.TensorProto.INT64)
     if not has_targets:  # the mask of "no targets" equals zero targets per sequence (HSTU.md)
         batch = op.Sub(op.Shape(seq_offsets), op.Constant(value_ints=[1]))
         num_targets = op.ConstantOfShape(batch, value=onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0]))
+    else:
+        num_targets = op.Cast(num_targets, to=onnx.TensorProto.INT64)
     return Opset(DOMAIN, 1)[NAME](
         q,
         k,

@@ -79,9 +79,46 @@ class GraphOps:
     lengths: tuple[int, ...] | None = None  # the model data config's length sample, when the source has one
 
 
-def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int]]:
-    """(node, N, K, index) of every ``silu(linear(x, W, b))`` with a 2-D x and weight."""
+# Ops that only cut, reshape or cast a tensor: a projection's output reaches its attention call through these.
+_FX_PASS = {"split", "split_with_sizes", "chunk", "slice", "narrow", "view", "reshape", "_unsafe_view", "unflatten",
+            "_to_copy", "to", "contiguous", "clone", "alias", "getitem", "select", "permute", "transpose", "expand",
+            "unsqueeze", "squeeze", "detach", "type_as", "unbind"}  # fmt: skip
+_ONNX_PASS = {"Split", "Slice", "Reshape", "Cast", "Identity", "Transpose", "Unsqueeze", "Squeeze", "Flatten"}
+
+
+def _fx_op_name(node: Any) -> str:
+    """``split`` of ``aten.split.Tensor``, ``getitem`` of ``operator.getitem``."""
+    return (getattr(node.target, "__name__", None) or str(node.target)).split(".")[0]
+
+
+def _feeds_attention_qkv(start: Any, users: Any, passes: Any, is_qkv_use: Any) -> bool:
+    """Whether ``start``'s value reaches an attention call's q, k or v through cut/reshape/cast ops only (a
+    silu(linear) of the same shape elsewhere, say a task head's MLP, is no uvqk projection)."""
+    todo, seen = [start], set()
+    while todo:
+        node = todo.pop()
+        for user in users(node):
+            if is_qkv_use(user, node):
+                return True
+            key = id(user)
+            if key not in seen and passes(user):
+                seen.add(key)
+                todo.append(user)
+    return False
+
+
+def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int, bool]]:
+    """(node, N, K, index, feeds) of every ``silu(linear(x, W, b))`` with a 2-D x and weight; ``feeds``: its
+    output reaches an attention call's q, k or v."""
     import torch
+
+    attn = torch.ops.hstu.attention_fwd.default
+
+    def is_qkv_use(user: Any, node: Any) -> bool:
+        return user.op == "call_function" and user.target == attn and node in user.args[:3]
+
+    def passes(user: Any) -> bool:
+        return user.op == "call_function" and _fx_op_name(user) in _FX_PASS
 
     out = []
     for i, node in enumerate(nodes):
@@ -93,12 +130,13 @@ def _gemm_silu_calls(nodes: list[Any]) -> list[tuple[str, int, int, int]]:
         x, w = value_of(src.args[0]), value_of(src.args[1])
         if x is None or w is None or x.dim() != 2 or w.dim() != 2 or src.args[2] is None:
             continue
-        out.append((node.name, int(w.shape[0]), int(w.shape[1]), i))
+        feeds = _feeds_attention_qkv(node, lambda n: list(n.users), passes, is_qkv_use)
+        out.append((node.name, int(w.shape[0]), int(w.shape[1]), i, feeds))
     return out
 
 
 def match_gemm_silu(
-    calls: Iterable[tuple[str, int, int, int]], attention: list[tuple[int, GraphOp]]
+    calls: Iterable[tuple[str, int, int, int, bool]], attention: list[tuple[int, GraphOp]]
 ) -> tuple[list[GraphOp], list[str]]:
     """gemm_silu ops of the projections that feed an attention layer (N = 4 H Dqk, K = H Dv).
 
@@ -106,8 +144,10 @@ def match_gemm_silu(
     the rest are reported: ``gemm_silu`` tasks have no key for other shapes.
     """
     ops, unmatched = [], []
-    for name, n, k, index in calls:
+    for name, n, k, index, feeds in calls:
         owners = [(i, a) for i, a in attention if 4 * a.num_heads * a.dqk == n and a.num_heads * a.dv == k]
+        if not feeds:  # its output reaches no attention call's q, k or v: another layer of that shape
+            owners = []
         after = [a for i, a in owners if i > index]
         owner = after[0] if after else owners[0][1] if owners else None
         if owner is None:
@@ -222,7 +262,18 @@ def ops_from_program(module: Any, args: tuple, dynamic_shapes: Any, training: bo
         names = list(inspect.signature(module.forward).parameters)
         dynamic_shapes = tuple(dynamic_shapes.get(n) for n in names[: len(args)])
     wrapped = None if dynamic_shapes is None else (tuple(dynamic_shapes),)
-    ep = torch.export.export(root, tuple(args), dynamic_shapes=wrapped)
+    try:
+        ep = torch.export.export(root, tuple(args), dynamic_shapes=wrapped)
+    except Exception as e:  # noqa: BLE001 - any tracing failure is the given model's: say which and why
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        fused = any(getattr(getattr(m, "cfg", None), "layer", None) == "fused" for m in root.modules())
+        hint = (
+            "; its layers run the fused layer (layer='fused'), whose autograd functions launch kernels that "
+            "torch.export cannot trace: build it with layer='unfused' (the same parameters and function)"
+            if fused
+            else ""
+        )
+        raise GraphTaskError(f"{source}: torch.export could not trace the model ({why}){hint}") from None
     graph = walk_nodes(ep.graph_module)
     fwd, attention = [], []
     for i, n in enumerate(graph):
@@ -354,10 +405,29 @@ def _onnx_shapes(model: Any) -> dict[str, tuple[int, list[int | str | None]]]:
     return out
 
 
-def _onnx_gemm_silu_calls(model: Any, shapes: dict) -> list[tuple[str, int, int, int]]:
-    """(node, N, K, index) of ``Mul(a, Sigmoid(a))`` with ``a = Gemm(x, W, b)`` or ``Add(MatMul(x, W), b)``."""
+def _onnx_gemm_silu_calls(model: Any, shapes: dict) -> list[tuple[str, int, int, int, bool]]:
+    """(node, N, K, index, feeds) of ``Mul(a, Sigmoid(a))`` with ``a = Gemm(x, W, b)`` or ``Add(MatMul(x, W), b)``;
+    ``feeds``: its output reaches a JaggedAttention node's q, k or v."""
+    from autotune.runtime.onnx_hstu import DOMAIN, NAME
+
     nodes = list(model.graph.node)
     producer = {o: (i, n) for i, n in enumerate(nodes) for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+
+    def users(value: Any) -> list[Any]:  # a value is a tensor name or a node (its outputs)
+        names = [value] if isinstance(value, str) else list(value.output)
+        return [u for name in names for u in consumers.get(name, [])]
+
+    def is_qkv_use(user: Any, value: Any) -> bool:
+        names = {value} if isinstance(value, str) else set(value.output)
+        return user.domain == DOMAIN and user.op_type == NAME and bool(names & set(user.input[:3]))
+
+    def passes(user: Any) -> bool:
+        return user.domain in ("", "ai.onnx") and user.op_type in _ONNX_PASS
+
     out = []
     for i, n in enumerate(nodes):
         if n.op_type != "Mul" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
@@ -369,7 +439,8 @@ def _onnx_gemm_silu_calls(model: Any, shapes: dict) -> list[tuple[str, int, int,
             src = producer.get(a, (None, None))[1]
             nk = _onnx_linear_dims(src, producer, shapes)
             if nk is not None:
-                out.append((n.output[0], nk[0], nk[1], i))
+                feeds = _feeds_attention_qkv(n.output[0], users, passes, is_qkv_use)
+                out.append((n.output[0], nk[0], nk[1], i, feeds))
             break
     return out
 

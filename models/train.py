@@ -426,6 +426,8 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if cfg.cuda_graph and torch.device(device).type != "cuda":
         raise ValueError(f"--cuda-graph needs a CUDA device, got --device {device}")
+    if cfg.graph_tokens and not cfg.cuda_graph:
+        raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or ("bf16" if torch.device(device).type == "cuda" else "fp32"))
     if args.json:
         out = Path(args.json)

@@ -145,7 +145,7 @@ def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
     [["--steps", "0"], ["--warmup", "-1"], ["--log-every", "0"], ["--dtype", "fp16"], ["--set", "foo=1"],
      ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"], ["--device", "nope"],
      ["--device", "cpu", "--cuda-graph"], ["--device", "cpu", "--layer", "fused", "--precision", "bf16"],
-     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"]],
+     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"], ["--graph-tokens", "64"]],
 )  # fmt: skip
 def test_train_cli_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -178,6 +178,79 @@ def test_cli_reports_bad_inputs_and_outputs_as_usage_errors(tmp_path, capsys):
     assert not list(tmp_path.glob("**/*.png"))
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--heatmap-lengths", "0"], "--heatmap-lengths: '0' is not a positive integer"),
+        (["--heatmap-lengths", "-1"], "--heatmap-lengths: '-1' is not a positive integer"),
+        (["--heatmap-lengths", "1.5K"], "--heatmap-lengths: '1.5K'"),
+        (["--heatmap-lengths", ","], "--heatmap-lengths ',' names nothing"),
+        (["--heatmap-heads", "x"], "--heatmap-heads: 'x'"),
+        (["--heatmap-batches", "2.5"], "--heatmap-batches: '2.5'"),
+        (["--directions", "fwd,bogus"], "--directions: bogus not among"),
+        (["--dims", "128x64"], "--dims: '128x64'"),
+        (["--dims", "128,512"], "--dims: '512'"),
+        (["--heads", "8"], "--heads: not read by bench --heatmap"),
+        (["--heatmap-batches", "128", "--heatmap-lengths", "16K"], "every cell is over"),
+    ],
+)
+def test_grid_options_are_usage_errors_before_any_gpu_work(tmp_path, capsys, monkeypatch, argv, message):
+    """Every grid option is checked first (it was checked only once a GPU had warmed up: tracebacks, errors that
+    named no option, or an empty report with exit 0)."""
+    import torch
+
+    from autotune.tuning.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("a GPU check before the options"))
+    assert main(["bench", "--heatmap", "--out", str(tmp_path / "o"), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_grid_values_are_taken_once_in_order():
+    """A value given twice (1K and 1024) is measured once: the CSV of a doubled cell was refused when read back."""
+    from autotune.tuning.cli import build_parser, heatmap_grid
+
+    args = build_parser().parse_args(["bench", "--heatmap", "--heatmap-lengths", "1K,1024,1536", "--heatmap-batches",
+                                      "2,1,2", "--heatmap-heads", "4,4", "--dims", "128,128x128", "--directions",
+                                      "bwd,fwd,bwd"])  # fmt: skip
+    assert heatmap_grid(args) == {"dims": [128], "heads": [4], "batches": [2, 1], "lengths": [1024, 1536],
+                                  "directions": ["bwd", "fwd"]}  # fmt: skip
+
+
+def test_a_reference_is_aligned_or_refused_and_old_report_files_go(tmp_path, capsys):
+    """A reference that matches none of the cells (other heads) is an error; one with cells missing or zero says
+    how many; a new report into the same folder leaves none of the old one's files (a stale ratio map)."""
+    from autotune.tuning.cli import main
+
+    table = tmp_path / "in.csv"
+    heatmap.write_csv(_rows(), table)
+    ref = tmp_path / "ref.csv"
+    heatmap.write_csv([{**r, "heads": 8, "source": "reference"} for r in _reference()], ref)
+    out = tmp_path / "out"
+    assert main(["bench", "--heatmap", "--from-csv", str(table), "--reference", str(ref), "--out", str(out)]) == 2
+    assert "none of its cells" in capsys.readouterr().err and not out.exists()
+    zero = [{**r, "source": "reference", "tflops": 0.0 if r["length"] == 128 else r["tflops"]} for r in _reference()]
+    heatmap.write_csv(zero, ref)
+    assert main(["bench", "--heatmap", "--from-csv", str(table), "--reference", str(ref), "--out", str(out)]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "ratios for 2 cells; 2 cells have no reference cell, 2 a reference value of 0" in said
+    assert (out / "ratio.csv").is_file() and list(out.glob("*_ratio.png"))
+    (out / "mine.txt").write_text("kept")
+    assert main(["bench", "--heatmap", "--from-csv", str(table), "--out", str(out)]) == 0
+    assert not (out / "ratio.csv").exists() and not list(out.glob("*_ratio.png")) and (out / "mine.txt").is_file()
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfed\x00i\x00", b"\x89PNG\r\n\x1a\n\x00\x00", None])
+def test_a_table_that_is_no_utf8_csv_is_named(tmp_path, content):
+    table = tmp_path / "t.csv"
+    if content is None:  # a cell past the csv module's field limit
+        table.write_text(HEADER + "fwd,128,4,1,128,tuned,0.1," + "1" * 200_000 + ",0.1\n")
+    else:
+        table.write_bytes(content)
+    with pytest.raises(ValueError, match=f"heatmap table {table}"):
+        heatmap.read_table(table)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_gpu_measure_grid_times_every_direction(cuda_graph):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 DIRECTIONS = ("fwd", "bwd", "both")
+MAX_TOKENS = 1 << 20  # cells of more rows than this are left out of a measured grid
 GRID_BATCHES = tuple(2**i for i in range(8))  # 1 .. 128
 GRID_LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16K
 KEY = ("direction", "dqk", "heads", "batch", "length")
@@ -59,6 +60,13 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"heatmap table {path} does not exist")
     if not path.is_file():
         raise ValueError(f"heatmap table {path} is not a file")
+    try:
+        return _read_rows(path)
+    except (csv.Error, UnicodeDecodeError) as e:  # a binary file, UTF-16, a cell past the csv module's limit
+        raise ValueError(f"heatmap table {path}: not a UTF-8 CSV table ({e})") from None
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, restkey=_EXTRA)
         header = reader.fieldnames
@@ -126,7 +134,8 @@ def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
 
 
 def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], source: str) -> list[dict]:
-    """``source`` TFLOP/s over the reference's, cell by cell (cells missing on either side are left out)."""
+    """``source`` TFLOP/s over the reference's, cell by cell (cells missing on either side, or whose reference
+    value is zero or missing, are left out: ``reference_coverage`` counts them)."""
     ref: dict[tuple, float] = {}
     for r in reference:
         if _key(r) in ref:
@@ -142,6 +151,28 @@ def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any
     return out
 
 
+def reference_coverage(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How the reference lines up with the rows' cells: matched (with a usable value), matched but zero or
+    missing there, rows' cells it lacks, and its own cells outside the rows."""
+    ref = {_key(r): float(r["tflops"]) for r in reference}
+    ours = {_key(r) for r in rows}
+    usable = {k for k in ours & set(ref) if ref[k] > 0}
+    return {
+        "matched": len(usable),
+        "unusable": len((ours & set(ref)) - usable),
+        "missing": len(ours - set(ref)),
+        "extra": len(set(ref) - ours),
+    }
+
+
+def check_plotting() -> None:
+    """matplotlib draws the PNGs: a ``ValueError`` naming the extra that installs it, before anything is written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("the heatmap PNGs need matplotlib: pip install 'hstu-autotune[dev]' (or matplotlib)") from None
+
+
 def _grid(rows: Sequence[dict[str, Any]], value: str) -> tuple[list[int], list[int], list[list[float]]]:
     batches = sorted({int(r["batch"]) for r in rows})
     lengths = sorted({int(r["length"]) for r in rows})
@@ -149,9 +180,19 @@ def _grid(rows: Sequence[dict[str, Any]], value: str) -> tuple[list[int], list[i
     return batches, lengths, [[cells.get((b, n), math.nan) for n in lengths] for b in batches]
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str, value: str = "tflops", fmt: str = ".0f") -> Path:
-    """One heatmap PNG: batch down, length across, each cell annotated with its value."""
+def plot(
+    rows: Sequence[dict[str, Any]],
+    path: str | Path,
+    title: str,
+    value: str = "tflops",
+    fmt: str = ".0f",
+    label: str | None = None,
+) -> Path:
+    """One heatmap PNG: batch down, length across, each cell annotated with its value; ``label`` names the
+    colour bar (default ``value``)."""
     import matplotlib
+
+    from autotune.runtime.buckets import format_bucket
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -159,7 +200,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str, value: st
     batches, lengths, grid = _grid(rows, value)
     fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 2, 0.6 * len(batches) + 1.5))
     image = ax.imshow(grid, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths])
+    ax.set_xticks(range(len(lengths)), [format_bucket(n) for n in lengths])
     ax.set_yticks(range(len(batches)), [str(b) for b in batches])
     ax.set_xlabel("sequence length")
     ax.set_ylabel("batch")
@@ -168,7 +209,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str, value: st
         for j, v in enumerate(row):
             if math.isfinite(v):
                 ax.text(j, i, format(v, fmt), ha="center", va="center", color="white", fontsize=8)
-    fig.colorbar(image, ax=ax, label=value)
+    fig.colorbar(image, ax=ax, label=label or value)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,13 +218,42 @@ def plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str, value: st
     return path
 
 
+# The report's own files in its folder: a new report removes an older one's first (a report without a reference
+# would otherwise sit beside the last one's ratio maps, and a smaller grid beside a larger one's PNGs).
+_REPORT_FILES = ("heatmap.csv", "ratio.csv", "*_tflops.png", "*_mfu.png", "*_ratio.png")
+
+
 def write_report(
-    rows: Sequence[dict[str, Any]], out_dir: str | Path, reference: Sequence[dict[str, Any]] | None = None
-) -> dict[str, list[Path]]:
+    rows: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    reference: Sequence[dict[str, Any]] | None = None,
+    reference_name: str | Path = "reference",
+) -> dict[str, list]:
     """CSV of every row, and per (direction, dqk, heads, source) a TFLOP/s heatmap (an MFU one where
-    rows have it); with ``reference``, a ratio CSV and ratio heatmaps of every source against it."""
+    rows have it); with ``reference``, a ratio CSV and ratio heatmaps of every source against it.
+
+    Returns {"csv": paths, "png": paths, "notes": what the reader should know (cells the reference lacks or
+    has no usable value for)}; a reference that matches none of the rows' cells is a ``ValueError``."""
     out = Path(out_dir)
-    files: dict[str, list[Path]] = {"csv": [write_csv(rows, out / "heatmap.csv")], "png": []}
+    check_plotting()
+    notes: list[str] = []
+    if reference:
+        cover = reference_coverage(rows, reference)
+        if not cover["matched"]:
+            raise ValueError(
+                f"--reference {reference_name}: none of its cells (direction, dqk, heads, batch, length) with a "
+                f"value above 0 is among the {len({_key(r) for r in rows})} cells measured"
+            )
+        if cover["unusable"] or cover["missing"]:
+            notes.append(
+                f"--reference {reference_name}: ratios for {cover['matched']} cells; {cover['missing']} cells have no "
+                f"reference cell, {cover['unusable']} a reference value of 0 or none"
+            )
+    if out.is_dir():
+        for pattern in _REPORT_FILES:
+            for old in out.glob(pattern):
+                old.unlink()
+    files: dict[str, list] = {"csv": [write_csv(rows, out / "heatmap.csv")], "png": [], "notes": notes}
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["direction"], int(r["dqk"]), int(r["heads"]), r.get("source", "")), []).append(r)
@@ -201,7 +271,8 @@ def write_report(
             by.setdefault((r["direction"], int(r["dqk"]), int(r["heads"]), r["source"]), []).append(r)
         for (direction, dqk, heads, source), group in sorted(by.items()):
             name = f"{direction}_d{dqk}_h{heads}_{source.replace('/', '_vs_')}_ratio.png"
-            files["png"].append(plot(group, out / name, f"{direction} d{dqk} h{heads} {source}", fmt=".2f"))
+            title = f"{direction} d{dqk} h{heads} {source}"
+            files["png"].append(plot(group, out / name, title, fmt=".2f", label="ratio"))
     return files
 
 
@@ -213,7 +284,7 @@ def measure_grid(
     directions: Sequence[str] = DIRECTIONS,
     sources: Sequence[str] = ("tuned", "default"),
     peak_tflops: float | None = None,
-    max_tokens: int = 1 << 20,
+    max_tokens: int = MAX_TOKENS,
     cuda_graph: bool = False,
 ) -> list[dict[str, Any]]:
     """Time every cell on the GPU through the public call (bf16, causal, uniform lengths).

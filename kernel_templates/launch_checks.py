@@ -116,3 +116,18 @@ def grad_outs(out: tuple | None, shape: tuple[int, int], device: torch.device, f
         for i, t in ((first, dw), (first + 1, db)):
             same_shape(f"out[{i}]", t, (shape[1],))
             floating(device, **{f"out[{i}]": t})
+
+
+def fill_outs(out: tuple | None, res: tuple) -> tuple:
+    """A torch backend's results written into ``out`` as the Triton launchers do: each given buffer receives its
+    result and is returned; a None buffer (dweight and dbias may be) returns the computed tensor."""
+    if out is None:
+        return res
+    done = []
+    for dst, src in zip(out, res, strict=True):
+        if dst is None:
+            done.append(src)
+        else:
+            dst.copy_(src)
+            done.append(dst)
+    return tuple(done)

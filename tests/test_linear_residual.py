@@ -55,7 +55,7 @@ def test_launcher_refuses_wrong_out_buffers_and_dtypes(device, mode):
     y, w, b = torch.randn(5, 6, device=device), torch.randn(4, 6, device=device), torch.randn(4, device=device)
     r = torch.randn(5, 4, device=device)
     for bad in (torch.empty(4, 4, device=device), torch.empty(5, 4, device=device, dtype=torch.float16)):
-        with pytest.raises(ValueError, match="out must be a torch.float32 \\(5, 4\\) tensor like residual"):
+        with pytest.raises(ValueError, match="out must be a torch.float32 \\(5, 4\\) tensor on \\S+ like residual"):
             launch(y, w, b, r, config=cfg, out=bad)
     with pytest.raises(ValueError, match="y must be a floating-point tensor"):
         launch(y.int(), w.int(), None, r, config=cfg)
@@ -64,3 +64,19 @@ def test_launcher_refuses_wrong_out_buffers_and_dtypes(device, mode):
     out = torch.empty_like(r)
     assert launch(y, w, b, r, config=cfg, out=out).data_ptr() == out.data_ptr()
     torch.testing.assert_close(out, r + F.linear(y, w, b))
+
+
+@pytest.mark.parametrize("mode", ["linear_add", "addmm"])
+def test_the_result_is_in_the_residuals_dtype_and_out_on_its_device(mode):
+    """A residual narrower than y came back in the promoted dtype (fp32 beside an fp16 residual), and an ``out`` on
+    another device failed inside the copy: the result is in the residual's dtype, and such an ``out`` is named."""
+    from kernel_templates.linear_residual.launch import linear_residual as launch
+
+    cfg = LinearResidualConfig(mode)
+    y, w, b = torch.randn(5, 6), torch.randn(4, 6), torch.randn(4)
+    r = torch.randn(5, 4).half()
+    got = launch(y, w, b, r, config=cfg)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got, (r.float() + F.linear(y, w, b)).half())
+    with pytest.raises(ValueError, match="out must be a torch.float16 \\(5, 4\\) tensor on cpu"):
+        launch(y, w, b, r, config=cfg, out=torch.empty(5, 4, dtype=torch.float16, device="meta"))

@@ -33,6 +33,7 @@ from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format
+from kernel_templates.launch_checks import dropout_p, finite_eps
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -111,6 +112,7 @@ def plan_layer(
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")
+    eps, dropout = finite_eps(eps), dropout_p(dropout)  # refused here, not after the first kernels of a call ran
     flags = (keep, recompute_ln, zero_copy)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
@@ -283,6 +285,8 @@ def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerP
             )
         if t.device != x.device:
             raise ValueError(f"params[{name!r}] is on {t.device}, x on {x.device}")
+        if not t.is_floating_point():  # an integer projection was cast to float without a word
+            raise ValueError(f"params[{name!r}] must be a floating-point tensor, got {t.dtype}")
 
 
 def _check_call(

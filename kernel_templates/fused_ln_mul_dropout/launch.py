@@ -1,5 +1,6 @@
-"""Runtime launchers of ``dropout(LN(x) * u)``: ``launch_checks`` in front of the Triton kernels' launchers
-(same signatures, keyword arguments passed through)."""
+"""Runtime launchers of ``dropout(LN(x) * u)``: ``launch_checks`` in front of the Triton kernels' launchers and
+of the torch backend (same signatures, keyword arguments passed through): the torch functions would broadcast a
+short ``u`` or take a dropout probability outside [0, 1) without a word."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from kernel_templates.launch_checks import (
     dropout_p,
+    fill_outs,
     finite_eps,
     floating,
     grad_outs,
@@ -20,6 +22,7 @@ from kernel_templates.launch_checks import (
     width,
 )
 
+from . import torch_impl as _torch
 from . import triton_ln_mul_dropout as _k
 
 
@@ -32,13 +35,54 @@ def _inputs(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.
     return params
 
 
-def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-                       p: float, seed: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
-    """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
+def _fwd_args(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, p: float,
+              seed: torch.Tensor, kw: dict) -> tuple:  # fmt: skip
     weight, bias = _inputs(x, u, weight, bias, seed)
     if kw.get("out") is not None:
         out_rows("out", kw["out"], tuple(x.shape), x.device)
-    return _k.ln_mul_dropout_fwd(x, u, weight, bias, finite_eps(eps), dropout_p(p), seed, **kw)
+    return weight, bias, finite_eps(eps), dropout_p(p)
+
+
+def _bwd_args(do: torch.Tensor, x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+              mean: torch.Tensor, rstd: torch.Tensor, p: float, seed: torch.Tensor, kw: dict) -> tuple:  # fmt: skip
+    weight, bias = _inputs(x, u, weight, bias, seed)
+    mean, rstd = row_stats(x.shape[0], x.device, mean=mean, rstd=rstd)
+    same_shape("dout", do, tuple(x.shape))
+    floating(x.device, dout=do)
+    out = kw.get("out")
+    grad_outs(out, tuple(x.shape), x.device, 2)
+    if out is not None and _overlap(out[0], out[1]):
+        raise ValueError("out[0] (dx) and out[1] (du) share memory: each needs its own buffer")
+    return weight, bias, mean, rstd, dropout_p(p)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two buffers share an element: exact for row views of one buffer (column blocks of a d(uvqk)-like
+    buffer interleave but do not overlap), else whether their byte spans meet."""
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or not a.numel() or not b.numel():
+        return False
+    same_rows = a.dim() == b.dim() == 2 and a.stride(1) == b.stride(1) == 1 and a.stride(0) == b.stride(0) > 0
+    delta, size = b.data_ptr() - a.data_ptr(), a.element_size()
+    if same_rows and b.element_size() == size and delta % size == 0:
+        s, d = a.stride(0), delta // size
+        (ra, wa), (rb, wb) = a.shape, b.shape
+        # rows i of a and j of b meet when -wb < d + (j - i) s < wa, for some j - i in [1 - ra, rb - 1]
+        lo, hi = max(1 - ra, -((wb + d - 1) // s)), min(rb - 1, (wa - 1 - d) // s)
+        return lo <= hi
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                       p: float, seed: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
+    """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
+    weight, bias, eps, p = _fwd_args(x, u, weight, bias, eps, p, seed, kw)
+    return _k.ln_mul_dropout_fwd(x, u, weight, bias, eps, p, seed, **kw)
 
 
 def ln_mul_dropout_bwd(
@@ -46,9 +90,23 @@ def ln_mul_dropout_bwd(
     mean: torch.Tensor, rstd: torch.Tensor, p: float, seed: torch.Tensor, **kw: Any,
 ) -> tuple:  # fmt: skip
     """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``."""
-    weight, bias = _inputs(x, u, weight, bias, seed)
-    mean, rstd = row_stats(x.shape[0], x.device, mean=mean, rstd=rstd)
-    same_shape("dout", do, tuple(x.shape))
-    floating(x.device, dout=do)
-    grad_outs(kw.get("out"), tuple(x.shape), x.device, 2)
-    return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, dropout_p(p), seed, **kw)
+    weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
+    return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
+
+
+def ln_mul_dropout_fwd_torch(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                             p: float, seed: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
+    """The torch backend (``torch_impl.ln_mul_dropout_fwd_torch``) after the same checks."""
+    weight, bias, eps, p = _fwd_args(x, u, weight, bias, eps, p, seed, kw)
+    return _torch.ln_mul_dropout_fwd_torch(x, u, weight, bias, eps, p, seed, **kw)
+
+
+def ln_mul_dropout_bwd_torch(
+    do: torch.Tensor, x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+    mean: torch.Tensor, rstd: torch.Tensor, p: float, seed: torch.Tensor, **kw: Any,
+) -> tuple:  # fmt: skip
+    """The torch backend (``torch_impl.ln_mul_dropout_bwd_torch``) after the same checks; ``out`` as the Triton
+    launcher takes it (dweight and dbias may be None)."""
+    weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
+    out = kw.pop("out", None)
+    return fill_outs(out, _torch.ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, **kw))

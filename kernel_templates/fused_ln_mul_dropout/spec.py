@@ -37,7 +37,7 @@ def _kernel(direction: str) -> KernelSpec:
             ),
             BackendSpec(
                 name="torch",
-                launcher=f"{_P}.torch_impl:ln_mul_dropout_{direction}_torch",
+                launcher=f"{_P}.launch:ln_mul_dropout_{direction}_torch",
                 config=f"{_P}.torch_impl:TorchLnMulDropoutConfig",
                 space=f"search_spaces.ln_mul_dropout_triton:LN_MUL_DROPOUT_{direction.upper()}_TORCH",
                 tune_launch=f"{_P}.tuning:launch_torch_{direction}",

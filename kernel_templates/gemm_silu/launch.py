@@ -27,6 +27,8 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
         raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if weight.dtype != x.dtype:
         raise ValueError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    if pre is None and bias is not None and bias.dtype != x.dtype:  # the recompute GEMM adds it in its epilogue
+        raise ValueError(f"bias must be {x.dtype} like x to recompute the pre-activation, got {bias.dtype}")
     if out is None:
         return
     if not isinstance(out, (tuple, list)) or len(out) != 3:
@@ -58,3 +60,28 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
     _triton._validate(dy, x, weight, bias, kw.get("pre"))
     return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)
+
+
+def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **kw: Any) -> torch.Tensor:
+    """The torch forward (``torch_impl.gemm_silu_fwd_torch``: cuBLAS addmm, then SiLU) after the checks its
+    ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning)."""
+    floating(x.device if isinstance(x, torch.Tensor) else torch.device("cpu"), x=x)
+    floating(x.device, weight=weight, bias=bias)
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"x (M, K) and weight (N, K) must be 2-D with one K, got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != x.dtype:
+            raise ValueError(f"{name} must be {x.dtype} like x (the GEMM dtype), got {t.dtype}")
+    n = weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    out = kw.get("out")
+    if out is not None and (
+        not isinstance(out, torch.Tensor) or tuple(out.shape) != (x.shape[0], n) or out.dtype != x.dtype
+        or out.device != x.device
+    ):  # fmt: skip
+        got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else repr(out)
+        raise ValueError(f"out must be a {x.dtype} {(x.shape[0], n)} tensor on {x.device}, got {got}")
+    return _torch.gemm_silu_fwd_torch(x, weight, bias, **kw)

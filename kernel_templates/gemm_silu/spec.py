@@ -36,7 +36,7 @@ FWD = KernelSpec(
         ),
         BackendSpec(
             name="torch",
-            launcher=f"{_P}.torch_impl:gemm_silu_fwd_torch",
+            launcher=f"{_P}.launch:gemm_silu_fwd_torch",
             config=f"{_P}.torch_impl:TorchGemmSiluConfig",
             space="search_spaces.gemm_silu_bwd_triton:GEMM_SILU_TORCH",
             tune_launch=f"{_P}.tuning:launch_torch",

@@ -1,5 +1,6 @@
-"""The input LayerNorm's runtime launchers: ``launch_checks`` in front of the Triton kernels' launchers
-(same signatures, keyword arguments passed through)."""
+"""The input LayerNorm's runtime launchers: ``launch_checks`` in front of the Triton kernels' launchers and of
+the torch backend (same signatures, keyword arguments passed through): the torch functions would broadcast a
+short ``u`` or gradient, or resize an ``out`` of the wrong shape, without a word."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    fill_outs,
     finite_eps,
     floating,
     grad_outs,
@@ -18,11 +20,11 @@ from kernel_templates.launch_checks import (
     width,
 )
 
+from . import reference as _ref
 from . import triton_layer_norm as _k
 
 
-def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
-    """(y, mean, rstd): y = LN(x) in ``out_dtype`` (default x's, or ``out``'s), statistics fp32 of shape (rows,)."""
+def _fwd_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, kw: dict) -> tuple:
     weight, bias = vectors(width(x), x.device, weight=weight, bias=bias)
     out, out_dtype = kw.get("out"), kw.get("out_dtype")
     if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
@@ -31,15 +33,41 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
         out_rows("out", out, tuple(x.shape), x.device)
         if out_dtype is not None and out.dtype != out_dtype:
             raise ValueError(f"out is {out.dtype} but out_dtype is {out_dtype}")
-    return _k.layer_norm_fwd(x, weight, bias, finite_eps(eps), **kw)
+    return weight, bias, finite_eps(eps)
+
+
+def _bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
+              rstd: torch.Tensor, kw: dict) -> tuple:  # fmt: skip
+    weight, bias = vectors(width(x), x.device, weight=weight, bias=bias)
+    mean, rstd = row_stats(x.shape[0], x.device, mean=mean, rstd=rstd)
+    same_shape("dy", dy, tuple(x.shape))
+    if kw.get("residual_grad") is not None:
+        same_shape("residual_grad", kw["residual_grad"], tuple(x.shape))
+    floating(x.device, dy=dy, residual_grad=kw.get("residual_grad"))
+    grad_outs(kw.get("out"), tuple(x.shape), x.device, 1)
+    return weight, bias, mean, rstd
+
+
+def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
+    """(y, mean, rstd): y = LN(x) in ``out_dtype`` (default x's, or ``out``'s), statistics fp32 of shape (rows,)."""
+    return _k.layer_norm_fwd(x, *_fwd_args(x, weight, bias, eps, kw), **kw)
 
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
                    rstd: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
     """(dx, dweight, dbias); dx in x's dtype with ``residual_grad`` (x's shape) added when given."""
-    weight, bias = vectors(width(x), x.device, weight=weight, bias=bias)
-    mean, rstd = row_stats(x.shape[0], x.device, mean=mean, rstd=rstd)
-    same_shape("dy", dy, tuple(x.shape))
-    floating(x.device, dy=dy, residual_grad=kw.get("residual_grad"))
-    grad_outs(kw.get("out"), tuple(x.shape), x.device, 1)
-    return _k.layer_norm_bwd(dy, x, weight, bias, mean, rstd, **kw)
+    return _k.layer_norm_bwd(dy, x, *_bwd_args(dy, x, weight, bias, mean, rstd, kw), **kw)
+
+
+def layer_norm_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
+    """The torch backend (``reference.layer_norm_fwd_torch``) after the same checks."""
+    return _ref.layer_norm_fwd_torch(x, *_fwd_args(x, weight, bias, eps, kw), **kw)
+
+
+def layer_norm_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                         mean: torch.Tensor, rstd: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
+    """The torch backend (``reference.layer_norm_bwd_torch``) after the same checks; ``out`` as the Triton
+    launcher takes it (dweight and dbias may be None)."""
+    args = _bwd_args(dy, x, weight, bias, mean, rstd, kw)
+    out = kw.pop("out", None)
+    return fill_outs(out, _ref.layer_norm_bwd_torch(dy, x, *args, **kw))

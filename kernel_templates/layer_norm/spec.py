@@ -36,7 +36,7 @@ def _kernel(direction: str) -> KernelSpec:
             ),
             BackendSpec(
                 name="torch",
-                launcher=f"{_P}.reference:layer_norm_{direction}_torch",
+                launcher=f"{_P}.launch:layer_norm_{direction}_torch",
                 config=f"{_P}.reference:TorchLayerNormConfig",
                 space=f"search_spaces.layer_norm_triton:LAYER_NORM_{direction.upper()}_TORCH",
                 tune_launch=f"{_P}.tuning:launch_torch_{direction}",

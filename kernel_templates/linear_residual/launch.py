@@ -26,8 +26,14 @@ def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             raise ValueError(f"{name} must be {y.dtype} like y (the GEMM dtype), got {named[name].dtype}")
     out = kw.get("out")
     if out is not None and (
-        not isinstance(out, torch.Tensor) or out.shape != residual.shape or out.dtype != residual.dtype
+        not isinstance(out, torch.Tensor)
+        or out.shape != residual.shape
+        or out.dtype != residual.dtype
+        or out.device != residual.device
     ):
-        got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else repr(out)
-        raise ValueError(f"out must be a {residual.dtype} {tuple(residual.shape)} tensor like residual, got {got}")
-    return _linear_residual(y, weight, bias, residual, **kw)
+        got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else repr(out)
+        want = f"{residual.dtype} {tuple(residual.shape)} tensor on {residual.device}"
+        raise ValueError(f"out must be a {want} like residual, got {got}")
+    result = _linear_residual(y, weight, bias, residual, **kw)
+    # A residual narrower than y (fp16 beside an fp32 GEMM) would come back in the promoted dtype.
+    return result if result.dtype == residual.dtype else result.to(residual.dtype)

@@ -1,0 +1,107 @@
+"""Every backend of the layer's ops through the launcher its spec names (CPU, Triton under the interpreter):
+the torch backends take the Triton ones' checks (they broadcast a short ``u`` or gradient, resized a wrong
+``out``, took eps < 0 or p > 1 without a word), and buffers or dtypes the kernels would get wrong are named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune import spec
+from autotune.runtime.layer import hstu_layer, plan_layer
+
+pytestmark = pytest.mark.interpreter
+
+
+def _launcher(kind: str, backend: str):
+    return spec.resolve(spec.kernel(kind).backend(backend).launcher)
+
+
+L, D = 8, 64
+
+
+def _ln_inputs():
+    x, w, b = torch.randn(L, D), torch.randn(D), torch.randn(D)
+    y, mean, rstd = _launcher("layer_norm_fwd", "torch")(x, w, b, 1e-5)
+    return x, w, b, mean, rstd
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_layer_norm_launchers_name_bad_arguments(backend):
+    fwd, bwd = _launcher("layer_norm_fwd", backend), _launcher("layer_norm_bwd", backend)
+    x, w, b, mean, rstd = _ln_inputs()
+    with pytest.raises(ValueError, match="eps must be a positive finite number"):
+        fwd(x, w, b, -1.0)
+    with pytest.raises(ValueError, match="out must"):
+        fwd(x, w, b, 1e-5, out=torch.empty(2, L, D))
+    with pytest.raises(ValueError, match=r"residual_grad must have shape \(8, 64\)"):
+        bwd(torch.randn(L, D), x, w, b, mean, rstd, residual_grad=torch.randn(D))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_ln_mul_dropout_launchers_name_bad_arguments(backend):
+    fwd, bwd = _launcher("ln_mul_dropout_fwd", backend), _launcher("ln_mul_dropout_bwd", backend)
+    x, u, w, b = torch.randn(L, D), torch.randn(L, D), torch.randn(D), torch.randn(D)
+    seed = torch.tensor([3], dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"u must have shape \(8, 64\)"):
+        fwd(x, torch.randn(1, D), w, b, 1e-5, 0.1, seed)
+    with pytest.raises(ValueError, match=r"dropout p must be a number in \[0, 1\)"):
+        fwd(x, u, w, b, 1e-5, 1.5, seed)
+    with pytest.raises(ValueError, match="seed"):
+        fwd(x, u, w, b, 1e-5, 0.1, torch.tensor([1.5]))
+    _, mean, rstd = fwd(x, u, w, b, 1e-5, 0.1, seed)
+    shared = torch.empty(L, D)
+    with pytest.raises(ValueError, match="share memory"):
+        bwd(torch.randn(L, D), x, u, w, b, mean, rstd, 0.1, seed, out=(shared, shared, None, None))
+    halves = torch.empty(L, 2 * D)  # two column halves of one buffer do not overlap: taken
+    dx, du = halves[:, :D], halves[:, D:]
+    got = bwd(torch.randn(L, D), x, u, w, b, mean, rstd, 0.1, seed, out=(dx, du, None, None))
+    assert got[0].data_ptr() == dx.data_ptr() and got[1].data_ptr() == du.data_ptr() and got[2].shape == (D,)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm_bwd", "ln_mul_dropout_bwd"])
+def test_torch_backward_takes_out_without_parameter_grads_like_triton(kind):
+    """The torch backends failed on an ``out`` whose dweight and dbias are None, which the Triton launchers take
+    (and the launch checks allow): both now write the row gradients there and return computed parameter grads."""
+    x, w, b, mean, rstd = _ln_inputs()
+    dy, dx = torch.randn(L, D), torch.empty(L, D)
+    if kind == "layer_norm_bwd":
+        args, out = (dy, x, w, b, mean, rstd), (dx, None, None)
+    else:
+        u, seed = torch.randn(L, D), torch.tensor([5], dtype=torch.int64)
+        args, out = (dy, x, u, w, b, mean, rstd, 0.0, seed), (dx, torch.empty(L, D), None, None)
+    from kernel_templates.layer_norm.config import default_bwd_config
+
+    kw = {"config": default_bwd_config(D)} if kind == "layer_norm_bwd" else {}
+    want = _launcher(kind, "triton")(*args, **kw)
+    got = _launcher(kind, "torch")(*args, out=out)
+    assert got[0] is dx
+    for g, t in zip(got, want, strict=True):
+        torch.testing.assert_close(g, t, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_silu_torch_forward_and_the_backward_recompute_name_bad_arguments():
+    fwd, bwd = _launcher("gemm_silu", "torch"), _launcher("gemm_silu_bwd", "triton")
+    x, w, b = torch.randn(L, 32), torch.randn(64, 32), torch.randn(64)
+    with pytest.raises(ValueError, match=r"out must be a torch.float32 \(8, 64\) tensor"):
+        fwd(x, w, b, out=torch.empty(3, 3))
+    with pytest.raises(ValueError, match="bias must be torch.float32 like x"):
+        fwd(x, w, b.half())
+    torch.testing.assert_close(fwd(x, w, b), torch.nn.functional.silu(x @ w.t() + b))
+    with pytest.raises(ValueError, match="bias must be torch.float16 like x to recompute"):
+        bwd(torch.randn(L, 64).half(), x.half(), w.half(), b)
+
+
+def test_layer_plan_and_params_are_checked_before_any_kernel():
+    with pytest.raises(ValueError, match="eps must be a positive finite number"):
+        plan_layer(torch.float32, 2, 32, 32, 0.1, -1.0, 0.0, "default")
+    with pytest.raises(ValueError, match=r"dropout p must be a number in \[0, 1\)"):
+        plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 1.0, "default")
+    plan = plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "default")
+    hidden, hd = 64, 64
+    params = {"ln1_w": torch.ones(hidden), "ln1_b": torch.zeros(hidden), "w_uvqk": torch.randn(4 * hd, hidden),
+              "b_uvqk": torch.zeros(4 * hd), "ln2_w": torch.ones(hd), "ln2_b": torch.zeros(hd),
+              "w_o": torch.randn(hidden, hd), "b_o": torch.zeros(hidden)}  # fmt: skip
+    x, off = torch.randn(10, hidden), torch.tensor([0, 4, 10])
+    with pytest.raises(ValueError, match=r"params\['w_uvqk'\] must be a floating-point tensor"):
+        hstu_layer(x, {**params, "w_uvqk": params["w_uvqk"].long()}, off, plan, torch.zeros(1, dtype=torch.int64))

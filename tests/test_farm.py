@@ -485,6 +485,18 @@ def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsy
     assert "1 lost" in status and "stopped heartbeating" in status, status
 
 
+def _one_task_farm(pg_url: str, tmp_path: Path, grace_s: float = 1, **opts_kw):
+    """(farm options, the one fake task, tuning options, storage) of an in-process farm on one small task."""
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.tasks import Task
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=grace_s, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = tuner.TuneOptions(n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"],
+                             artifacts_root=tmp_path, **opts_kw)  # fmt: skip
+    return fopts, task, opts, farm.farm_storage(pg_url, fopts)
+
+
 def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tmp_path, monkeypatch):
     """A holder whose heartbeat stalled while it re-checked its winner: meanwhile another worker failed its
     claim, re-claimed the task and recorded its own result. The stalled one then drops the task: it does
@@ -494,15 +506,9 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     from autotune.runtime import gpus
     from autotune.tuning import farm, tuner
     from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.tasks import Task
     from autotune.tuning.worker import Worker
 
-    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
-    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
-    opts = tuner.TuneOptions(
-        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
-    )
-    storage = farm.farm_storage(pg_url, fopts)
+    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
     study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
     trial = farm.claim(study, fopts)
     real_decide = tuner._decide
@@ -535,16 +541,10 @@ def test_two_farms_naming_one_task_keep_to_their_own_task_studies(pg_url, tmp_pa
     from autotune.runtime import gpus
     from autotune.tuning import farm, tuner
     from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.tasks import Task
     from autotune.tuning.worker import Worker
 
-    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=2, retries=3, poll_s=0.2)
-    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
-    opts_a = tuner.TuneOptions(
-        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
-    )
+    fopts, task, opts_a, storage = _one_task_farm(pg_url, tmp_path, grace_s=2)
     opts_b = dataclasses.replace(opts_a, n_trials=3)
-    storage = farm.farm_storage(pg_url, fopts)
     farm_a = optuna.load_study(study_name=farm.join_farm(storage, [task], opts_a), storage=storage)
     farm_b_name = farm.join_farm(storage, [task], opts_b)
     assert farm_b_name != farm_a.study_name
@@ -579,15 +579,9 @@ def test_a_host_joining_while_a_stale_claim_is_failed_queues_nothing_twice(pg_ur
     import copy
     import threading
 
-    from autotune.tuning import farm, tuner
-    from autotune.tuning.tasks import Task
+    from autotune.tuning import farm
 
-    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
-    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
-    opts = tuner.TuneOptions(
-        n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path
-    )
-    storage = farm.farm_storage(pg_url, fopts)
+    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
     study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
     held = farm.claim(study, fopts)
     joined = threading.Event()

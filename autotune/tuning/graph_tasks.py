@@ -269,7 +269,8 @@ def ops_from_program(module: Any, args: tuple, dynamic_shapes: Any, training: bo
         fused = any(getattr(getattr(m, "cfg", None), "layer", None) == "fused" for m in root.modules())
         hint = (
             "; its layers run the fused layer (layer='fused'), whose autograd functions launch kernels that "
-            "torch.export cannot trace: build it with layer='unfused' (the same parameters and function)"
+            "torch.export cannot trace: build it with layer='unfused' (the same parameters and function); "
+            "`autotune run --kernel layer` tunes the fused layer's other kernels"
             if fused
             else ""
         )

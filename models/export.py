@@ -252,23 +252,14 @@ def kernel_records(
 
 def _default_record(kernel_dtype: str, op: Any) -> dict[str, str]:
     """The forward and backward heuristic defaults a GPU runs for this call without artifacts."""
-    from autotune import spec
+    from autotune.runtime import dispatch
     from autotune.runtime.graph import BWD, FWD
 
     rec = {}
     for kind, prefix in ((FWD, ""), (BWD, "bwd_")):
-        defaults = spec.resolve(spec.kernel(kind).default)(op.dqk, op.dv, op.num_heads, kernel_dtype, False)
-        backend, config = next(iter(defaults.items()))
-        rec[f"{prefix}backend"] = backend
-        rec[f"{prefix}config"] = json.dumps(config if isinstance(config, dict) else config.to_dict(), sort_keys=True)
+        choice = dispatch.preferred_default(kind, op.dqk, op.dv, kernel_dtype, op.num_heads)
+        rec[f"{prefix}backend"], rec[f"{prefix}config"] = choice.backend, choice.config
     return rec
-
-
-def module_of(node: Any, root: nn.Module) -> nn.Module | None:
-    """The innermost module of a call that has a ``source`` (the attention module), if any."""
-    from autotune.runtime.graph import innermost_module_with
-
-    return innermost_module_with(node, root, "source")
 
 
 def _annotate(proto: Any, records: list[dict[str, Any]], cfg: ModelConfig, preset: str, gpu: str | None) -> None:

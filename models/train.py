@@ -153,6 +153,11 @@ def run(
     return _report(r, tally, steps, warmup, balance, world_tokens, rank_fwd_ms)
 
 
+def default_dtype(device: str | torch.device) -> str:
+    """The compute dtype when none is given: bf16 autocast on a GPU, fp32 elsewhere."""
+    return "bf16" if torch.device(device).type == "cuda" else "fp32"
+
+
 def check_precision(cfg: ModelConfig, dtype: str) -> None:
     """precision="bf16" keeps activations in the run's compute dtype: with dtype "fp32" that is fp32, a run
     that would be reported as bf16 precision while computing in fp32."""
@@ -175,7 +180,7 @@ def _prepare(
     if dist_info.enabled and device.type == "cuda":
         device = torch.device("cuda", dist_info.local_rank)
         torch.cuda.set_device(device)
-    dtype = dtype or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = dtype or default_dtype(device)
     check_precision(cfg, dtype)
     gpu_name = gpu or detect_gpu_name(device)
     dispatch_summary = None
@@ -428,7 +433,7 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         raise ValueError(f"--cuda-graph needs a CUDA device, got --device {device}")
     if cfg.graph_tokens and not cfg.cuda_graph:
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
-    check_precision(cfg, args.dtype or ("bf16" if torch.device(device).type == "cuda" else "fp32"))
+    check_precision(cfg, args.dtype or default_dtype(device))
     if args.json:
         out = Path(args.json)
         if out.is_dir() or (out.parent.exists() and not out.parent.is_dir()):

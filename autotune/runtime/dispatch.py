@@ -332,19 +332,31 @@ def _tracing() -> bool:
     return compiler.is_compiling() or bool(getattr(compiler, "is_exporting", lambda: False)())
 
 
-def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_heads: int = 1) -> Choice:
-    """The heuristic default for these dims and dtype: the first available backend of the kernel
-    spec's defaults (float32 takes smaller attention tiles)."""
+def _spec_defaults(kind: str, dqk: int, dv: int, dtype: str | None, num_heads: int, interpret: bool) -> dict:
     k = spec.kernel(kind)
     if k.default is None:
         raise ValueError(f"{kind}: its spec names no default configs")
-    defaults = spec.resolve(k.default)(dqk, dv, num_heads, dtype, _interpreting())
+    return spec.resolve(k.default)(dqk, dv, num_heads, dtype, interpret)
+
+
+def preferred_default(
+    kind: str, dqk: int, dv: int, dtype: str | None = None, num_heads: int = 1, interpret: bool = False
+) -> Choice:
+    """The spec's first default (its preferred backend), whether or not it runs in this process: what a GPU
+    with every backend runs without artifacts, and what a trace records."""
+    backend, config = next(iter(_spec_defaults(kind, dqk, dv, dtype, num_heads, interpret).items()))
+    return Choice(backend, _config_json(config), "default")
+
+
+def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_heads: int = 1) -> Choice:
+    """The heuristic default for these dims and dtype: the first available backend of the kernel
+    spec's defaults (float32 takes smaller attention tiles)."""
+    defaults = _spec_defaults(kind, dqk, dv, dtype, num_heads, _interpreting())
     for backend, config in defaults.items():
         if backend_available(backend, kind):
             return Choice(backend, _config_json(config), "default")
     if _tracing():  # a trace (torch.export of the model for its tasks) only records the choice: no kernel runs
-        backend, config = next(iter(defaults.items()))
-        return Choice(backend, _config_json(config), "default")
+        return preferred_default(kind, dqk, dv, dtype, num_heads, _interpreting())
     hint = ""
     if not torch.cuda.is_available() and not _interpreting():
         hint = (

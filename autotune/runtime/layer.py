@@ -112,11 +112,11 @@ def plan_layer(
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")
-    eps, dropout = finite_eps(eps), dropout_p(dropout)  # refused here, not after the first kernels of a call ran
     flags = (keep, recompute_ln, zero_copy)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
     if plan is None:
+        finite_eps(eps), dropout_p(dropout)  # refused here, not after the first kernels of a call ran
         if source == "reference":
             raise ValueError("the fused layer has no 'reference' source; use the unfused layer")
         steps = []

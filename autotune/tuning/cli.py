@@ -547,6 +547,7 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     naming the option): distinct positive values, head dims the kernels have (Dqk = Dv), known directions,
     and at least one cell within the grid's token cap. Task options the grid does not read are refused."""
     from autotune.tuning import heatmap
+    from autotune.tuning.tasks import parse_dims
     from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
     ignored = [f"--{k.replace('_', '-')}" for k in ("heads", "batch", "buckets", "kernel", "dtype")
@@ -554,13 +555,15 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     if ignored:
         raise CLIError(f"{', '.join(ignored)}: not read by bench --heatmap (use --heatmap-heads, --heatmap-batches, "
                        "--heatmap-lengths, --dims, --directions)")  # fmt: skip
-    dims = []
-    for part in _nonempty("--dims", args.dims or "256,128"):
-        dqk, sep, dv = part.lower().partition("x")
-        if not dqk.isdigit() or (sep and dv != dqk) or int(dqk) not in SUPPORTED_HEAD_DIMS:
-            raise CLIError(f"--dims: {part!r}: the heatmap times Dqk = Dv, one of {SUPPORTED_HEAD_DIMS}")
-        if int(dqk) not in dims:
-            dims.append(int(dqk))
+    try:
+        pairs = parse_dims(args.dims or "256,128")
+    except ValueError as e:
+        raise CLIError(f"--dims: {e}") from None
+    for dqk, dv in pairs:
+        if dqk != dv or dqk not in SUPPORTED_HEAD_DIMS:
+            shown = f"{dqk}" if dqk == dv else f"{dqk}x{dv}"
+            raise CLIError(f"--dims: '{shown}': the heatmap times Dqk = Dv, one of {SUPPORTED_HEAD_DIMS}")
+    dims = list(dict.fromkeys(dqk for dqk, _ in pairs))
     directions = list(dict.fromkeys(_nonempty("--directions", args.directions)))
     unknown = [d for d in directions if d not in heatmap.DIRECTIONS]
     if unknown:

@@ -144,10 +144,8 @@ def match_gemm_silu(
     the rest are reported: ``gemm_silu`` tasks have no key for other shapes.
     """
     ops, unmatched = [], []
-    for name, n, k, index, feeds in calls:
-        owners = [(i, a) for i, a in attention if 4 * a.num_heads * a.dqk == n and a.num_heads * a.dv == k]
-        if not feeds:  # its output reaches no attention call's q, k or v: another layer of that shape
-            owners = []
+    for name, n, k, index, feeds in calls:  # a call that feeds no attention's q, k or v: another layer's shape
+        owners = [(i, a) for i, a in attention if feeds and 4 * a.num_heads * a.dqk == n and a.num_heads * a.dv == k]
         after = [a for i, a in owners if i > index]
         owner = after[0] if after else owners[0][1] if owners else None
         if owner is None:

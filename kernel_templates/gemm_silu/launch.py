@@ -18,15 +18,20 @@ from . import torch_impl as _torch
 from . import triton_bwd as _triton
 
 
-def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
-    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
+def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, **more: torch.Tensor | None) -> None:
+    """x and weight 2-D floating tensors of one dtype, and ``more`` floating, all on x's device."""
     floating(x.device if isinstance(x, torch.Tensor) else torch.device("cpu"), x=x)
-    floating(x.device, weight=weight, dy=dy, bias=bias, pre=pre)
+    floating(x.device, weight=weight, **more)
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if weight.dtype != x.dtype:
         raise ValueError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+
+
+def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
+    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
+    _gemm_operands(x, weight, dy=dy, bias=bias, pre=pre)
     if pre is None and bias is not None and bias.dtype != x.dtype:  # the recompute GEMM adds it in its epilogue
         raise ValueError(f"bias must be {x.dtype} like x to recompute the pre-activation, got {bias.dtype}")
     if out is None:
@@ -65,15 +70,11 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **kw: Any) -> torch.Tensor:
     """The torch forward (``torch_impl.gemm_silu_fwd_torch``: cuBLAS addmm, then SiLU) after the checks its
     ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning)."""
-    floating(x.device if isinstance(x, torch.Tensor) else torch.device("cpu"), x=x)
-    floating(x.device, weight=weight, bias=bias)
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(
-            f"x (M, K) and weight (N, K) must be 2-D with one K, got {tuple(x.shape)}, {tuple(weight.shape)}"
-        )
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
-            raise ValueError(f"{name} must be {x.dtype} like x (the GEMM dtype), got {t.dtype}")
+    _gemm_operands(x, weight, bias=bias)
+    if weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight must be (N, K) with x's K = {x.shape[1]}, got {tuple(weight.shape)}")
+    if bias is not None and bias.dtype != x.dtype:
+        raise ValueError(f"bias must be {x.dtype} like x (the GEMM dtype), got {bias.dtype}")
     n = weight.shape[0]
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")

@@ -25,7 +25,10 @@ def _silu_bwd_kernel(
     pid_n = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # dbias partials stay per (row, column) of the tile and are summed over rows once, after the loop:
+    # a sum over rows in every step crosses warps (shared memory and a barrier per step) whenever the
+    # tile's rows are spread over warps, which held the pass at ~75% of its memory bandwidth.
+    db = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     row_start = pid_m * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
     for start in range(row_start, row_end, BLOCK_M):
@@ -38,8 +41,8 @@ def _silu_bwd_kernel(
         d = g * s * (1.0 + p * (1.0 - s))
         d_lo = d.to(DPRE.dtype.element_ty)
         tl.store(DPRE + r64 * stride_dpre + cols[None, :], d_lo, mask=m2)
-        db += tl.sum(tl.where(m2, d_lo.to(tl.float32), 0.0), axis=0)
-    tl.store(DB_part + pid_m * N + cols, db, mask=col_ok)
+        db += tl.where(m2, d_lo.to(tl.float32), 0.0)
+    tl.store(DB_part + pid_m * N + cols, tl.sum(db, axis=0), mask=col_ok)
 
 
 def _validate(dy, x, weight, bias, pre) -> tuple[int, int, int]:

@@ -427,3 +427,47 @@ def test_an_entry_its_space_rules_out_is_never_served(tmp_path):
             choice = dispatch.select(FWD, "bfloat16", 256, 256, heads, 4096, "uniform")
         assert choice.source == "default" and json.loads(choice.config) != bad["config"]
     assert dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "uniform").source == "tuned"  # feasible ones serve
+
+
+def test_a_nearest_entry_is_still_chosen_by_fill(tmp_path):
+    """Untuned heads, bucket or mask fall back to the closest task, whose uniform and jagged entries the call's fill
+    still tells apart: before, the fallback ignored the fill and ran the entry whose config text sorts first (the
+    uniform one here) for a quarter-full or near-empty batch as for a full one."""
+    from autotune.runtime.buckets import law_fill
+
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    jagged_fill = law_fill(4096)
+    calls = [dict(num_heads=8, max_seq_len=4096), dict(num_heads=4, max_seq_len=8192), dict(mask="targets")]
+    for call in calls:
+        args = dict(dict(num_heads=4, max_seq_len=4096), **call)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dispatch.DispatchWarning)  # the fallback is said once; tested above
+            picks = [
+                dispatch.select(FWD, "bfloat16", 64, 64, distribution=None, fill=f, **args)
+                for f in (1.0, jagged_fill, jagged_fill / 8)
+            ]
+        assert [(_block_m(c), c.source) for c in picks] == [(128, "nearest"), (64, "nearest"), (64, "nearest")], call
+
+
+def test_select_refuses_an_unknown_distribution_or_fill():
+    """A distribution typo ran a nearest entry (a warning at most); a tensor fill was read on the host (a sync on
+    every call), a NaN or negative one ran the uniform entry: each is a ValueError naming the argument."""
+    import torch
+
+    with pytest.raises(ValueError, match="unknown distribution 'jaged'"):
+        dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "jaged")
+    for bad in (torch.tensor(0.5), "0.5", True, float("nan"), -0.25):
+        with pytest.raises(ValueError, match="fill must be"):
+            dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, None, fill=bad)
+    assert dispatch.fill_bin(0.5) == dispatch.fill_bin(torch.tensor(0.5).item()) == -dispatch.FILL_STEPS
+    dispatch.select(FWD, "bfloat16", 64, 64, 4, 4096, "jagged", fill=torch.tensor(0.5))  # a hint: fill unread
+
+
+def test_parse_bucket_names_every_bad_spelling():
+    """'infK' raised OverflowError (not the CLI's ValueError) and '4.0001K' was truncated to 4096."""
+    from autotune.runtime.buckets import parse_bucket
+
+    assert parse_bucket("0.25K") == 256 and type(parse_bucket("4k")) is int
+    for bad in ("infK", "1e400k", "4.0001K", "0.2501k", "nanK"):
+        with pytest.raises(ValueError, match="bucket"):
+            parse_bucket(bad)

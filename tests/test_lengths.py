@@ -173,3 +173,84 @@ def test_a_huge_histogram_count_is_subsampled_by_counts(tmp_path):
     assert sample.count(100) == pytest.approx(0.75 * MAX_SAMPLE, abs=2)
     path.write_text(json.dumps({"lengths": [10, 20], "counts": [3, 1]}))
     assert read_length_sample(path) == [10, 10, 10, 20]
+
+
+def test_a_histogram_count_past_float_range_is_subsampled_exactly(tmp_path):
+    """JSON allows 4300-digit ints: a count of 10**400 was an OverflowError (float division), not a sample."""
+    from autotune.runtime.lengths import MAX_SAMPLE
+
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({"lengths": [7, 100], "counts": [10**400, 3 * 10**400]}))
+    sample = read_length_sample(path)
+    assert len(sample) == MAX_SAMPLE and sample.count(7) == MAX_SAMPLE // 4
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("bom.json", "\ufeff[512, 300]".encode()),  # Notepad, PowerShell -Encoding UTF8
+        ("bom.txt", "\ufeff512 300".encode()),
+        ("ps.txt", "512\r\n300\r\n".encode("utf-16")),  # Windows PowerShell's `>`
+    ],
+    ids=["utf8-bom-json", "utf8-bom-text", "utf16-text"],
+)
+def test_text_with_a_byte_order_mark_is_read(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    assert read_length_sample(path) == [512, 300]
+
+
+def test_numpy_files_are_known_by_contents_and_any_case_suffix(tmp_path):
+    """An np.save array named L.NPY or lengths.bin was decoded as UTF-8 text ("cannot read it as text")."""
+    for name in ("L.NPY", "lengths.bin"):
+        with open(tmp_path / name, "wb") as f:
+            np.save(f, np.array([5, 600]))
+        assert read_length_sample(tmp_path / name) == [5, 600]
+    with open(tmp_path / "l.npz", "wb") as f:
+        np.savez(f, a=np.array([1, 2]))
+    with pytest.raises(LengthsError, match="npz"):
+        read_length_sample(tmp_path / "l.npz")
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    with pytest.raises(LengthsError, match="is a directory") as info:
+        read_length_sample(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_large_npy_is_checked_and_strided_in_numpy(tmp_path):
+    """Past MAX_SAMPLE lengths an .npy keeps the same evenly strided subsample as any file (without a Python int
+    per length first); a bad length anywhere is still named, and a subsample holding only zeros is an error (it was
+    returned, and tuned as if the file had no real length)."""
+    from autotune.runtime.lengths import MAX_SAMPLE
+
+    path = tmp_path / "big.npy"
+    arr = np.arange(3 * MAX_SAMPLE + 7, dtype=np.int64) % 4000
+    np.save(path, arr)
+    step = len(arr) / MAX_SAMPLE
+    assert read_length_sample(path) == [int(arr[int(i * step)]) for i in range(MAX_SAMPLE)]
+    arr[-1] = 40000
+    np.save(path, arr)
+    with pytest.raises(LengthsError, match="length 40000 is longer"):
+        read_length_sample(path)
+    zeros = np.zeros(2 * MAX_SAMPLE + 1, dtype=np.int32)
+    zeros[1] = 512  # never a strided index
+    np.save(path, zeros)
+    with pytest.raises(LengthsError, match="no non-zero length in the sample .*kept of its 2000001"):
+        read_length_sample(path)
+
+
+@pytest.mark.parametrize(("max_len", "batch", "name"), [(1024.0, 4, "max_len"), (float("nan"), 4, "max_len"),
+                                                          (True, 4, "max_len"), (64, 2.0, "batch"), (64, True, "batch"),
+                                                          (64, 0, "batch")])  # fmt: skip
+def test_length_laws_take_only_integer_sizes(max_len, batch, name):
+    """A float, NaN or bool size came back as lengths ([nan, nan], [1024.0, ...], [True]) or a TypeError."""
+    from autotune.runtime.buckets import sequence_lengths
+
+    for draw in (
+        lambda: sequence_lengths(max_len, batch, "uniform", 0),
+        lambda: sample_lengths([5], max_len, batch, 0),
+    ):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
+            draw()
+    assert sequence_lengths(np.int64(64), np.int32(3), "jagged", 0) == sequence_lengths(64, 3, "jagged", 0)

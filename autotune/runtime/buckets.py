@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import random
 
 BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -29,12 +30,14 @@ def parse_bucket(text: str) -> int:
     """'4K', '4k', '4096' -> 4096; ValueError unless it is one of BUCKETS."""
     t = text.strip().lower()
     try:
-        value = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
+        value = float(t[:-1]) * 1024 if t.endswith("k") else int(t)
     except ValueError:
         raise ValueError(f"bad bucket {text!r}: use e.g. 1K, 4096") from None
+    # Compared unrounded: '4.0001K' is not 4096 (int() would truncate it to that), 'infK' is no bucket (int() raised
+    # OverflowError, not this ValueError).
     if value not in BUCKETS:
         raise ValueError(f"bucket {text!r} is not one of {', '.join(format_bucket(b) for b in BUCKETS)}")
-    return value
+    return int(value)
 
 
 def format_bucket(bucket: int) -> str:
@@ -58,8 +61,7 @@ def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> 
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown length distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
-    if batch < 1 or max_len < 1:
-        raise ValueError(f"batch and max_len must be >= 1, got batch={batch}, max_len={max_len}")
+    max_len, batch = _sizes(max_len, batch)
     if distribution == "uniform":
         return [max_len] * batch
     rng = random.Random(f"{seed}:{max_len}:{batch}")
@@ -67,6 +69,21 @@ def sequence_lengths(max_len: int, batch: int, distribution: str, seed: int) -> 
     lengths = [max(1, min(max_len, math.ceil(scale * rng.random() ** JAGGED_EXPONENT))) for _ in range(batch)]
     lengths[rng.randrange(batch)] = max_len
     return lengths
+
+
+def _sizes(max_len: int, batch: int) -> tuple[int, int]:
+    """(max_len, batch) as plain ints (NumPy's taken), else a ValueError naming the one that is no integer >= 1:
+    a float, NaN or bool came back as lengths ([nan] * batch, [1024.0, ...], [True, True]) no kernel launch takes."""
+    out = []
+    for name, value in (("max_len", max_len), ("batch", batch)):
+        try:
+            n = operator.index(value) if not isinstance(value, bool) else 0
+        except TypeError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        out.append(n)
+    return out[0], out[1]
 
 
 def batch_fill(lengths: list[int], max_len: int) -> float:
@@ -85,8 +102,7 @@ def sample_lengths(sample: tuple[int, ...] | list[int], max_len: int, batch: int
     sequence is ``max_len``: ``batch`` seeded draws from the sample's lengths in [1, max_len], the
     longest then raised to the sample's longest length in (max_len / 2, max_len] (``max_len`` when the
     sample has none), so the batch belongs to the bucket it tunes."""
-    if batch < 1 or max_len < 1:
-        raise ValueError(f"batch and max_len must be >= 1, got batch={batch}, max_len={max_len}")
+    max_len, batch = _sizes(max_len, batch)
     pool = sorted(n for n in sample if 0 < n <= max_len)
     top = [n for n in pool if n > max_len // 2]
     longest = top[-1] if top else max_len

@@ -15,7 +15,8 @@ without a sync: the fill ratio L / (B x max_seq_len) of the batch against the fi
 each entry was tuned on (``entry_fill``), nearest in log scale. A call no entry is within a factor
 ``FILL_TOLERANCE`` of runs the entry tuned on the lowest fill when the call is more skewed than every
 tuned batch (those entries launch only real tiles, heaviest first, which is what skewed batches need),
-else the uniform entry (the one tuned on the most work).
+else the uniform entry (the one tuned on the most work). A call that falls back to a nearest entry (other
+heads, mask or bucket) is matched by fill the same way among that entry's distributions.
 
 Which files are usable is decided by ``autotune.runtime.artifacts.assess_artifact`` (the verdict that
 ``autotune show`` prints too): stale, invalid or foreign files (another GPU, another architecture)
@@ -29,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 
 from autotune import spec
-from autotune.runtime.buckets import BUCKETS, bucket_for
+from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, bucket_for
 from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX
 
 SOURCES = ("tuned", "default", "reference")
@@ -475,8 +477,16 @@ def call_fill(rows: int, batch: int, max_seq_len: int) -> float | None:
 
 
 def fill_bin(fill: float | None) -> int | None:
-    """The call's fill rounded to a ``FILL_STEPS``-per-halving log bin (<= 0), so choices cache."""
-    if fill is None or not fill > 0:
+    """The call's fill rounded to a ``FILL_STEPS``-per-halving log bin (<= 0), so choices cache; None for no fill
+    (None or 0). Anything but a real number >= 0 is a ValueError: a tensor would be read on the host (a sync
+    per call, the thing fill exists to avoid), a NaN or negative fill silently ran the uniform entry."""
+    if fill is None:
+        return None
+    if type(fill) is not float and (isinstance(fill, bool) or not isinstance(fill, numbers.Real)):
+        raise ValueError(f"fill must be a float L / (B x max_seq_len) (call_fill) or None, got {type(fill).__name__}")
+    if not fill >= 0:
+        raise ValueError(f"fill must be >= 0 (L / (B x max_seq_len)), got {fill!r}")
+    if fill == 0:
         return None
     return min(0, round(math.log2(min(fill, 1.0)) * FILL_STEPS))
 
@@ -552,6 +562,17 @@ def _nearest_fill(entries: list[Any], fill: float) -> Any:
     return next((e for e in entries if _get(e, "distribution") == "uniform"), None)
 
 
+def _by_fill(pool: list[Any], entry: Any, fbin: int | None) -> Any:
+    """The entry of ``entry``'s task (all but its distribution) tuned on the fill nearest the call's fill bin
+    (``_nearest_fill``), else ``entry``. Used for the exact key and for the nearest one alike: a call of untuned
+    heads, mask or bucket is as skewed as it is, and would otherwise take whichever entry sorts first."""
+    if fbin is None:
+        return entry
+    key = [_get(entry, n) for n in ("dtype", "dqk", "dv", "bucket", "num_heads")] + [_get(entry, "mask", "causal")]
+    same = [e for e in pool if _same_task_but_distribution(e, *key)]
+    return _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
+
+
 def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
     """What the closest entry differs in from the call (bucket, distribution, heads, mask)."""
     diffs = []
@@ -600,9 +621,8 @@ def _resolve(
     entry = artifact.lookup(serve, dqk, dv, bucket, distribution, num_heads, mask)
     if entry is not None and not any(e is entry for e in pool):
         entry = None
-    if entry is not None and distribution is None and fbin is not None:
-        same = [e for e in pool if _same_task_but_distribution(e, serve, dqk, dv, bucket, num_heads, mask)]
-        entry = _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
+    if entry is not None and distribution is None:
+        entry = _by_fill(pool, entry, fbin)
     fit = {"dtype": serve, "dqk": dqk, "dv": dv, "num_heads": num_heads, "bucket": bucket}  # the config must fit
     if entry is not None:
         choice = _entry_choice(kind, entry, "tuned", fit)
@@ -615,6 +635,8 @@ def _resolve(
         )
         return default_choice(kind, dqk, dv, dtype, num_heads)
     best = _nearest(same_dims, bucket, distribution, num_heads, mask)
+    if distribution is None:  # the closest task's entries, still told apart by the call's fill
+        best = _by_fill(same_dims, best, fbin)
     call = {"dtype": dtype, "dqk": dqk, "dv": dv, "bucket": bucket, "distribution": distribution}
     _warn_once(_fallback_message(kind, {**call, "num_heads": num_heads, "mask": mask}, best))
     choice = _entry_choice(kind, best, "nearest", fit)
@@ -639,7 +661,8 @@ def select(
     ``distribution``: "uniform" (full lengths), "jagged" or "sparse" (``buckets.sequence_lengths``)
     when the caller knows it, else None.
     ``mask``: the call's mask name (``mask_of``); entries are keyed by it and by ``num_heads``.
-    ``fill``: the call's L / (B x max_seq_len) (``call_fill``), used when ``distribution`` is None.
+    ``fill``: the call's L / (B x max_seq_len) (``call_fill``, a float: never a tensor, whose value would be read
+    on the host), used when ``distribution`` is None.
     """
     fbin = fill_bin(fill) if distribution is None else None
     key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source, mask, fbin)
@@ -652,6 +675,8 @@ def select(
         raise ValueError(f"unknown kernel source {source!r}; expected one of {SOURCES}")
     if mask not in MASKS:
         raise ValueError(f"unknown mask {mask!r}; expected one of {MASKS} (see mask_of)")
+    if distribution is not None and distribution not in DISTRIBUTIONS:  # a typo would run a nearest entry, warned
+        raise ValueError(f"unknown distribution {distribution!r}; expected None or one of {DISTRIBUTIONS}")
     dims = (int(dqk), int(dv), int(num_heads), int(max_seq_len))
     choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin)
     if choice.backend == "reference" or backend_available(choice.backend, kind):  # not a trace-only choice

@@ -4,11 +4,12 @@
 sample of real lengths instead of the synthetic jagged law (``autotune.runtime.buckets``), and
 records a descriptor of the sample in each entry. Accepted files:
 
-- ``.npy``: a 1-D integer array of lengths;
+- ``.npy``: a 1-D integer array of lengths (known by its suffix, in any case, or by its contents);
 - JSON: a list of lengths, a list of batches (lists of lengths), a histogram ``{"512": 30, ...}``,
   or ``{"lengths": [...], "counts": [...]}``;
-- text: lengths separated by spaces, commas or newlines (``#`` starts a comment); in a file of several
-  lines where a line holds more than one length, each non-empty line is a batch.
+- text (UTF-8, or UTF-16 with a byte-order mark): lengths separated by spaces, commas or newlines (``#``
+  starts a comment); in a file of several lines where a line holds more than one length, each non-empty
+  line is a batch.
 
 A list of batches (JSON, or text lines) also gives the batch size and whether batches are uniform:
 ``autotune run --from-model/--from-onnx`` reads them where the graph does not fix those. This module is
@@ -16,16 +17,15 @@ the one reader of lengths files: for the grid tasks, the graph tasks and the mod
 (``models.config.ModelConfig.lengths_file``, whose synthetic batches then draw their lengths from it).
 
 Every length must be a non-negative integer no longer than the largest bucket (32768); the sample
-must hold at least one non-zero length; a histogram whose counts add up past 1M is subsampled from its
-counts. A file holding one length (JSON or text) is a sample of one. Every error is a ``LengthsError``
-that names the file and the bad value.
+kept must hold at least one non-zero length (past 1M lengths, an evenly strided 1M are kept; a
+histogram's are taken from its counts, never expanded). A file holding one length (JSON or text) is a
+sample of one. Every error is a ``LengthsError`` that names the file and the bad value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,12 +115,13 @@ def _expand(values: list[int], counts: list[int]) -> list[int]:
     total = sum(counts)
     if total <= MAX_SAMPLE:
         return [n for n, c in zip(values, counts, strict=True) for _ in range(c)]
-    step = total / MAX_SAMPLE  # sample i is the expansion's element int(i * step)
+    # Sample i is the expansion's element floor(i * total / MAX_SAMPLE), in integers: a count of 10**400 (JSON
+    # allows 4300 digits) overflows a float.
     out: list[int] = []
     end, taken = 0, 0
     for n, c in zip(values, counts, strict=True):
         end += c
-        upto = min(MAX_SAMPLE, math.ceil(end / step))  # samples i with i * step < end
+        upto = min(MAX_SAMPLE, -(-end * MAX_SAMPLE // total))  # samples i with i * total / MAX_SAMPLE < end
         out += [n] * (upto - taken)
         taken = upto
     return out
@@ -151,56 +152,102 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
     """The lengths of ``path`` and its batches when it lists some (see the module docstring), validated."""
     path = Path(path)
     where = f"--lengths {path}"
+    if path.is_dir():
+        raise LengthsError(f"{where}: is a directory; pass a lengths file")
     if not path.is_file():
         raise LengthsError(f"{where}: no such file")
     counts: list[int] | None = None
-    if path.suffix == ".npy":
-        import numpy as np
-
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except Exception as e:  # noqa: BLE001 - any failure to read it (truncated, pickled, not numpy) is the file's
-            raise LengthsError(f"{where}: not a readable .npy array ({type(e).__name__}: {e})") from None
-        if not isinstance(arr, np.ndarray):
-            arr.close()
-            raise LengthsError(f"{where}: not a .npy array (an .npz archive?); save one 1-D array with np.save")
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise LengthsError(f"{where}: expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
-        raw: list[Any] = arr.tolist()
-        batches = None
+    batches: list[list[int]] | None = None
+    if _is_numpy(path):
+        raw, total = _read_npy(path, where)
     else:
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise LengthsError(f"{where}: cannot read it as text ({e})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            rows = [_ints(ln, where) for ln in _text_lines(text)]
-            raw = [n for row in rows for n in row]
-            batches = rows if len(rows) > 1 and any(len(row) > 1 for row in rows) else None
-        except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
-            raise LengthsError(f"{where}: JSON not readable ({type(e).__name__}: {_show(str(e), 120)})") from None
-        else:
-            raw, counts = _from_json(data, where)
-            batches = _batches_json(data)
+        raw, counts, batches = _read_text(path, where)
+        total = len(raw) if counts is None else sum(counts)
     for n in raw:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise LengthsError(f"{where}: length {_show(n)} is not an integer")
-        if n < 0:
-            raise LengthsError(f"{where}: negative length {n}")
-        if n > MAX_LENGTH:
-            raise LengthsError(f"{where}: length {n} is longer than the largest bucket ({MAX_LENGTH})")
-    if counts is not None:
-        raw = _expand(raw, counts)
-    if not any(raw):
-        raise LengthsError(f"{where}: no non-zero length in the sample")
+        _check_length(n, where)
+    raw = _subsample(raw) if counts is None else _expand(raw, counts)
+    if not any(raw):  # checked on the sample kept: a subsample of zeros would tune on no real length
+        kept = f" (the {len(raw)} lengths kept of its {total}, evenly strided)" if total > len(raw) else ""
+        raise LengthsError(f"{where}: no non-zero length in the sample{kept}")
     if batches is not None and not all(batches):
         raise LengthsError(f"{where}: batch {[len(b) for b in batches].index(0)} is empty")
-    if len(raw) > MAX_SAMPLE:
-        step = len(raw) / MAX_SAMPLE
-        raw = [raw[int(i * step)] for i in range(MAX_SAMPLE)]
     return LengthsFile(raw, batches)
+
+
+def _check_length(n: Any, where: str) -> None:
+    """A non-negative integer no longer than the largest bucket, else a ``LengthsError`` naming it."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise LengthsError(f"{where}: length {_show(n)} is not an integer")
+    if n < 0:
+        raise LengthsError(f"{where}: negative length {n}")
+    if n > MAX_LENGTH:
+        raise LengthsError(f"{where}: length {n} is longer than the largest bucket ({MAX_LENGTH})")
+
+
+def _is_numpy(path: Path) -> bool:
+    """Whether ``path`` holds NumPy data: by its suffix in any case (``L.NPY``, ``.npz``) or by its magic bytes
+    (an ``np.save`` file under another name), so a binary array is never decoded as text and called garbage."""
+    if path.suffix.lower() in (".npy", ".npz"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(6).startswith((b"\x93NUMPY", b"PK\x03\x04"))
+    except OSError:
+        return False  # the text reader names the problem
+
+
+def _read_npy(path: Path, where: str) -> tuple[list[Any], int]:
+    """(lengths, how many the file holds) of a 1-D integer ``.npy`` array, range-checked and strided to
+    ``MAX_SAMPLE`` in NumPy before they become Python ints (``tolist`` of 20M lengths took 10 s and 840 MB)."""
+    import numpy as np
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - any failure to read it (truncated, pickled, not numpy) is the file's
+        raise LengthsError(f"{where}: not a readable .npy array ({type(e).__name__}: {e})") from None
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise LengthsError(f"{where}: not a .npy array (an .npz archive?); save one 1-D array with np.save")
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise LengthsError(f"{where}: expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
+    if len(arr) and (arr.min() < 0 or arr.max() > MAX_LENGTH):
+        _check_length(int(arr[((arr < 0) | (arr > MAX_LENGTH)).argmax()]), where)  # the first bad one
+    return (arr[_strided(len(arr))] if len(arr) > MAX_SAMPLE else arr).tolist(), len(arr)
+
+
+def _read_text(path: Path, where: str) -> tuple[list[Any], list[int] | None, list[list[int]] | None]:
+    """(lengths, counts or None, batches or None) of a JSON or text file."""
+    try:
+        text = _decode(path.read_bytes())
+    except (OSError, UnicodeDecodeError) as e:
+        raise LengthsError(f"{where}: cannot read it as text ({e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        rows = [_ints(ln, where) for ln in _text_lines(text)]
+        batches = rows if len(rows) > 1 and any(len(row) > 1 for row in rows) else None
+        return [n for row in rows for n in row], None, batches
+    except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
+        raise LengthsError(f"{where}: JSON not readable ({type(e).__name__}: {_show(str(e), 120)})") from None
+    raw, counts = _from_json(data, where)
+    return raw, counts, _batches_json(data)
+
+
+def _decode(data: bytes) -> str:
+    """UTF-8 text, or UTF-16 when it starts with that byte-order mark (Windows PowerShell's ``>``); a UTF-8 BOM
+    (Notepad, PowerShell's ``-Encoding UTF8``) is dropped: left in, it turns valid JSON into "not an integer"."""
+    return data.decode("utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig")
+
+
+def _strided(size: int) -> list[int]:
+    """Indices of the evenly strided ``MAX_SAMPLE`` subsample of ``size`` (> ``MAX_SAMPLE``) items."""
+    step = size / MAX_SAMPLE
+    return [int(i * step) for i in range(MAX_SAMPLE)]
+
+
+def _subsample(raw: list[int]) -> list[int]:
+    """``raw``, or its evenly strided ``MAX_SAMPLE`` subsample when longer."""
+    return [raw[i] for i in _strided(len(raw))] if len(raw) > MAX_SAMPLE else raw
 
 
 def compact(sample: list[int], n: int = 4096) -> tuple[int, ...]:

@@ -104,6 +104,8 @@ class ModelConfig:
 
     def _validate_lengths_file(self) -> None:
         """length_dist="file" needs a readable lengths file whose longest sequence fits max_seq_len."""
+        if not isinstance(self.lengths_file, str):
+            raise ValueError(f"lengths_file must be a path string ('' for none), got {self.lengths_file!r}")
         if (self.length_dist == "file") != bool(self.lengths_file):
             raise ValueError(
                 f"lengths_file and length_dist='file' go together, got length_dist={self.length_dist!r}, "
@@ -174,6 +176,8 @@ class ModelConfig:
         for name in ("zero_copy", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.layer == "unfused" and not self.zero_copy:
+            raise ValueError("zero_copy=False copies the fused layer's q/k/v/u: it needs layer='fused'")
         if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:
             raise ValueError(f"graph_tokens must be an int >= 0 (0: max_seq_len), got {self.graph_tokens!r}")
         if self.length_dist not in LENGTH_DISTRIBUTIONS:

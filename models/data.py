@@ -125,11 +125,14 @@ class JaggedBatch:
 
 
 def collate_jagged(samples: list[Sample]) -> JaggedBatch:
-    """Concatenate samples into one jagged batch with ``seq_offsets``."""
+    """Concatenate samples into one jagged batch with ``seq_offsets``; ``ValueError`` for no samples (the
+    batch's task count comes from its samples' labels)."""
+    if not samples:
+        raise ValueError("samples is empty: a jagged batch needs at least one (possibly empty) sequence")
     lengths = [len(s.items) for s in samples]
     offsets = np.zeros(len(samples) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths]) if samples else np.zeros(0, np.int64)
+    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
     cat = lambda xs, dt: torch.from_numpy(np.concatenate(xs).astype(dt, copy=False))  # noqa: E731
     return JaggedBatch(
         items=cat([s.items for s in samples], np.int64),

@@ -48,6 +48,12 @@ def padding_lengths(pad: int, slots: int, max_seq_len: int) -> list[int]:
     return out + [0] * (slots - len(out))
 
 
+def step_slots(granularity: int, max_seq_len: int) -> int:
+    """Padding sequences of a :class:`GraphedTrainStep`: ``padding_slots``, and enough for ``granularity`` rows,
+    which an empty batch pads (its capacity is one granule) where ``padding_slots`` holds one row fewer."""
+    return max(padding_slots(granularity, max_seq_len), math.ceil(granularity / max_seq_len))
+
+
 def padded_offsets(lengths: list[int], capacity: int, slots: int, max_seq_len: int) -> torch.Tensor:
     """Host offsets of ``lengths`` followed by ``slots`` padding sequences filling up to ``capacity`` rows."""
     n = sum(lengths)
@@ -118,7 +124,7 @@ class GraphedTrainStep:
             raise ValueError("cuda_graph needs an optimizer built with capturable=True")
         self.model, self.opt, self.amp = model, opt, amp
         self.max_seq_len, self.granularity = max_seq_len, granularity
-        self.slots = padding_slots(granularity, max_seq_len)
+        self.slots = step_slots(granularity, max_seq_len)
         self.warmup_passes = warmup_passes
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Captured] = {}

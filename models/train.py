@@ -136,10 +136,10 @@ def run(
     ``batch_size x world`` sequences through DDP; ``balance`` "workload" gives ranks equal attention
     + GEMM work (``models.distributed``), "none" equal sequence counts.
     """
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
+    for name, val, low in (("steps", steps, 1), ("warmup", warmup, 0), ("log_every", log_every, 1),
+                           ("workers", workers, 0)):  # fmt: skip
+        if isinstance(val, bool) or not isinstance(val, int) or val < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {val!r}")
     if balance not in distributed.BALANCE:
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
     r = _prepare(cfg, torch.device(device), dtype, artifacts, gpu, allow_same_arch)
@@ -168,10 +168,22 @@ def check_precision(cfg: ModelConfig, dtype: str) -> None:
         )
 
 
+def check_device(device: torch.device) -> None:
+    """Training runs on the CPU or a CUDA GPU that is there: another device type (meta, ...) fails inside the first
+    step's autocast, and a missing GPU with torch's bare assertion after the set-up."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda[:N], got {str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: CUDA is not available on this host")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r}: this host has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def _prepare(
     cfg: ModelConfig, device: torch.device, dtype: str | None, artifacts: str, gpu: str | None, allow_same_arch: bool
 ) -> _Run:
     """Device and process group, the tuned artifacts (``kernels="tuned"``), model, Adam and the step form."""
+    check_device(device)
     if cfg.cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph needs a CUDA device, got device {str(device)!r}")
     dist_info = distributed.setup(device.type)
@@ -429,15 +441,25 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
     for name, low in (("steps", 1), ("warmup", 0), ("workers", 0), ("log_every", 1)):
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    check_device(torch.device(device))
     if cfg.cuda_graph and torch.device(device).type != "cuda":
         raise ValueError(f"--cuda-graph needs a CUDA device, got --device {device}")
     if cfg.graph_tokens and not cfg.cuda_graph:
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or default_dtype(device))
-    if args.json:
-        out = Path(args.json)
-        if out.is_dir() or (out.parent.exists() and not out.parent.is_dir()):
-            raise ValueError(f"--json {args.json}: not a writable file path")
+    if args.json and not _writable_file_path(Path(args.json)):
+        raise ValueError(f"--json {args.json}: not a writable file path")
+
+
+def _writable_file_path(path: Path) -> bool:
+    """Whether ``path`` can be written after its missing folders are made: not a folder, and its nearest
+    existing ancestor (where ``mkdir(parents=True)`` starts) a writable folder, not a file."""
+    if path.is_dir():
+        return False
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent.is_dir() and os.access(parent, os.W_OK)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

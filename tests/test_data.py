@@ -90,3 +90,17 @@ def test_lengths_file_drives_the_batches_and_the_tuning_tasks(tmp_path):
     ):
         with pytest.raises(ValueError, match=match):
             get_config("tiny", **overrides)
+
+
+def test_collate_needs_a_sample_and_takes_empty_sequences():
+    """No samples: a ``ValueError`` that says so (numpy's "need at least one array to concatenate" before);
+    empty sequences collate to zero rows with the samples' task count."""
+    import pytest
+
+    from models.data import Sample, collate_jagged
+
+    with pytest.raises(ValueError, match="samples is empty"):
+        collate_jagged([])
+    empty = Sample(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3), np.float32))
+    batch = collate_jagged([empty, empty])
+    assert batch.lengths == [0, 0] and batch.seq_offsets.tolist() == [0, 0, 0] and batch.labels.shape == (0, 3)

@@ -93,6 +93,8 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
         ("tiny", {"seed": -1}, "seed must be an int >= 0"),
         ("tiny", {"seed": 1.5}, "seed must be an int >= 0"),
         ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
+        ("tiny", {"length_dist": "file", "lengths_file": 123}, "lengths_file must be a path string"),
+        ("tiny", {"zero_copy": False}, "zero_copy=False .* needs layer='fused'"),
     ],
 )
 def test_bad_configs_raise_clear_errors(preset, overrides, match):
@@ -192,4 +194,54 @@ def test_a_batch_of_empty_sequences_has_zero_loss_and_gradients(device, over):
     loss = model.loss(batch)
     loss.backward()
     assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"steps": 2.5}, "steps must be an int >= 1, got 2.5"), ({"warmup": True}, "warmup must be an int >= 0"),
+     ({"workers": -1}, "workers must be an int >= 0"), ({"device": "meta"}, "device must be cpu or cuda")],
+)  # fmt: skip
+def test_run_checks_its_arguments_before_set_up(kw, match):
+    """A float step count failed in ``range`` after the model was built, a meta device inside autocast."""
+    with pytest.raises(ValueError, match=match):
+        run(get_config("tiny", kernels="reference"), **{"steps": 1, **kw}, progress=False)
+
+
+def test_train_cli_refuses_unusable_device_and_json_path_up_front(tmp_path, capsys):
+    """``--json`` below a file was only found when writing it after the whole run; ``--device cuda`` on a host
+    without CUDA ended in torch's bare assertion: both are usage errors (exit 2) naming the option."""
+    (tmp_path / "file").write_text("")
+    bad = [["--json", str(tmp_path / "file" / "sub" / "m.json")], ["--device", "meta"]]
+    if not torch.cuda.is_available():
+        bad.append(["--device", "cuda"])
+    for argv in bad:
+        with pytest.raises(SystemExit) as e:
+            main(["--preset", "tiny", "--kernels", "reference", "--steps", "1", "--warmup", "0", "--no-progress",
+                  *argv])  # fmt: skip
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and ("--json" in err or "device" in err), (argv, err)
+    assert not (tmp_path / "file").is_dir()
+
+
+def test_graph_step_pads_an_empty_batch(tmp_path):
+    """A CUDA-graph step pads an empty batch to one granule (``granularity`` rows), one row more than
+    ``padding_slots`` holds when granularity - 1 is a multiple of max_seq_len (33 rows, 1 slot of 32: a
+    ValueError); the padded empty batch has loss 0 and zero gradients."""
+    from models.graphs import graph_capacity, pad_batch, padded_offsets, step_slots
+
+    msl = 32
+    for gran in (1, 7, 31, 32, 33, 64, 65, 100):
+        for n in (0, 1, gran - 1, gran, gran + 1, 3 * msl):
+            lengths = [msl] * (n // msl) + ([n % msl] if n % msl else [])
+            offsets = padded_offsets(lengths, graph_capacity(n, gran), step_slots(gran, msl), msl)
+            assert int(offsets[-1]) == graph_capacity(n, gran) and int(offsets.diff().max()) <= msl
+    cfg = get_config("tiny", kernels="reference", dropout=0.0)
+    model = HSTURankingModel(cfg)
+    empty = torch.zeros(0, dtype=torch.long)
+    batch = JaggedBatch(empty, empty, empty, torch.zeros(0, cfg.num_tasks), torch.zeros(3, dtype=torch.long), [0, 0])
+    padded = pad_batch(batch, graph_capacity(0, 33), step_slots(33, msl), msl)
+    loss = model.loss(padded)
+    loss.backward()
+    assert padded.num_tokens == 33 and loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())

@@ -532,6 +532,118 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]
 
 
+@pytest.mark.parametrize("stall", ["before ask", "between ask and check"])
+def test_holder_stalled_at_ask_takes_no_trial_of_the_new_holder(pg_url, tmp_path, monkeypatch, stall):
+    """A holder stalls at its first config ``ask`` while another worker takes the task over and opens its study,
+    counting on the queued default. The stalled one used to pop and time that default when it woke: the new
+    holder then timed it again and ran past ``n_trials``. Now it hands the trial back and drops the task, and
+    ``n_trials`` configs are timed once each, all by the new holder. Stalled between ``ask`` and its claim check,
+    the new holder fails and re-queues the asked trial itself."""
+    import copy
+    import threading
+
+    from autotune.runtime import gpus
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.worker import Worker
+
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok,ok2")  # 3 configs: room to run past n_trials=2
+    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    held = farm.claim(study, fopts)
+    other = optuna.load_study(study_name=study.study_name, storage=farm.farm_storage(pg_url, fopts))
+    stalled, opened, woke, out = threading.current_thread(), threading.Event(), threading.Event(), {}
+
+    def ctx(wid: str, worker: Worker) -> dict:
+        return {"opts": opts, "fopts": fopts, "id": wid, "deadline": None, "env": gpus.environment(), "worker": worker}
+
+    def new_holder() -> None:
+        worker = Worker(plugin_modules(opts.plugins))
+        try:
+            out["new"] = farm._run_one(other, farm.claim(other, fopts), ctx("new", worker))
+        finally:
+            opened.set()
+            worker.close()
+
+    def take_over() -> None:  # while the holder stalls: its claim is failed as stale and re-queued, then taken
+        storage.set_trial_state_values(held._trial_id, TrialState.FAIL)
+        farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(held._trial_id)))
+        out["thread"] = threading.Thread(target=new_holder)
+        out["thread"].start()
+        assert opened.wait(120)
+
+    real_ask, real_check = optuna.Study.ask, tuner._check_claim
+
+    def ask(self: optuna.Study, *args, **kwargs):
+        if not self.study_name.startswith("farm|"):
+            if threading.current_thread() is not stalled and not opened.is_set():
+                opened.set()  # the new holder opened the task study and queued its first trials
+                assert woke.wait(120)  # it asks once the stalled holder is done
+            elif threading.current_thread() is stalled and stall == "before ask" and "thread" not in out:
+                take_over()
+        return real_ask(self, *args, **kwargs)
+
+    def check_claim(reporter: tuner.Reporter, task: object) -> None:
+        if threading.current_thread() is stalled and stall != "before ask" and "thread" not in out:
+            take_over()
+        real_check(reporter, task)
+
+    monkeypatch.setattr(optuna.Study, "ask", ask)
+    monkeypatch.setattr(tuner, "_check_claim", check_claim)
+    worker = Worker(plugin_modules(opts.plugins))
+    try:
+        assert farm._run_one(study, held, ctx("stalled", worker)) is False
+    finally:
+        woke.set()
+        worker.close()
+        if "thread" in out:
+            out["thread"].join(300)
+    assert out["new"] is True
+    (name,) = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    measured = [t.user_attrs["config_key"] for t in trials if t.user_attrs.get("measured")]
+    assert len(measured) == opts.n_trials == len(set(measured)) and "fake:mode=slow" in measured, measured
+    claims = study.get_trials(deepcopy=False)
+    assert [t.state for t in claims] == [TrialState.FAIL, TrialState.COMPLETE], claims
+    new = claims[1].user_attrs
+    assert new["worker"] == "new" and new["result"]["entry"]["trials"] == opts.n_trials
+
+
+def test_results_artifacts_and_status_take_one_result_per_task(tmp_path):
+    """The run's results, the artifact entries it merges and ``autotune status`` pick a task's result by one
+    rule (``farm.result_trial``): its latest run that finished without error, so neither a lost claim nor an
+    errored run hides it; else its latest error; else its lost claim."""
+    from autotune.tuning import farm, farm_status
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TaskResult, TuneOptions
+
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="farm|h100|x", storage=storage)
+    tasks = [
+        Task("fake_faults", "h100", "float32", 32, 32, 1, b, "uniform", batch=2, seq_cap=64) for b in (256, 512, 1024)
+    ]
+    ok = {"backend": "fake", "config": {"mode": "ok", "size": 1}, "median_ms": 1.0, "spread_ms": 0.0, "tflops": 1.0}
+    good = TaskResult(tasks[0], **ok)
+
+    def run(task: Task, state: TrialState, result: dict | None = None) -> None:
+        attrs = {"task": task.to_dict(), "task_key": task.study_name, "label": task.label(), "result": result}
+        value = 1.0 if state == TrialState.COMPLETE else None
+        study.add_trial(optuna.trial.create_trial(state=state, value=value, user_attrs=attrs))
+
+    run(tasks[0], TrialState.FAIL)
+    run(tasks[0], TrialState.COMPLETE, {"entry": good.entry(), "error": None})
+    run(tasks[0], TrialState.COMPLETE, {"entry": TaskResult(tasks[0]).entry(), "error": "an errored run"})
+    run(tasks[1], TrialState.COMPLETE, {"entry": TaskResult(tasks[1]).entry(), "error": "no config was correct"})
+    run(tasks[2], TrialState.FAIL)
+    results = farm.farm_results(study, tasks)
+    assert results[0].config == good.config and results[0].error is None
+    assert results[1].error == "no config was correct" and "lost after 1 attempt" in results[2].error
+    assert farm.merge_farm(storage, study.study_name, TuneOptions(artifacts_root=tmp_path)) == 1
+    assert art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries == [good.entry()]
+    rows = farm_status.snapshot(storage, study.study_name)["tasks"]
+    assert [(r["state"], r["claims"]) for r in rows] == [("done", 3), ("failed", 1), ("lost", 1)]
+
+
 def test_two_farms_naming_one_task_keep_to_their_own_task_studies(pg_url, tmp_path, monkeypatch):
     """Two commands of other knobs (``--trials 2`` and ``3``) on one storage are two farms naming the same task.
     When farm B's worker opens the task while A's worker is inside a config trial, A's trial is not failed as

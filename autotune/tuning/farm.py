@@ -11,8 +11,9 @@ command against the same storage. The engine is Optuna's, nothing home-made:
 - A worker records heartbeats for its farm trial (its own thread, as ``optimize`` would). A worker
   that dies stops beating; the next ``fail_stale_trials`` of any worker fails its trial and Optuna's
   retry callback enqueues a copy, which another worker claims (``AUTOTUNE_FARM_RETRIES`` times at most). A worker
-  whose claim was failed while it still ran (a stalled heartbeat) notices at its next trial or before
-  its final writes (``Reporter.check_claim``) and drops the task instead of racing the new holder.
+  whose claim was failed while it still ran (a stalled heartbeat) notices right after its next ``ask``
+  (handing that trial back), at its trial's end or before its final writes (``Reporter.check_claim``)
+  and drops the task instead of racing the new holder.
 - The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
   versions, template and search-space hashes); a worker with another key refuses to join.
 - Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
@@ -242,7 +243,7 @@ class _Heartbeat:
 
 
 class _LeaseReporter(Reporter):
-    """Publishes progress on the farm trial (``autotune status``) and checks the claim after each trial."""
+    """Publishes progress on the farm trial (``autotune status``) and checks the claim around each trial."""
 
     def __init__(self, storage: Any, trial_id: int) -> None:
         self.storage, self.trial_id = storage, trial_id
@@ -597,15 +598,16 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
-    """Write every finished task of the farm into this host's artifacts (latest result wins)."""
+    """Write each finished task's result (``result_trial``) into this host's artifacts; returns how many."""
     if not opts.write_artifacts:
         return 0
     farm = _load(storage, name)
-    done = [t for t in farm.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "task" in t.user_attrs]
+    done = [t for t in latest_per_task(farm.get_trials(deepcopy=False)).values() if t.state == TrialState.COMPLETE]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    # Tasks that share an artifact entry (one bucket, another batch, cap, sample or seed): the last finished wins.
     for t in sorted(done, key=lambda t: t.datetime_complete or dt.datetime.min):
         entry = _result(t).get("entry") or {}
-        if entry.get("config") is not None:
+        if entry.get("config") is not None and "task" in t.user_attrs:
             task = t.user_attrs["task"]
             groups.setdefault((task["gpu"], task["kernel"]), []).append(entry)
     env = gpus.environment()
@@ -614,14 +616,27 @@ def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
     return sum(len(v) for v in groups.values())
 
 
-def latest_per_task(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
-    """Task key -> the trial that speaks for the task: its latest finished run, else its latest claim."""
-    latest: dict[str, FrozenTrial] = {}
+def task_runs(trials: list[FrozenTrial]) -> dict[str, list[FrozenTrial]]:
+    """Task key -> the task's farm trials (claims, retries, re-runs) in number order; empty asks have none."""
+    runs: dict[str, list[FrozenTrial]] = {}
     for t in sorted(trials, key=lambda t: t.number):
-        key = t.user_attrs.get("task_key")
-        if key and (key not in latest or t.state == TrialState.COMPLETE or latest[key].state != TrialState.COMPLETE):
-            latest[key] = t
-    return latest
+        if t.user_attrs.get("task_key"):
+            runs.setdefault(t.user_attrs["task_key"], []).append(t)
+    return runs
+
+
+def result_trial(runs: list[FrozenTrial]) -> FrozenTrial:
+    """The run whose result speaks for a task (its runs in number order): the latest that finished without
+    error, else the latest finished one, else the latest claim. The one rule of the run's results, the
+    artifacts it merges and ``autotune status``, so none of them lets an errored re-run hide a result."""
+    complete = [t for t in runs if t.state == TrialState.COMPLETE]
+    ok = [t for t in complete if not _result(t).get("error")]
+    return (ok or complete or runs)[-1]
+
+
+def latest_per_task(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """Task key -> the trial that speaks for the task (``result_trial``)."""
+    return {key: result_trial(runs) for key, runs in task_runs(trials).items()}
 
 
 def failure_reason(t: FrozenTrial) -> str:

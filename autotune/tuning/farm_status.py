@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, failure_reason
+from autotune.tuning.farm import FARM_PREFIX, failure_reason, result_trial, task_runs
 from autotune.tuning.farm_storage import FarmError, _safe, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
@@ -25,29 +25,24 @@ def farm_names(storage: Any) -> list[str]:
 
 
 def _task_state(trials: list[FrozenTrial]) -> tuple[str, FrozenTrial]:
-    """A task's state over all its farm trials (claims, retries, re-runs) and the trial that shows it."""
-    by_state = {s: [t for t in trials if t.state == s] for s in TrialState}
+    """A task's state over all its farm trials (claims, retries, re-runs) and the trial that shows it:
+    a held or queued run, else the one whose result speaks for the task (``farm.result_trial``)."""
     for state, name in ((TrialState.RUNNING, "running"), (TrialState.WAITING, "waiting")):
-        if by_state[state]:
-            return name, by_state[state][-1]
-    complete = by_state[TrialState.COMPLETE]
-    ok = [t for t in complete if not (t.user_attrs.get("result") or {}).get("error")]
-    if ok:
-        return "done", ok[-1]
-    if complete:
-        return "failed", complete[-1]
-    return "lost", trials[-1]
+        held = [t for t in trials if t.state == state]
+        if held:
+            return name, held[-1]
+    t = result_trial(trials)
+    if t.state != TrialState.COMPLETE:
+        return "lost", t
+    return ("failed" if (t.user_attrs.get("result") or {}).get("error") else "done"), t
 
 
 def snapshot(storage: Any, name: str) -> dict[str, Any]:
     """Plain data of one farm: counts, one row per task, one row per worker."""
     farm = optuna.load_study(study_name=name, storage=storage)
     trials = [t for t in farm.get_trials(deepcopy=False) if "task_key" in t.user_attrs]
-    grouped: dict[str, list[FrozenTrial]] = {}
-    for t in sorted(trials, key=lambda t: t.number):
-        grouped.setdefault(t.user_attrs["task_key"], []).append(t)
     tasks, counts = [], {k: 0 for k in ("done", "failed", "running", "waiting", "lost")}
-    for runs in grouped.values():
+    for runs in task_runs(trials).values():
         state, t = _task_state(runs)
         counts[state] += 1
         entry = (t.user_attrs.get("result") or {}).get("entry") or {}

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
@@ -159,8 +160,9 @@ class Reporter:
     def task_start(self, task: Task, index: int, total: int, n_trials: int) -> None: ...
     def trial_done(self, task: Task, measured: int, status: str, best_ms: float | None) -> None: ...
     def check_claim(self, task: Task) -> None:
-        """Before the study's final writes (re-checks, result): a farm worker whose task another worker
-        took over (its heartbeat stalled) raises here rather than overwrite the new holder's record."""
+        """After each ``ask`` and before the study's final writes (re-checks, result): a farm worker whose
+        task another worker took over (its heartbeat stalled) raises here rather than take the new holder's
+        queued trials or overwrite its record."""
 
     def task_end(self, result: TaskResult) -> None: ...
 
@@ -397,16 +399,27 @@ class _Study:
         found on opening it lost its process.
         """
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            storage = self.study._storage
+            self._interrupt(t)
+
+    def _interrupt(self, t: optuna.trial.FrozenTrial) -> None:
+        """Fail a trial no process will finish ("interrupted": not its config's fault) and queue its config
+        again: its params, or those it was enqueued with if it was asked but not yet suggested. A trial
+        another process finished first (a stalled holder hands it back as the new holder fails it) is left
+        to that process, so its config is queued once."""
+        storage = self.study._storage
+        try:
             storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            key = t.user_attrs.get("config_key") or _key_of_params(t.params)
-            backend = t.user_attrs.get("backend") or t.params.get("backend")
-            if key and backend in self.backends:
-                prefix = f"{backend}."
-                values = {k[len(prefix) :]: v for k, v in t.params.items() if k.startswith(prefix)}
-                if values:
-                    self.queue(backend, values, "requeued after an interrupted run")
+        except UpdateFinishedTrialError:
+            return
+        params = t.params or t.system_attrs.get("fixed_params") or {}
+        key = t.user_attrs.get("config_key") or _key_of_params(params)
+        backend = t.user_attrs.get("backend") or params.get("backend")
+        if key and backend in self.backends:
+            prefix = f"{backend}."
+            values = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+            if values:
+                self.queue(backend, values, "requeued after an interrupted run")
 
     @property
     def measured(self) -> int:
@@ -511,6 +524,7 @@ class _Study:
         """Ask, evaluate and tell one trial; returns its status."""
         self.ensure_setup()  # before ask: an infrastructure failure then holds no trial
         trial = self.study.ask()
+        self._keep_claim(trial)
         bname = trial.suggest_categorical("backend", list(self.backends))
         backend = self.backends[bname]
         values = {p: trial.suggest_categorical(f"{bname}.{p}", c) for p, c in self.choices[bname].items()}
@@ -530,6 +544,18 @@ class _Study:
             trial.set_user_attr("error", str(e)[-800:])
             self.study.tell(trial, state=TrialState.FAIL)
             self.queue(bname, values, "requeued after an infrastructure failure")
+            raise
+
+    def _keep_claim(self, trial: optuna.Trial) -> None:
+        """Right after ``ask``: a farm holder whose task was taken over while it stalled hands the trial back
+        (it may be one the new holder queued and counts on) and stops, instead of timing it and pushing the
+        study past ``n_trials``. After ``ask``, not before, so no stall between check and ask slips through:
+        a trial asked before the takeover is RUNNING when the new holder opens the study, which fails and
+        re-queues it (``_requeue_interrupted``); this holder's ``tell`` of it then fails."""
+        try:
+            _check_claim(self.reporter, self.task)
+        except BaseException:
+            self._interrupt(self.study._storage.get_trial(trial._trial_id))
             raise
 
     def _evaluate(self, trial, bname: str, backend: Backend, values: dict[str, Any], key: str) -> str:

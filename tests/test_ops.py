@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -91,6 +92,44 @@ def test_torch_compile_traces_the_op_without_graph_breaks(device):
     torch.testing.assert_close(out, f(q, k, v, off))
     out.sum().backward()
     assert qc.grad is not None and torch.isfinite(qc.grad).all()
+
+
+@pytest.mark.parametrize("call", ["compiled", "op"])
+def test_calls_past_the_launch_grid_through_the_custom_op(device, call, monkeypatch):
+    """The custom op sizes its own launches: a compiled call (dispatch sees no offsets there) or a direct
+    ``torch.ops.hstu`` call with a loose max_seq_len past CUDA's grid limit (shrunk to one block here) launches
+    for the longest sequence with the divisor kept, output and gradients as the reference's, where it was a
+    launch error; a sequence longer than the grid holds is a ValueError naming max_seq_len."""
+    from kernel_templates.hstu_attention import input_check
+
+    monkeypatch.setattr(input_check, "GRID_YZ_MAX", 1)
+    lengths = [16, 0, 1, 9, 16, 5, 12, 16] * 5  # 375 rows; the longest sequence fits one block of every kernel
+    off = torch.tensor([0, *itertools.accumulate(lengths)], device=device)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(off[-1].item(), 2, 32, generator=gen).to(device) for _ in range(3))
+    loose = 1 << 16
+
+    def attend(q, k, v, off, max_seq_len):
+        args = (q, k, v, off, None, max_seq_len, 0.25, 0, 0, None)
+        return torch.ops.hstu.attention_fwd(*args, "triton", FWD_CFG, "triton", BWD_CFG)
+
+    run = (
+        torch.compile(lambda *a: ops.hstu_attention(*a, source="default"), backend="aot_eager")
+        if call == "compiled"
+        else attend
+    )
+    ins = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    with pytest.warns(UserWarning, match="longest sequence was read from seq_offsets"):
+        out = run(*ins, off, loose) if call == "op" else run(*ins, off, loose, 0.25)
+        grads = torch.autograd.grad(out, ins, torch.ones_like(out))
+    ref_in = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref = hstu_attention_reference(*ref_in, off, loose, 0.25)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    for g, r in zip(grads, torch.autograd.grad(ref, ref_in, torch.ones_like(ref)), strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4)
+    long = [torch.randn(300, 2, 32, device=device) for _ in range(3)]
+    with pytest.raises(ValueError, match="max_seq_len: a sequence of 300 rows needs more than the 1 blocks"):
+        attend(*long, torch.tensor([0, 300], device=device), 300)
 
 
 def test_torch_compile_fullgraph_across_jagged_batches(device):

@@ -175,10 +175,38 @@ def attention_fwd(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=backend != "reference",
         )  # fmt: skip
+    backend, config, max_seq_len, scaling_seqlen = _fit_launch(
+        FWD, backend, config, q, v, seq_offsets, max_seq_len, scaling_seqlen
+    )
     return _fwd_impl(
         q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
         backend, config, validate,
     )  # fmt: skip
+
+
+def _fit_launch(
+    kind: str,
+    backend: str,
+    config: str,
+    q: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    scaling: int | None,
+) -> tuple[str, str, int, int | None]:
+    """(backend, config, max_seq_len, divisor) that CUDA's 65535-block grid can launch, for calls that reach the
+    custom op without the eager public call's sizing (``torch.compile``, a direct ``torch.ops.hstu`` call): a
+    batch over the grid's y dimension leaves a grid-order CuTe config for the Triton default
+    (``dispatch.for_batch``), and a loose max_seq_len past the grid launches for the longest sequence with the
+    divisor kept (``fit_grid``). Both leave every ordinary call as it is, without reading the offsets."""
+    if backend == "reference":
+        return backend, config, max_seq_len, scaling
+    batch = seq_offsets.shape[0] - 1
+    if batch > dispatch.GRID_YZ_MAX:
+        backend, config = dispatch.for_batch(kind, backend, config, batch, q.shape[2], v.shape[2], q.dtype, q.shape[1])
+    sizes = (dispatch.grid_rows(kind, backend, config),)
+    max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, q.shape[0], sizes)
+    return backend, config, max_seq_len, scaling
 
 
 def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate):
@@ -220,18 +248,23 @@ def attention_bwd(
     """
     return _bwd_impl(
         do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
-        backend, config, validate,
+        backend, config, validate, fit=True,
     )  # fmt: skip
 
 
 def _bwd_impl(
-    do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate
-):
+    do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate,
+    fit: bool = False,
+):  # fmt: skip
+    """``fit``: size the launch for the grid here (``_fit_launch``; the custom op), not in the public call."""
     check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if validate_mode(validate) != "none":  # the autograd backward passes "none": its forward checked these
         _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend)
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
+    if fit:
+        fitted = _fit_launch(BWD, backend, config, q, v, seq_offsets, max_seq_len, scaling)
+        backend, config, max_seq_len, scaling = fitted
     launcher, cfg, index = dispatch.runner(backend, BWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)

@@ -176,6 +176,9 @@ class ModelConfig:
         for name in ("zero_copy", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.cuda_graph and self.kernels == "reference":  # it reads the offsets on the host, which capture forbids
+            raise ValueError("cuda_graph captures the step in a CUDA graph: kernels must be 'default' or 'tuned' "
+                             "(the reference attention reads the offsets on the host)")  # fmt: skip
         if self.layer == "unfused" and not self.zero_copy:
             raise ValueError("zero_copy=False copies the fused layer's q/k/v/u: it needs layer='fused'")
         if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:

@@ -488,6 +488,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's message for a bad --device
         parser.error(str(e))
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    if args.json and rank0:  # a run that fails writes no JSON: an older file there would read as this run's
+        Path(args.json).unlink(missing_ok=True)
     try:
         result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
                      args.workers, progress=not args.no_progress and rank0, console=console,

@@ -95,6 +95,7 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
         ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
         ("tiny", {"length_dist": "file", "lengths_file": 123}, "lengths_file must be a path string"),
         ("tiny", {"zero_copy": False}, "zero_copy=False .* needs layer='fused'"),
+        ("tiny", {"cuda_graph": True, "kernels": "reference"}, "cuda_graph .* kernels must be 'default' or 'tuned'"),
     ],
 )
 def test_bad_configs_raise_clear_errors(preset, overrides, match):
@@ -170,6 +171,7 @@ def test_a_diverged_loss_stops_the_run(tmp_path, capsys):
     with pytest.raises(FloatingPointError, match=r"the loss is nan at step \d+: training diverged"):
         run(cfg, steps=6, warmup=0, log_every=1, progress=False)
     out = tmp_path / "m.json"
+    out.write_text('{"tokens_per_s": 1}')  # an earlier run's result: not to be read as this one's
     with pytest.raises(SystemExit) as e:
         main(["--preset", "tiny", "--kernels", "reference", "--set", "lr=1e6", "--steps", "6", "--warmup", "0",
               "--log-every", "1", "--device", "cpu", "--no-progress", "--json", str(out)])  # fmt: skip

@@ -84,6 +84,9 @@ def test_flops_convention():
     fwd_t, _ = hstu_attention_flops(off, 2, 8, 8, num_targets=torch.tensor([1, 2]))
     exact = int(hstu_mask(4, num_targets=1).sum() + hstu_mask(6, num_targets=2).sum())
     assert fwd_t == 2 * 2 * 16 * exact
+    # plain causal is n^2/2 for odd lengths too (a length-1 sequence is half a pair, not none)
+    fwd_odd, _ = hstu_attention_flops(torch.tensor([0, 1, 4, 4]), num_heads=1, dqk=8, dv=8)
+    assert fwd_odd == 2 * 16 * (1 / 2 + 9 / 2)
 
 
 # ----------------------------------------------------------------------- row blocks (bounded memory)

@@ -142,8 +142,9 @@ def hstu_attention_flops(
 ) -> tuple[float, float]:
     """(forward, backward) FLOPs by the field's convention: 2*H*(Dqk+Dv)*P and 2*H*(3Dqk+2Dv)*P.
 
-    P counts valid (i, j) pairs exactly from the mask for masked variants; for plain causal
-    attention that is n(n+1)/2, the convention's n^2/2 up to the diagonal.
+    P counts valid (i, j) pairs exactly from the mask for masked variants; for plain causal attention
+    it is the convention's n^2/2 (HSTU.md; the mask itself holds n(n+1)/2), unrounded: n // 2 counted a
+    length-1 sequence as no work and every odd length half a pair short.
     """
     lengths = (seq_offsets[1:] - seq_offsets[:-1]).tolist()
     plain = contextual_seq_len == 0 and num_targets is None and max_attn_len == 0
@@ -153,7 +154,7 @@ def hstu_attention_flops(
         if n == 0:
             continue
         if plain:
-            pairs += n * n // 2
+            pairs += n * n / 2
         else:
             t = None if num_targets is None else int(num_targets[b])
             for rows in row_chunks(n, 1):

@@ -208,7 +208,8 @@ def test_grid_options_are_usage_errors_before_any_gpu_work(tmp_path, capsys, mon
 
 def test_grid_values_are_taken_once_in_order():
     """A value given twice (1K and 1024) is measured once: the CSV of a doubled cell was refused when read back."""
-    from autotune.tuning.cli import build_parser, heatmap_grid
+    from autotune.tuning.cli import build_parser
+    from autotune.tuning.cli_heatmap import heatmap_grid
 
     args = build_parser().parse_args(["bench", "--heatmap", "--heatmap-lengths", "1K,1024,1536", "--heatmap-batches",
                                       "2,1,2", "--heatmap-heads", "4,4", "--dims", "128,128x128", "--directions",

@@ -19,9 +19,10 @@ import pytest
 from proc_env import child_env
 
 from autotune.runtime import artifacts as art
+from autotune.tuning.measure import compare_extended, compare_verdict
 from autotune.tuning.registry import load_plugins
 from autotune.tuning.tasks import Task
-from autotune.tuning.tuner import TuneOptions, compare_extended, compare_verdict, make_storage, run_tasks
+from autotune.tuning.tuner import TuneOptions, make_storage, run_tasks
 
 load_plugins(["autotune.tuning.fake"])
 OK = {"mode": "ok", "size": 1}

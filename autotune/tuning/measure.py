@@ -1,4 +1,5 @@
-"""Measurement primitives used inside the worker: compiler reports, correctness, timing.
+"""Measurement primitives used inside the worker: compiler reports, correctness, timing; and the paired
+verdict over interleaved timings that the tuner's winner-vs-default comparison takes.
 
 Timing is ``triton.testing.do_bench`` (warm-up, L2 flush of its 256 MB buffer between repetitions,
 median and 20/80 % quantiles). Under the Triton interpreter (CI) a perf_counter loop stands in:
@@ -240,3 +241,40 @@ def bench(fn: Callable[[], Any], quick: bool, cuda_graph: bool = False) -> Timin
         times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     return Timing(times[len(times) // 2], times[-1] - times[0], len(times))
+
+
+def compare_verdict(a_ms: list[float], b_ms: list[float]) -> dict[str, Any]:
+    """Paired verdict of interleaved timings: A (candidate) beats B (default) only when its median
+    gain over the per-round ratios B/A exceeds their spread (80th - 20th percentile)."""
+    ratios = [b / a for a, b in zip(a_ms, b_ms, strict=True) if a > 0]
+    if not ratios:
+        return {"rounds": 0, "speedup": None, "spread": None, "beats": False}
+    speedup = quantile(ratios, 0.5)
+    spread = quantile(ratios, 0.8) - quantile(ratios, 0.2)
+    return {
+        "rounds": len(ratios),
+        "a_ms": quantile(a_ms, 0.5),
+        "b_ms": quantile(b_ms, 0.5),
+        "speedup": speedup,
+        "spread": spread,
+        "beats": speedup - 1.0 > spread and speedup > 1.0,
+    }
+
+
+def compare_extended(
+    request: Callable[[int], dict[str, Any]], rounds: int, max_rounds: int
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Interleaved comparison that settles a close call: when the first ``rounds`` show a median gain
+    inside their spread, ``max_rounds - rounds`` more rounds are timed and the verdict is taken over all
+    of them (the spread of a few rounds is set by one or two outliers). Returns the worker's reply to the
+    first request and the verdict (None when that reply is not ok)."""
+    first = request(rounds)
+    if first["status"] != "ok":
+        return first, None
+    a_ms, b_ms = list(first["a_ms"]), list(first["b_ms"])
+    verdict = compare_verdict(a_ms, b_ms)
+    if not verdict["beats"] and (verdict["speedup"] or 0.0) > 1.0 and max_rounds > rounds:
+        more = request(max_rounds - rounds)
+        if more["status"] == "ok":
+            verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
+    return first, verdict

@@ -22,7 +22,6 @@ import hashlib
 import math
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from autotune.tuning.artifact_io import (
     search_space_hash,
     warm_starts_for,
 )
-from autotune.tuning.measure import quantile
+from autotune.tuning.measure import compare_extended
 from autotune.tuning.registry import Backend, backends_for, get_op
 from autotune.tuning.tasks import Task, space_context
 from autotune.tuning.worker import Worker, WorkerError
@@ -312,43 +311,6 @@ def _rounded(d: dict[str, Any]) -> dict[str, Any]:
 
 def _config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
-
-
-def compare_verdict(a_ms: list[float], b_ms: list[float]) -> dict[str, Any]:
-    """Paired verdict of interleaved timings: A (candidate) beats B (default) only when its median
-    gain over the per-round ratios B/A exceeds their spread (80th - 20th percentile)."""
-    ratios = [b / a for a, b in zip(a_ms, b_ms, strict=True) if a > 0]
-    if not ratios:
-        return {"rounds": 0, "speedup": None, "spread": None, "beats": False}
-    speedup = quantile(ratios, 0.5)
-    spread = quantile(ratios, 0.8) - quantile(ratios, 0.2)
-    return {
-        "rounds": len(ratios),
-        "a_ms": quantile(a_ms, 0.5),
-        "b_ms": quantile(b_ms, 0.5),
-        "speedup": speedup,
-        "spread": spread,
-        "beats": speedup - 1.0 > spread and speedup > 1.0,
-    }
-
-
-def compare_extended(
-    request: Callable[[int], dict[str, Any]], rounds: int, max_rounds: int
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Interleaved comparison that settles a close call: when the first ``rounds`` show a median gain
-    inside their spread, ``max_rounds - rounds`` more rounds are timed and the verdict is taken over all
-    of them (the spread of a few rounds is set by one or two outliers). Returns the worker's reply to the
-    first request and the verdict (None when that reply is not ok)."""
-    first = request(rounds)
-    if first["status"] != "ok":
-        return first, None
-    a_ms, b_ms = list(first["a_ms"]), list(first["b_ms"])
-    verdict = compare_verdict(a_ms, b_ms)
-    if not verdict["beats"] and (verdict["speedup"] or 0.0) > 1.0 and max_rounds > rounds:
-        more = request(max_rounds - rounds)
-        if more["status"] == "ok":
-            verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
-    return first, verdict
 
 
 class _Study:

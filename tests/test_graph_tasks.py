@@ -182,7 +182,7 @@ def test_bad_lengths_files(tmp_path, text, message):
         read_lengths_file(path)
     with pytest.raises(LengthsError, match="no such file"):
         read_lengths_file(tmp_path / "missing")
-    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00\x81")
+    (tmp_path / "binary").write_bytes(b"\x81\xfe\x00\xff")  # no UTF-8, no byte-order mark (those read as UTF-16)
     with pytest.raises(LengthsError, match="cannot read it as text"):
         read_lengths_file(tmp_path / "binary")
 

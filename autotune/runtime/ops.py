@@ -201,9 +201,8 @@ def _fit_launch(
     divisor kept (``fit_grid``). Both leave every ordinary call as it is, without reading the offsets."""
     if backend == "reference":
         return backend, config, max_seq_len, scaling
-    batch = seq_offsets.shape[0] - 1
-    if batch > dispatch.GRID_YZ_MAX:
-        backend, config = dispatch.for_batch(kind, backend, config, batch, q.shape[2], v.shape[2], q.dtype, q.shape[1])
+    batch = seq_offsets.shape[0] - 1  # for_batch keeps the choice unless the batch is over the grid's y dimension
+    backend, config = dispatch.for_batch(kind, backend, config, batch, q.shape[2], v.shape[2], q.dtype, q.shape[1])
     sizes = (dispatch.grid_rows(kind, backend, config),)
     max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, q.shape[0], sizes)
     return backend, config, max_seq_len, scaling

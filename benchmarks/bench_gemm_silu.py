@@ -36,6 +36,7 @@ from kernel_templates.gemm_silu import (  # noqa: E402
 # Hand-picked alternatives to the heuristic default (the tuner searches the full space).
 EXTRA_CONFIGS = {
     "128x256c21": GemmSiluConfig(128, 256, 64, 2, 1, 4, "n"),
+    "128x256s4p": GemmSiluConfig(128, 256, 64, 1, 1, 4, "n", True),
     "192x128": GemmSiluConfig(192, 128, 64, 1, 1, 4, "n"),
     "128x128s6": GemmSiluConfig(128, 128, 64, 1, 1, 6, "n"),
 }

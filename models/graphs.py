@@ -35,8 +35,10 @@ def graph_capacity(num_tokens: int, granularity: int) -> int:
 
 
 def padding_slots(granularity: int, max_seq_len: int) -> int:
-    """Padding sequences every captured batch carries: enough for ``granularity - 1`` rows of padding."""
-    return max(1, math.ceil((granularity - 1) / max_seq_len))
+    """Padding sequences every captured batch carries: enough for ``granularity`` rows of padding, the most any
+    batch needs (an empty batch pads one whole granule, ``graph_capacity(0, granularity)``; any other at most
+    ``granularity - 1`` rows), and at least one so every captured batch has the same sequence count."""
+    return max(1, math.ceil(granularity / max_seq_len))
 
 
 def padding_lengths(pad: int, slots: int, max_seq_len: int) -> list[int]:
@@ -46,12 +48,6 @@ def padding_lengths(pad: int, slots: int, max_seq_len: int) -> list[int]:
     full, rest = divmod(pad, max_seq_len)
     out = [max_seq_len] * full + ([rest] if rest else [])
     return out + [0] * (slots - len(out))
-
-
-def step_slots(granularity: int, max_seq_len: int) -> int:
-    """Padding sequences of a :class:`GraphedTrainStep`: ``padding_slots``, and enough for ``granularity`` rows,
-    which an empty batch pads (its capacity is one granule) where ``padding_slots`` holds one row fewer."""
-    return max(padding_slots(granularity, max_seq_len), math.ceil(granularity / max_seq_len))
 
 
 def padded_offsets(lengths: list[int], capacity: int, slots: int, max_seq_len: int) -> torch.Tensor:
@@ -124,7 +120,7 @@ class GraphedTrainStep:
             raise ValueError("cuda_graph needs an optimizer built with capturable=True")
         self.model, self.opt, self.amp = model, opt, amp
         self.max_seq_len, self.granularity = max_seq_len, granularity
-        self.slots = step_slots(granularity, max_seq_len)
+        self.slots = padding_slots(granularity, max_seq_len)
         self.warmup_passes = warmup_passes
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], _Captured] = {}

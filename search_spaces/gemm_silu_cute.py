@@ -12,6 +12,8 @@ launcher's check, so a config the space admits never fails there.
 
 from __future__ import annotations
 
+import dataclasses
+
 from kernel_templates.gemm_silu.config import (
     REG_OVERHEAD,
     REGS,
@@ -30,6 +32,7 @@ GEMM_PARAMS: dict[str, tuple] = {
     "cluster_n": (1, 2),
     "num_stages": (2, 3, 4, 5, 6, 7, 8),
     "raster": ("m", "n"),
+    "persistent": (False, True),
 }
 ASSUMED_TOKENS = 1 << 17  # the projection sees batch x tokens rows: size the default for a large M
 
@@ -78,6 +81,8 @@ def wgmma_shapes(c, ctx: SpaceContext) -> str | None:
 def cluster_ok(c, ctx: SpaceContext) -> str | None:
     if c.cluster_size > 4:
         return f"cluster {c.cluster_m}x{c.cluster_n} > 4 CTAs"
+    if c.persistent and c.cluster_size > 1:
+        return "a persistent kernel runs 1 x 1 clusters"
     return None
 
 
@@ -94,7 +99,7 @@ def n_tiles_exact(c, ctx: SpaceContext) -> str | None:
 def pipelined(c, ctx: SpaceContext) -> str | None:
     """Two stages leave no slack for the producer; keep them only where three do not fit."""
     if c.num_stages == 2:
-        deeper = GemmSiluConfig(c.tile_m, c.tile_n, c.tile_k, c.cluster_m, c.cluster_n, 3, c.raster)
+        deeper = dataclasses.replace(c, num_stages=3)
         if fits_smem(deeper, ctx) is None:
             return "num_stages=2 while 3 stages fit"
     return None

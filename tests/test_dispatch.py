@@ -471,3 +471,33 @@ def test_parse_bucket_names_every_bad_spelling():
     for bad in ("infK", "1e400k", "4.0001K", "0.2501k", "nanK"):
         with pytest.raises(ValueError, match="bucket"):
             parse_bucket(bad)
+
+
+def test_impossible_sizes_are_a_value_error_naming_the_argument():
+    """Zero or negative heads or head dims, a negative max_seq_len, or a bool or float size reached the spec
+    defaults (or hit the cached choice of the int it equals: True == 1); each is a ValueError naming the argument,
+    on a cache hit as on a miss, from every entry that takes these sizes."""
+    import numpy as np
+
+    dispatch.select(FWD, "float32", 32, 32, 1, 64, source="default")  # cached: True and 1.0 equal its key
+    entries = {  # name of the heads argument, call with sizes (dqk, dv, heads, max_seq_len)
+        "select": ("num_heads", lambda d, v, h, n: dispatch.select(FWD, "float32", d, v, h, n, source="default")),
+        "default_choice": ("num_heads", lambda d, v, h, n: dispatch.default_choice(FWD, d, v, "float32", h)),
+        "preferred_default": ("num_heads", lambda d, v, h, n: dispatch.preferred_default(FWD, d, v, "float32", h)),
+        "for_batch": ("heads", lambda d, v, h, n: dispatch.for_batch(FWD, "triton", "{}", 4, d, v, "float32", h)),
+    }
+    bad = {0: (0, -32, 32.0, True, "32", None), 1: (0, -1, 32.5, False), 2: (0, -2, 2.0, True, 1.0), 3: (-1, 64.0)}
+    for entry, (heads, call) in entries.items():
+        for position, values in bad.items():
+            if position == 3 and entry != "select":
+                continue  # only select takes max_seq_len
+            name = ("dqk", "dv", heads, "max_seq_len")[position]
+            for value in values:
+                sizes = [32, 32, 1, 64]
+                sizes[position] = value
+                with pytest.raises(ValueError, match=f"^{name} must be an int >= [01], got"):
+                    call(*sizes)
+    # An empty batch's max_seq_len of 0 and integer types other than int (numpy's) stay valid.
+    assert dispatch.select(FWD, "float32", 32, 32, 2, 0, source="default").source == "default"
+    assert dispatch.select(FWD, "float32", np.int64(32), 32, np.int32(2), np.int64(64), source="default")
+    assert dispatch.for_batch(FWD, "triton", "{}", 4, 32, np.int64(32), "float32", 2) == ("triton", "{}")

@@ -516,7 +516,8 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     def decide_after_takeover(s, result):
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
         farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(trial._trial_id)))
-        s.study.set_user_attr("result", {"by": "the new holder"})
+        new_holder = optuna.load_study(study_name=s.study.study_name, storage=_storage(pg_url))
+        new_holder.set_user_attr("result", {"by": "the new holder"})
         return real_decide(s, result)
 
     monkeypatch.setattr(tuner, "_decide", decide_after_takeover)
@@ -530,6 +531,109 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     assert optuna.load_study(study_name=name, storage=storage).user_attrs["result"] == {"by": "the new holder"}
     assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
     assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]
+
+
+@pytest.mark.parametrize(("key", "modes"), [("result", "ok,ok2"), ("rejected", "narrow")])
+def test_holder_stalled_between_claim_check_and_study_write_keeps_the_new_holders_value(
+    pg_url, tmp_path, monkeypatch, key, modes
+):
+    """The task study's ``result`` and ``rejected`` are study attributes, which Optuna does not guard. A holder
+    passes its claim check, then stalls right before writing one; meanwhile another worker fails its claim, takes
+    the task over and writes its own value. The stalled one wakes and drops the task instead of overwriting it."""
+    import copy
+
+    from autotune.runtime import gpus
+    from autotune.tuning import farm
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.worker import Worker
+
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", modes)  # 'narrow': fastest, and rejected by the final re-check
+    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    trial = farm.claim(study, fopts)
+    theirs = {"by": "the new holder"} if key == "result" else {"fake:mode=ok": "the new holder's"}
+    real_set, taken = optuna.Study.set_user_attr, []
+
+    def set_user_attr(self: optuna.Study, k: str, value: object) -> None:
+        if k == key and not self.study_name.startswith("farm|") and not taken:
+            taken.append(self.study_name)  # the holder stalls here, after its last claim check
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
+            farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(trial._trial_id)))
+            real_set(optuna.load_study(study_name=self.study_name, storage=_storage(pg_url)), k, theirs)
+        real_set(self, k, value)
+
+    monkeypatch.setattr(optuna.Study, "set_user_attr", set_user_attr)
+    worker = Worker(plugin_modules(opts.plugins))
+    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
+    try:
+        assert farm._run_one(study, trial, ctx) is False
+    finally:
+        worker.close()
+    assert taken, f"the holder never wrote {key!r}"
+    assert optuna.load_study(study_name=taken[0], storage=_storage(pg_url)).user_attrs[key] == theirs
+    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
+
+
+def test_trial_finished_while_the_new_holder_interrupts_it_is_not_marked_interrupted(pg_url, tmp_path, monkeypatch):
+    """A stalled holder wakes inside a config trial and ``tell``s it between the two writes of the new holder's
+    ``_interrupt`` (the "interrupted" mark, then the FAIL). The trial used to end COMPLETE yet marked
+    "interrupted" (its config neither counted nor queued again). Now the stalled holder's ``tell`` is refused:
+    the trial ends failed, marked "interrupted", and its config is queued again once."""
+    import copy
+    import dataclasses
+    import threading
+
+    from autotune.runtime import gpus
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.worker import Worker
+
+    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    held = farm.claim(study, fopts)
+    stalled, marked, told, out = threading.current_thread(), threading.Event(), threading.Event(), {}
+    real_tell, real_state = optuna.Study.tell, optuna.storages.RDBStorage.set_trial_state_values
+
+    def new_holder(name: str) -> None:  # opens the task study: fails and re-queues the trial still RUNNING
+        ns = dataclasses.replace(opts, study_namespace=study.study_name)
+        out["new"] = tuner._Study(task, ns, None, farm.farm_storage(pg_url, fopts), tuner.Reporter())
+
+    def tell(self: optuna.Study, trial, *args, **kwargs):
+        if threading.current_thread() is stalled and not self.study_name.startswith("farm|") and not out:
+            out["trial"] = trial._trial_id
+            storage.set_trial_state_values(held._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
+            farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(held._trial_id)))
+            out["thread"] = threading.Thread(target=new_holder, args=(self.study_name,))
+            out["thread"].start()
+            assert marked.wait(120), "the new holder did not interrupt the trial"
+            try:
+                return real_tell(self, trial, *args, **kwargs)
+            finally:
+                told.set()
+        return real_tell(self, trial, *args, **kwargs)
+
+    def set_state(self, trial_id: int, state: TrialState, values=None) -> bool:
+        if threading.current_thread() is not stalled and trial_id == out.get("trial") and state == TrialState.FAIL:
+            marked.set()  # the "interrupted" mark is written; the FAIL waits for the holder's tell
+            assert told.wait(120)
+        return real_state(self, trial_id, state, values)
+
+    monkeypatch.setattr(optuna.Study, "tell", tell)
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", set_state)
+    worker = Worker(plugin_modules(opts.plugins))
+    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
+    try:
+        assert farm._run_one(study, held, ctx) is False
+    finally:
+        marked.set()
+        told.set()
+        worker.close()
+        if "thread" in out:
+            out["thread"].join(120)
+    t = storage.get_trial(out["trial"])
+    assert (t.state, t.user_attrs["status"]) == (TrialState.FAIL, "interrupted"), (t.state, t.user_attrs["status"])
+    waiting = out["new"].study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [w.system_attrs["fixed_params"] for w in waiting].count(t.params) == 1, (t.params, waiting)
 
 
 @pytest.mark.parametrize("stall", ["before ask", "between ask and check"])

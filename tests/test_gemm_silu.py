@@ -67,6 +67,37 @@ def test_compiles_with_tma_and_wgmma(case):
     assert compile_gemm_silu(GemmSiluKey(cfg, dtype, n, k, bias)) is compiled
 
 
+# (config, dtype, N, K, bias, pre-activation stored): persistent tile walks and the second output.
+PERSISTENT_GRID = [
+    (C(128, 256, 64, 1, 1, 3, "n", True), "bfloat16", 4096, 1024, True, True),
+    (C(128, 192, 32, 1, 1, 5, "m", True), "float16", 4096, 1000, False, False),
+    (C(128, 256, 64, 2, 1, 4, "n"), "bfloat16", 4096, 1024, True, True),
+    (C(192, 96, 64, 1, 1, 4, "n", True), "bfloat16", 96, 512, True, True),
+]
+
+
+@pytest.mark.parametrize("case", PERSISTENT_GRID, ids=lambda c: _id(c[:5]) + f"-p{int(c[0].persistent)}pre{int(c[5])}")
+def test_compiles_persistent_and_with_the_pre_activation(case):
+    """The persistent walk reads the grid size (``%nctaid``); the pre-activation adds a second TMA store."""
+    pytest.importorskip("cutlass")
+    from kernel_templates.gemm_silu import compile_gemm_silu
+
+    cfg, dtype, n, k, bias, pre = case
+    ptx = compile_gemm_silu(GemmSiluKey(cfg, dtype, n, k, bias, pre), keep_ptx=True).ptx
+    assert "wgmma.mma_async" in ptx and "tanh.approx" in ptx
+    assert ("%nctaid.x" in ptx) == cfg.persistent
+    stores = ptx.count("cp.async.bulk.tensor.2d.global.shared")
+    single = compile_gemm_silu(GemmSiluKey(cfg, dtype, n, k, bias, False), keep_ptx=True).ptx
+    assert stores == (2 if pre else 1) * single.count("cp.async.bulk.tensor.2d.global.shared") > 0
+
+
+def test_persistent_needs_single_cta_clusters():
+    with pytest.raises(ValueError, match="persistent"):
+        GemmSiluConfig(persistent=1)
+    with pytest.raises(ValueError, match="persistent"):
+        check_gemm_silu_config(C(128, 256, 64, 2, 1, 4, "n", True), 4096, 1024)
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
@@ -142,6 +173,11 @@ def test_bad_out_and_config_raise():
     w = torch.zeros(64, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out"):
         gemm_silu(x, w, None, out=torch.zeros(4, 32, dtype=torch.bfloat16))
+    good = torch.zeros(4, 64, dtype=torch.bfloat16)
+    for bad, match in ((torch.zeros(4, 32, dtype=torch.bfloat16), "pre_out"), (good.t(), "pre_out"),
+                       (torch.zeros(4, 64), "pre_out"), (good, "different")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            validate_gemm_silu_inputs(x, w, None, good, bad)
     with pytest.raises(ValueError, match="config"):
         gemm_silu(x, w, None, config={"tile_m": 128})
 
@@ -193,8 +229,28 @@ def test_tuner_op_is_registered():
     assert op.flops(inputs) == 2 * 21 * 256 * 64
     torch_backend = next(b for b in backends_for("gemm_silu", available_only=False) if b.name == "torch")
     out = op.alloc_out(inputs)
-    (y,) = torch_backend.launch(inputs, torch_backend.space.default(None), out)
-    assert torch.allclose(y, op.reference(inputs, torch.float32)[0], atol=1e-5)
+    assert op.output_names == ("y", "pre") and len(out) == 2 and all(torch.isnan(t).all() for t in out)
+    y, pre = torch_backend.launch(inputs, torch_backend.space.default(None), out)
+    assert y is out[0] and pre is out[1]
+    ref_y, ref_pre = op.reference(inputs, torch.float32)
+    assert torch.allclose(y, ref_y, atol=1e-5) and torch.allclose(pre, ref_pre, atol=1e-5)
+    y2, pre2 = torch_backend.launch(inputs, torch_backend.space.default(None), None)  # buffers of its own
+    assert torch.equal(y2, y) and torch.equal(pre2, pre)
+
+
+def test_torch_backend_stores_the_pre_activation_and_refuses_bad_buffers():
+    from kernel_templates.gemm_silu.launch import gemm_silu_fwd_torch
+
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(7, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    pre = torch.full((7, 24), float("nan"))
+    y = gemm_silu_fwd_torch(x, w, b, pre_out=pre)
+    assert torch.allclose(pre, torch.addmm(b, x, w.t())) and torch.equal(y, torch.nn.functional.silu(pre))
+    for bad, match in ((torch.zeros(7, 23), "pre_out"), (torch.zeros(7, 24, dtype=torch.float64), "pre_out")):
+        with pytest.raises(ValueError, match=match):
+            gemm_silu_fwd_torch(x, w, b, pre_out=bad)
+    with pytest.raises(ValueError, match="different"):
+        gemm_silu_fwd_torch(x, w, b, out=pre, pre_out=pre)
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -246,6 +302,29 @@ GPU_GRID = [
 def test_gpu_configs(case):
     cfg, dtype, n, k, bias = case
     _check(1337, n, k, getattr(torch, dtype), cfg, bias=bias, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize(
+    "cfg",
+    [None, C(128, 256, 64, 1, 1, 4, "n"), C(192, 128, 64, 1, 1, 4, "m", True), C(128, 256, 64, 2, 1, 4, "n")],
+    ids=["default", "grid", "persistent-m", "cluster"],
+)
+@pytest.mark.parametrize("m", [1, 77, 4096 + 45, 40000])
+def test_gpu_pre_activation_output(cfg, m):
+    """y and the stored pre-activation against the fp32 reference; every element written (NaN-filled outputs),
+    on grids of fewer and of more tiles than SMs."""
+    from kernel_templates.gemm_silu.op import gemm_silu_fwd
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    x, w, b = _inputs(m, 1024, 512, torch.bfloat16, seed=m)
+    y, pre = (torch.full((m, 1024), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in "yp")
+    gemm_silu_fwd(x, w, b, cfg, out=y, pre_out=pre)
+    ref_y, low_y = gemm_silu_reference(x, w, b), gemm_silu_reference(x, w, b, torch.bfloat16)
+    ref_pre, low_pre = torch.nn.functional.linear(x.float(), w.float(), b.float()), torch.nn.functional.linear(x, w, b)
+    check_tolerance("y", y, ref_y, low_y)
+    check_tolerance("pre", pre, ref_pre, low_pre)
 
 
 @pytest.mark.gpu

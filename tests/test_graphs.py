@@ -29,7 +29,8 @@ def _fresh_dispatch():
 
 def test_capacity_and_padding_sequences():
     assert [graph_capacity(n, 32) for n in (0, 1, 31, 32, 33, 64)] == [32, 32, 32, 32, 64, 64]
-    assert padding_slots(32, 32) == 1 and padding_slots(33, 32) == 1 and padding_slots(34, 32) == 2
+    # 33 is 2, not 1: an empty batch pads a whole 33-row granule, more than one sequence of 32 holds.
+    assert padding_slots(32, 32) == 1 and padding_slots(33, 32) == 2 and padding_slots(34, 32) == 2
     assert padding_slots(1, 32) == 1  # every captured batch has the same sequence count
     assert padding_lengths(0, 2, 32) == [0, 0]
     assert padding_lengths(70, 3, 32) == [32, 32, 6]
@@ -40,6 +41,19 @@ def test_capacity_and_padding_sequences():
         graph_capacity(5, 0)
     with pytest.raises(ValueError, match="capacity"):
         padded_offsets([10, 20], 16, 1, 32)
+
+
+def test_padding_slots_hold_every_batch_including_an_empty_one():
+    """Every batch, an empty one too (its capacity is one whole granule), pads into ``padding_slots`` sequences
+    of at most max_seq_len; an empty batch needs one more when granularity - 1 is a multiple of max_seq_len."""
+    for msl in (1, 5, 32):
+        for gran in (1, 2, 6, 7, 31, 32, 33, 64, 65, 100):
+            slots = padding_slots(gran, msl)
+            for n in sorted({0, 1, gran - 1, gran, gran + 1, 3 * msl}):
+                lengths = [msl] * (n // msl) + ([n % msl] if n % msl else [])
+                offsets = padded_offsets(lengths, graph_capacity(n, gran), slots, msl)
+                assert int(offsets[-1]) == graph_capacity(n, gran) and len(offsets) == len(lengths) + slots + 1
+                assert int(offsets.diff().max()) <= msl, (msl, gran, n)
 
 
 @pytest.mark.parametrize("granularity", [1, 7, 32, 100])

@@ -227,22 +227,22 @@ def test_train_cli_refuses_unusable_device_and_json_path_up_front(tmp_path, caps
 
 
 def test_graph_step_pads_an_empty_batch(tmp_path):
-    """A CUDA-graph step pads an empty batch to one granule (``granularity`` rows), one row more than
-    ``padding_slots`` holds when granularity - 1 is a multiple of max_seq_len (33 rows, 1 slot of 32: a
-    ValueError); the padded empty batch has loss 0 and zero gradients."""
-    from models.graphs import graph_capacity, pad_batch, padded_offsets, step_slots
+    """A CUDA-graph step pads an empty batch to one granule (``granularity`` rows), one row more than any other
+    batch pads: ``padding_slots`` holds it also when granularity - 1 is a multiple of max_seq_len (33 rows need 2
+    slots of 32); the padded empty batch has loss 0 and zero gradients."""
+    from models.graphs import graph_capacity, pad_batch, padded_offsets, padding_slots
 
     msl = 32
     for gran in (1, 7, 31, 32, 33, 64, 65, 100):
         for n in (0, 1, gran - 1, gran, gran + 1, 3 * msl):
             lengths = [msl] * (n // msl) + ([n % msl] if n % msl else [])
-            offsets = padded_offsets(lengths, graph_capacity(n, gran), step_slots(gran, msl), msl)
+            offsets = padded_offsets(lengths, graph_capacity(n, gran), padding_slots(gran, msl), msl)
             assert int(offsets[-1]) == graph_capacity(n, gran) and int(offsets.diff().max()) <= msl
     cfg = get_config("tiny", kernels="reference", dropout=0.0)
     model = HSTURankingModel(cfg)
     empty = torch.zeros(0, dtype=torch.long)
     batch = JaggedBatch(empty, empty, empty, torch.zeros(0, cfg.num_tasks), torch.zeros(3, dtype=torch.long), [0, 0])
-    padded = pad_batch(batch, graph_capacity(0, 33), step_slots(33, msl), msl)
+    padded = pad_batch(batch, graph_capacity(0, 33), padding_slots(33, msl), msl)
     loss = model.loss(padded)
     loss.backward()
     assert padded.num_tokens == 33 and loss.item() == 0.0

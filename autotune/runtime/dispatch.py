@@ -334,7 +334,31 @@ def _tracing() -> bool:
     return compiler.is_compiling() or bool(getattr(compiler, "is_exporting", lambda: False)())
 
 
+def _check_sizes(dqk: int, dv: int, num_heads: int, max_seq_len: int = 0, heads_name: str = "num_heads") -> None:
+    """Raise ValueError naming the first size no call can have: head dims and heads are ints >= 1, max_seq_len an
+    int >= 0 (an empty batch's may be 0). A bool or float would otherwise hit the cached choice of the int it
+    equals (True == 1). Plain int checks first: every dispatched call runs this."""
+    if (
+        type(dqk) is int
+        and type(dv) is int
+        and type(num_heads) is int
+        and type(max_seq_len) is int
+        and dqk > 0
+        and dv > 0
+        and num_heads > 0
+        and max_seq_len >= 0
+    ):
+        return
+    sizes = (("dqk", dqk, 1), ("dv", dv, 1), (heads_name, num_heads, 1), ("max_seq_len", max_seq_len, 0))
+    for name, value, low in sizes:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name} must be an int >= {low}, got {type(value).__name__} {value!r}")
+        if value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 def _spec_defaults(kind: str, dqk: int, dv: int, dtype: str | None, num_heads: int, interpret: bool) -> dict:
+    _check_sizes(dqk, dv, num_heads)
     k = spec.kernel(kind)
     if k.default is None:
         raise ValueError(f"{kind}: its spec names no default configs")
@@ -376,6 +400,7 @@ def for_batch(
     """(backend, config) that can launch ``batch`` sequences: the choice itself (config as given: JSON or object),
     unless it is a CuTe config of the grid order and the batch is over ``GRID_YZ_MAX``; then the Triton default
     of the same dims, its config as JSON (said once)."""
+    _check_sizes(dqk, dv, heads, heads_name="heads")
     if batch <= GRID_YZ_MAX or backend != "cute":
         return backend, config
     c = json.loads(config) if isinstance(config, str) else config.to_dict()
@@ -663,7 +688,10 @@ def select(
     ``mask``: the call's mask name (``mask_of``); entries are keyed by it and by ``num_heads``.
     ``fill``: the call's L / (B x max_seq_len) (``call_fill``, a float: never a tensor, whose value would be read
     on the host), used when ``distribution`` is None.
+    ``dqk``, ``dv`` and ``num_heads`` are ints >= 1, ``max_seq_len`` an int >= 0 (an empty batch's may be 0); any
+    other value is a ValueError naming it.
     """
+    _check_sizes(dqk, dv, num_heads, max_seq_len)  # before the lookup: True would hit the entry of 1
     fbin = fill_bin(fill) if distribution is None else None
     key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source, mask, fbin)
     hit = _CACHE.get(key)

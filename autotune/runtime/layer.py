@@ -11,10 +11,10 @@ Why one function instead of chaining autograd ops:
   du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward);
 - the residual's gradient is added inside the input LayerNorm's backward kernel (no separate add);
 - what the backward needs of the projection is explicit (``keep``): "pre+uvqk" keeps the
-  pre-activation and SiLU's output (forward: cuBLAS GEMM + one SiLU pass; backward: no
+  pre-activation and SiLU's output (forward: the GEMM + SiLU kernel stores both; backward: no
   recompute); "pre" keeps only the pre-activation and recomputes SiLU in the backward (one
-  elementwise pass, same memory as keeping uvqk); "uvqk" keeps SiLU's output of the fused
-  GEMM + SiLU kernel and recomputes the pre-activation with a GEMM in the backward.
+  elementwise pass, same memory as keeping uvqk); "uvqk" keeps only SiLU's output and recomputes the
+  pre-activation with a GEMM in the backward.
   ``recompute_ln`` keeps only x and the LN statistics and recomputes LN(x).
 
 Precision: activations and GEMMs run in the compute dtype (bf16 under autocast or a bf16 model),
@@ -120,8 +120,7 @@ def plan_layer(
         if source == "reference":
             raise ValueError("the fused layer has no 'reference' source; use the unfused layer")
         steps = []
-        # The fused GEMM + SiLU kernel runs only when the backward recomputes the pre-activation.
-        for kind in (k for k in LAYER_KERNELS if k != "gemm_silu" or keep == "uvqk"):
+        for kind in LAYER_KERNELS:
             c = dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
             steps.append(Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source))
         plan = LayerPlan(dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps))
@@ -170,12 +169,10 @@ class HSTULayerFunction(torch.autograd.Function):
         cfg = plan.step
         s = cfg("layer_norm_fwd")
         xn, mean1, rstd1 = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=dt)
-        if plan.keep == "uvqk":  # the fused GEMM + SiLU kernel; the backward recomputes pre by a GEMM
-            pre = None
-            uvqk = cfg("gemm_silu").launch(xn, w_uvqk_c, b_uvqk_c, config=cfg("gemm_silu").config)
-        else:  # cuBLAS GEMM (bias in its epilogue) and one SiLU pass: pre is kept for the backward
-            pre = torch.addmm(b_uvqk_c, xn, w_uvqk_c.t())
-            uvqk = torch.nn.functional.silu(pre)
+        s = cfg("gemm_silu")
+        # The pre-activation comes out of the same kernel unless the backward recomputes it by a GEMM.
+        pre = None if plan.keep == "uvqk" else xn.new_empty((xn.shape[0], w_uvqk_c.shape[0]))
+        uvqk = s.launch(xn, w_uvqk_c, b_uvqk_c, config=s.config, pre_out=pre)
         u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
         if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
             u, q, k, v = (t.contiguous() for t in (u, q, k, v))

@@ -13,7 +13,8 @@ command against the same storage. The engine is Optuna's, nothing home-made:
   retry callback enqueues a copy, which another worker claims (``AUTOTUNE_FARM_RETRIES`` times at most). A worker
   whose claim was failed while it still ran (a stalled heartbeat) notices right after its next ``ask``
   (handing that trial back), at its trial's end or before its final writes (``Reporter.check_claim``)
-  and drops the task instead of racing the new holder.
+  and drops the task instead of racing the new holder; its task-study writes are checked against its claim
+  under the farm's lock as they are made (``_ClaimedStorage``), so none lands after a takeover.
 - The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
   versions, template and search-space hashes); a worker with another key refuses to join.
 - Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
@@ -62,6 +63,7 @@ from autotune.tuning.artifact_io import (
 from autotune.tuning.farm_storage import (  # noqa: F401 - the farm's storage API, re-exported
     FarmError,
     FarmOptions,
+    _advisory_lock,
     _retry_callback,
     _safe,
     env_number,
@@ -132,27 +134,6 @@ def farm_name(tasks: list[Task], opts: TuneOptions) -> str:
     knobs = {k: getattr(opts, k, None) for k in FARM_KNOBS}
     blob = json.dumps({"tasks": sorted(t.study_name for t in tasks), "knobs": knobs}, sort_keys=True, default=str)
     return f"{FARM_PREFIX}{gpu_keys[0]}|{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
-
-
-@contextlib.contextmanager
-def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[None]:
-    """PostgreSQL's advisory lock around joining and re-queueing: each task is queued once however hosts
-    interleave."""
-    from sqlalchemy import text
-
-    lock_id = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-    # A loaded study's storage is Optuna's cache around the RDBStorage, which holds the engine.
-    engine = getattr(storage, "engine", None) or getattr(getattr(storage, "_backend", None), "engine", None)
-    if engine is None or engine.dialect.name != "postgresql":
-        yield
-        return
-    with engine.connect() as conn:
-        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_id})
-        try:
-            yield
-        finally:
-            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
-            conn.commit()
 
 
 def join_farm(storage: optuna.storages.RDBStorage, tasks: list[Task], opts: TuneOptions) -> str:
@@ -258,6 +239,53 @@ class _LeaseReporter(Reporter):
     def check_claim(self, task: Task) -> None:
         if self.storage.get_trial(self.trial_id).state != TrialState.RUNNING:
             raise LeaseLost(f"farm trial {self.trial_id} was failed as stale by another worker")
+
+
+class _ClaimedStorage:
+    """A holder's storage for its task study: every write that records an outcome (a study attribute such as
+    ``result`` or ``rejected``, a trial attribute, a trial state) is made under the farm's lock, and only while
+    this worker's farm claim is RUNNING; once it is not, ``LeaseLost``.
+
+    Optuna guards neither study attributes nor the gap between a trial's attribute writes and its ``tell``, and a
+    claim checked before a write can be failed before the write lands (the holder stalls in between). Every
+    takeover fails the claim under the same lock (``claim``, ``_release``) and the new holder exists only after
+    that, so each write a stale holder makes lands before the takeover, hence before any write of the new holder,
+    which it therefore never overwrites: neither the study's record, nor a config trial the new holder is failing
+    as interrupted (``_Study._interrupt``) just as the stale holder finishes it. Handing a trial back (the
+    "interrupted" mark, the FAIL state) needs no claim: it only fails a trial still RUNNING, as the new holder would.
+    """
+
+    _HAND_BACK = ("status", "interrupted")
+
+    def __init__(self, storage: Any, farm_name: str, trial_id: int) -> None:
+        self._storage, self._farm, self._tid = storage, farm_name, trial_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    @contextlib.contextmanager
+    def _claimed(self) -> Iterator[None]:
+        with _advisory_lock(self._storage, self._farm):
+            if self._storage.get_trial(self._tid).state != TrialState.RUNNING:
+                raise LeaseLost(f"farm trial {self._tid} was failed as stale by another worker")
+            yield
+
+    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+        with self._claimed():
+            self._storage.set_study_user_attr(study_id, key, value)
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        if (key, value) == self._HAND_BACK:
+            self._storage.set_trial_user_attr(trial_id, key, value)
+            return
+        with self._claimed():
+            self._storage.set_trial_user_attr(trial_id, key, value)
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
+        if state == TrialState.FAIL:
+            return self._storage.set_trial_state_values(trial_id, state, values)
+        with self._claimed():
+            return self._storage.set_trial_state_values(trial_id, state, values)
 
 
 def host_label() -> str:
@@ -379,7 +407,8 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             deadline = _task_deadline(farm, ctx["deadline"])
             warm = _warm_starts(farm, task, opts)
             try:
-                r = tune_task(task, opts, ctx["worker"], storage, deadline, warm, _LeaseReporter(storage, tid))
+                held = _ClaimedStorage(storage, farm.study_name, tid)
+                r = tune_task(task, opts, ctx["worker"], held, deadline, warm, _LeaseReporter(storage, tid))
             except InfraError as e:
                 r = TaskResult(task, error=f"infrastructure: {e}")
             except (RuntimeError, WorkerError) as e:

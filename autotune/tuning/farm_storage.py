@@ -1,5 +1,6 @@
 """Where a tuning farm keeps its state: the PostgreSQL (Optuna RDB) storage, opened with heartbeats, a
-retry callback, a connect timeout and a schema lock, and the farm's knobs from ``AUTOTUNE_FARM_*``.
+retry callback, a connect timeout and a schema lock; the farm's advisory lock; and its knobs from
+``AUTOTUNE_FARM_*``.
 
 Apart from ``farm.py`` (claims, workers, the host's run) so that readers of the storage (``autotune status``)
 and the farm share one way to open it, and one error for what cannot be opened.
@@ -8,6 +9,7 @@ and the farm share one way to open it, and one error for what cannot be opened.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import warnings
@@ -133,6 +135,27 @@ def _schema_lock(url: str) -> Iterator[None]:
 
 
 _SCHEMA_LOCK = 0x68737475  # 'hstu': the advisory lock id around Optuna's table creation
+
+
+@contextlib.contextmanager
+def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[None]:
+    """PostgreSQL's advisory lock ``name`` (a farm's: around joining, re-queueing, and a holder's writes to its
+    task study), so each task is queued once and a stale holder writes nothing after a takeover."""
+    from sqlalchemy import text
+
+    lock_id = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    # A loaded study's storage is Optuna's cache around the RDBStorage, which holds the engine.
+    engine = getattr(storage, "engine", None) or getattr(getattr(storage, "_backend", None), "engine", None)
+    if engine is None or engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_id})
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
+            conn.commit()
 
 
 def _safe(url: str) -> str:

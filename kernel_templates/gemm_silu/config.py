@@ -33,7 +33,8 @@ class GemmSiluConfig(JsonConfig):
     """CTA tile (tile_m x tile_n, k-step tile_k), TMA-multicast cluster, smem stages, raster order.
 
     ``tile_m`` rows are split over MMA warpgroups of 64 rows each; one extra producer warpgroup issues
-    the TMA loads. ``cluster_m`` CTAs along M share
+    the TMA loads. ``persistent``: one CTA per SM walks the tiles (clusters 1 x 1), so the next tile's
+    loads and this tile's output stores overlap the epilogue and the next main loop. ``cluster_m`` CTAs along M share
     (multicast) each W tile, ``cluster_n`` CTAs along N share each x tile. ``raster`` picks which
     tile index varies fastest across the launch: "n" keeps an x row-block hot in L2 while every N
     tile consumes it (good when W fits L2), "m" the converse.
@@ -47,6 +48,7 @@ class GemmSiluConfig(JsonConfig):
     cluster_n: int = 1
     num_stages: int = 4
     raster: str = "n"
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("tile_m", TILE_M), ("tile_n", TILE_N), ("tile_k", TILE_K)):
@@ -62,6 +64,8 @@ class GemmSiluConfig(JsonConfig):
             raise ValueError(f"GemmSiluConfig.num_stages must be an int in [2, 8], got {n!r}")
         if self.raster not in RASTERS:
             raise ValueError(f"GemmSiluConfig.raster must be one of {RASTERS}, got {self.raster!r}")
+        if not isinstance(self.persistent, bool):
+            raise ValueError(f"GemmSiluConfig.persistent must be a bool, got {self.persistent!r}")
 
     @property
     def mma_warpgroups(self) -> int:
@@ -101,6 +105,8 @@ def check_gemm_silu_config(
         raise ValueError(f"config {config.to_dict()} needs about {regs} registers per MMA thread, above {budget}")
     if config.cluster_size > 4:
         raise ValueError(f"config {config.to_dict()}: cluster of {config.cluster_size} CTAs, at most 4")
+    if config.persistent and config.cluster_size > 1:
+        raise ValueError(f"config {config.to_dict()}: a persistent kernel runs 1 x 1 clusters")
     if n is not None and (n <= 0 or n % 8):
         raise ValueError(f"N (out_features) must be a positive multiple of 8 for TMA (16-byte rows), got {n}")
     if k is not None and (k <= 0 or k % 8):
@@ -108,13 +114,14 @@ def check_gemm_silu_config(
 
 
 def default_gemm_silu_config(m: int, n: int, k: int) -> GemmSiluConfig:
-    """Heuristic before tuning: 128x256x64, 4 stages; smaller N tiles when few tiles would fill the GPU.
+    """Heuristic before tuning: 128x256x64, persistent with 3 stages (the H100's best with the pre-activation
+    stored too: its stores drain under the next tile); smaller N tiles when few tiles would fill the GPU.
 
     N-fastest raster keeps each x row-block in L2 while all N tiles use it (W is small: N x K).
     """
     tiles = -(-max(m, 1) // 128) * -(-n // 256)
     if tiles >= 132 and n % 256 == 0:
-        return GemmSiluConfig(128, 256, 64, 1, 1, 4, "n")
+        return GemmSiluConfig(128, 256, 64, 1, 1, 3, "n", True)
     if n % 128 == 0 or n > 128:
         return GemmSiluConfig(128, 128, 64, 1, 1, 5, "n")
     return GemmSiluConfig(128, 64, 64, 1, 1, 6, "n")

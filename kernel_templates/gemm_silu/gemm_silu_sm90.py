@@ -1,13 +1,18 @@
 """CuTe DSL template: ``y = silu(x @ W^T + b)`` for Hopper (sm90), TMA + wgmma, warp-specialised.
 
-One CTA per (tile_m x tile_n) output tile. Warpgroup 0 is the producer: one warp issues TMA loads
+One CTA per (tile_m x tile_n) output tile, or (``persistent``) one CTA per SM walking tiles with a
+stride of the grid: the producer then loads the next tile's first k-tiles while the consumers run the
+epilogue, and the epilogue's TMA stores drain to global memory under the next tile's main loop.
+Warpgroup 0 is the producer: one warp issues TMA loads
 (cp.async.bulk.tensor, multicast across the cluster when cluster_m/cluster_n > 1) of the x and W
 k-tiles into a ``num_stages`` shared-memory ring guarded by mbarriers. The other warpgroups are the
 consumers: they run wgmma on the ring into an fp32 accumulator (one wgmma group in flight, the
 previous stage released as soon as its group retires), then the epilogue adds the bias (staged once
 per tile in shared memory as fp32) and applies SiLU in fp32 on the accumulator fragment, converts to
 the input dtype, writes (tile_m x 32) sub-tiles to shared memory with stmatrix and drains them to
-global memory with TMA stores (double-buffered).
+global memory with TMA stores (double-buffered). With ``has_pre`` the epilogue also stores the
+pre-activation ``x @ W^T + b`` (a second output, so a training step keeps it for SiLU's backward without
+a separate SiLU pass over it).
 
 Ragged shapes: M (jagged token count) is dynamic and needs no tile multiple: TMA loads zero-fill rows
 past M and TMA stores clip them; the same holds for N and K tails (multiples of 8 for 16-byte rows).
@@ -36,10 +41,14 @@ EPI_BARRIER = 1  # named barrier id of the MMA warpgroups (0 is __syncthreads)
 class GemmSiluSm90:
     """Builds and launches the kernel for one (config, dtype, bias or not); N and K are static."""
 
-    def __init__(self, config: GemmSiluConfig, dtype: type[cutlass.Numeric], has_bias: bool) -> None:
+    def __init__(
+        self, config: GemmSiluConfig, dtype: type[cutlass.Numeric], has_bias: bool, has_pre: bool = False
+    ) -> None:
         self.cfg = config
         self.dtype = dtype
         self.has_bias = has_bias
+        self.has_pre = has_pre
+        self.persistent = config.persistent
         self.tile_m, self.tile_n, self.tile_k = config.tile_m, config.tile_n, config.tile_k
         self.cluster_mn = (config.cluster_m, config.cluster_n)
         self.num_stages = config.num_stages
@@ -52,7 +61,18 @@ class GemmSiluSm90:
 
     # ------------------------------------------------------------------ host side (tracing)
     @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mBias: cute.Tensor, mC: cute.Tensor, stream: cuda.CUstream):
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mBias: cute.Tensor,
+        mC: cute.Tensor,
+        mPre: cute.Tensor,
+        max_ctas: Int32,
+        stream: cuda.CUstream,
+    ):
+        """mPre: the pre-activation output (read only with ``has_pre``); max_ctas: the persistent grid
+        (the SM count), ignored otherwise."""
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype,
@@ -74,10 +94,11 @@ class GemmSiluSm90:
         sB_one = cute.slice_(sB_layout, (None, None, 0))
         tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(op_a, mA, sA_one, (self.tile_m, self.tile_k), num_multicast=cn)
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(op_b, mB, sB_one, (self.tile_n, self.tile_k), num_multicast=cm)
-        tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), self.epi_tile
-        )
+        sC_one = cute.slice_(sC_layout, (None, None, 0))
+        tma_atom_c, tma_c = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mC, sC_one, self.epi_tile)
+        tma_atom_p, tma_p = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mPre, sC_one, self.epi_tile)
         self.tx_bytes = cute.size_in_bytes(self.dtype, sA_one) + cute.size_in_bytes(self.dtype, sB_one)
+        self.k_tiles = (cute.size(mA, mode=[1]) + self.tile_k - 1) // self.tile_k  # K is static
 
         @cute.struct
         class SharedStorage:
@@ -95,6 +116,9 @@ class GemmSiluSm90:
         # Whole clusters: CTAs past M or N only load zeros (TMA fill) and store nothing (TMA clip).
         grid_m = (tiles_m + cm - 1) // cm * cm
         grid_n = (tiles_n + cn - 1) // cn * cn
+        if const_expr(self.persistent):  # clusters are 1 x 1 (check_gemm_silu_config)
+            grid_m = cutlass.min(max_ctas, tiles_m * tiles_n)
+            grid_n = 1
         self.kernel(
             tma_atom_a,
             tma_a,
@@ -102,6 +126,8 @@ class GemmSiluSm90:
             tma_b,
             tma_atom_c,
             tma_c,
+            tma_atom_p,
+            tma_p,
             mBias,
             tiled_mma,
             cute.make_layout((cm, cn, 1)),
@@ -126,6 +152,8 @@ class GemmSiluSm90:
         mB: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         mC: cute.Tensor,
+        tma_atom_p: cute.CopyAtom,
+        mP: cute.Tensor,
         mBias: cute.Tensor,
         tiled_mma: cute.TiledMma,
         cta_layout_mnk: cute.Layout,
@@ -139,7 +167,8 @@ class GemmSiluSm90:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_c)
-        pid_m, pid_n = self.tile_coords(cute.size(mA, mode=[0]), cute.size(mB, mode=[0]))
+            if const_expr(self.has_pre):
+                cpasync.prefetch_descriptor(tma_atom_p)
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
 
@@ -161,36 +190,67 @@ class GemmSiluSm90:
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         sBias = storage.sBias.get_tensor(cute.make_layout(self.tile_n))
-        gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (pid_m, None))
-        gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (pid_n, None))
-        gC = cute.local_tile(mC, (self.tile_m, self.tile_n), (pid_m, pid_n))
+        m, n = cute.size(mA, mode=[0]), cute.size(mB, mode=[0])
+        tiles_m = (m + self.tile_m - 1) // self.tile_m
+        tiles_n = (n + self.tile_n - 1) // self.tile_n
+        # The tiles this CTA runs: [first, end) with a stride of the grid when persistent, else its own.
+        first, end, step = Int32(0), Int32(1), Int32(1)
+        if const_expr(self.persistent):
+            bid_x, _, _ = cute.arch.block_idx()
+            grid_x, _, _ = cute.arch.grid_dim()
+            first, end, step = Int32(bid_x), tiles_m * tiles_n, Int32(grid_x)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(tma_atom_a, tma_atom_b, gA, gB, sA, sB, pipe, cta_layout_mnk, cluster_coord)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+                t = first
+                while t < end:
+                    pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t)
+                    gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (pid_m, None))
+                    gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (pid_n, None))
+                    state = self.load(
+                        tma_atom_a, tma_atom_b, gA, gB, sA, sB, pipe, state, cta_layout_mnk, cluster_coord
+                    )
+                    t += step
+                # Stay resident until every consumer (local and remote) released every stage.
+                pipe.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             mma_tidx = tidx - 128
-            self.stage_bias(mBias, sBias, pid_n, cute.size(mB, mode=[0]), mma_tidx)
-            acc = self.mainloop(tiled_mma, sA, sB, pipe, mma_tidx, cute.size(gA, mode=[2]))
-            self.epilogue(tiled_mma, acc, sBias, sC, gC, tma_atom_c, mma_tidx, warp_idx == 4)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            t = first
+            while t < end:
+                pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t)
+                gC = cute.local_tile(mC, (self.tile_m, self.tile_n), (pid_m, pid_n))
+                gP = cute.local_tile(mP, (self.tile_m, self.tile_n), (pid_m, pid_n))
+                self.stage_bias(mBias, sBias, pid_n, n, mma_tidx)
+                acc, read = self.mainloop(tiled_mma, sA, sB, pipe, read, mma_tidx)
+                self.epilogue(tiled_mma, acc, sBias, sC, gC, gP, tma_atom_c, tma_atom_p, mma_tidx, warp_idx == 4)
+                t += step
 
     @cute.jit
-    def tile_coords(self, m: Int32, n: Int32):
-        """(pid_m, pid_n) of this CTA; clusters are walked in the raster order ("n": N tiles fastest)."""
-        bidx, bidy, _ = cute.arch.block_idx()
+    def tile_coords(self, tiles_m: Int32, tiles_n: Int32, t: Int32):
+        """(pid_m, pid_n) of tile ``t`` (persistent) or of this CTA; the raster order ("n": N tiles
+        fastest) walks clusters on a grid and single tiles in the persistent order."""
         cm, cn = self.cluster_mn
-        pid_m = bidx
-        pid_n = bidy
-        if const_expr(self.raster_n):
-            clusters_m = ((m + self.tile_m - 1) // self.tile_m + cm - 1) // cm
-            clusters_n = ((n + self.tile_n - 1) // self.tile_n + cn - 1) // cn
-            linear = bidx // cm + clusters_m * (bidy // cn)
-            pid_m = (linear // clusters_n) * cm + bidx % cm
-            pid_n = (linear % clusters_n) * cn + bidy % cn
+        pid_m, pid_n = t, t
+        if const_expr(self.persistent):
+            if const_expr(self.raster_n):
+                pid_m, pid_n = t // tiles_n, t % tiles_n
+            else:
+                pid_m, pid_n = t % tiles_m, t // tiles_m
+        else:
+            bidx, bidy, _ = cute.arch.block_idx()
+            pid_m, pid_n = Int32(bidx), Int32(bidy)
+            if const_expr(self.raster_n):
+                clusters_m = (tiles_m + cm - 1) // cm
+                clusters_n = (tiles_n + cn - 1) // cn
+                linear = bidx // cm + clusters_m * (bidy // cn)
+                pid_m = (linear // clusters_n) * cm + bidx % cm
+                pid_n = (linear % clusters_n) * cn + bidy % cn
         return pid_m, pid_n
 
     @cute.jit
@@ -203,10 +263,12 @@ class GemmSiluSm90:
         sA: cute.Tensor,
         sB: cute.Tensor,
         pipe: pipeline.PipelineTmaAsync,
+        state: pipeline.PipelineState,
         cta_layout_mnk: cute.Layout,
         cluster_coord: tuple,
     ):
-        """Producer warp: TMA (multicast) loads of the x and W k-tiles into the stage ring."""
+        """Producer warp: TMA (multicast) loads of one tile's x and W k-tiles into the stage ring;
+        returns the advanced ring state."""
         cm, cn = self.cluster_mn
         a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
         b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
@@ -216,8 +278,7 @@ class GemmSiluSm90:
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b, cluster_coord[0], b_cta_layout, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
         )
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for kt in cutlass.range(cute.size(gA, mode=[2]), unroll=1):
+        for kt in cutlass.range(self.k_tiles, unroll=1):
             pipe.producer_acquire(state)
             bar = pipe.producer_get_barrier(state)
             if const_expr(cn > 1):
@@ -232,8 +293,7 @@ class GemmSiluSm90:
                 cute.copy(tma_atom_b, tBgB[None, kt], tBsB[None, state.index], tma_bar_ptr=bar)
             pipe.producer_commit(state)
             state.advance()
-        # Stay resident until every consumer (local and remote) released every stage.
-        pipe.producer_tail(state)
+        return state
 
     @cute.jit
     def stage_bias(self, mBias: cute.Tensor, sBias: cute.Tensor, pid_n: Int32, n: Int32, mma_tidx: Int32):
@@ -255,10 +315,11 @@ class GemmSiluSm90:
         sA: cute.Tensor,
         sB: cute.Tensor,
         pipe: pipeline.PipelineTmaAsync,
+        read: pipeline.PipelineState,
         mma_tidx: Int32,
-        k_tiles: cutlass.Constexpr,
-    ) -> cute.Tensor:
-        """acc = x_tile @ W_tile^T over all k-tiles; one wgmma group in flight, stages released in order."""
+    ):
+        """(acc, ring state): acc = x_tile @ W_tile^T over all k-tiles; one wgmma group in flight, each
+        stage released as soon as the group that read it retired."""
         wg_idx = cute.arch.make_warp_uniform(mma_tidx // 128)
         wg_mma = tiled_mma.get_slice(wg_idx * 128)
         tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
@@ -268,15 +329,14 @@ class GemmSiluSm90:
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         num_kb = cute.size(tCrA, mode=[2])
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        release = read.clone()
         pipe.consumer_wait(read)
         warpgroup.fence()
         for kb in cutlass.range_constexpr(num_kb):
             cute.gemm(tiled_mma, acc, tCrA[None, None, kb, read.index], tCrB[None, None, kb, read.index], acc)
         warpgroup.commit_group()
         read.advance()
-        for _kt in cutlass.range(1, k_tiles, unroll=1):
+        for _kt in cutlass.range(1, self.k_tiles, unroll=1):
             pipe.consumer_wait(read)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(num_kb):
@@ -289,7 +349,7 @@ class GemmSiluSm90:
             read.advance()
         warpgroup.wait_group(0)
         pipe.consumer_release(release)
-        return acc
+        return acc, read
 
     @cute.jit
     def epilogue(
@@ -299,18 +359,19 @@ class GemmSiluSm90:
         sBias: cute.Tensor,
         sC: cute.Tensor,
         gC: cute.Tensor,
+        gP: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
+        tma_atom_p: cute.CopyAtom,
         mma_tidx: Int32,
         is_store_warp: cutlass.Boolean,
     ):
-        """acc + bias, SiLU in fp32, convert, stmatrix to smem, TMA-store (tile_m x 32) sub-tiles."""
+        """acc + bias (stored as the pre-activation with ``has_pre``), SiLU in fp32, convert, stmatrix to
+        smem, TMA-store (tile_m x 32) sub-tiles through the double-buffered smem ring."""
         cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)  # sBias is staged
         thr_mma = tiled_mma.get_slice(mma_tidx)
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         for i in cutlass.range_constexpr(cute.size(acc)):
-            # silu(v) = v sigmoid(v) = h + h tanh(h), h = v / 2: one MUFU op (tanh.approx) per element.
-            h = (acc[i] + sBias[tCcC[i][1]]) * Float32(0.5)
-            acc[i] = h + h * cute.math.tanh(h, fastmath=True)
+            acc[i] = acc[i] + sBias[tCcC[i][1]]
 
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
             LayoutEnum.ROW_MAJOR, elem_ty_d=self.dtype, elem_ty_acc=Float32
@@ -325,27 +386,40 @@ class GemmSiluSm90:
         size_rD = cute.size(tRS_rD)
 
         gC_epi = cute.zipped_divide(gC, self.epi_tile)
+        gP_epi = cute.zipped_divide(gP, self.epi_tile)
         bSG_sD, bSG_gD = cpasync.tma_partition(tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi)
+        _, bSG_gP = cpasync.tma_partition(tma_atom_p, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gP_epi)
         epi_shape = gC_epi.shape[1]
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=EPI_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
         )
+        outputs = 2 if const_expr(self.has_pre) else 1
         for e in cutlass.range_constexpr(cute.size(gC_epi, mode=[1])):
             for v in cutlass.range_constexpr(size_rD):
                 tRS_rD[v] = tRS_rAcc[e * size_rD + v]
-            rOut = cute.make_rmem_tensor_like(rD_layout, self.dtype)
-            rOut.store(tRS_rD.load().to(self.dtype))
-            buf = e % EPI_STAGES
-            cute.copy(tiled_copy_r2s, rOut, tRS_sD[None, None, None, buf])
-            # Make the generic-proxy smem writes visible to the TMA (async proxy), then one warp stores.
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
-            if is_store_warp:
-                cute.copy(tma_atom_c, bSG_sD[None, buf], bSG_gD[None, epi_order.get_hier_coord(e)])
-                store_pipe.producer_commit()
-                store_pipe.producer_acquire()
-            cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+            for o in cutlass.range_constexpr(outputs):
+                if const_expr(o == outputs - 1):
+                    for v in cutlass.range_constexpr(size_rD):
+                        # silu(v) = v sigmoid(v) = h + h tanh(h), h = v / 2: one MUFU op (tanh.approx).
+                        h = tRS_rD[v] * Float32(0.5)
+                        tRS_rD[v] = h + h * cute.math.tanh(h, fastmath=True)
+                rOut = cute.make_rmem_tensor_like(rD_layout, self.dtype)
+                rOut.store(tRS_rD.load().to(self.dtype))
+                buf = (e * outputs + o) % EPI_STAGES
+                cute.copy(tiled_copy_r2s, rOut, tRS_sD[None, None, None, buf])
+                # Make the generic-proxy smem writes visible to the TMA (async proxy), then one warp stores.
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+                if is_store_warp:
+                    dst = bSG_gD if const_expr(o == outputs - 1) else bSG_gP
+                    atom = tma_atom_c if const_expr(o == outputs - 1) else tma_atom_p
+                    cute.copy(atom, bSG_sD[None, buf], dst[None, epi_order.get_hier_coord(e)])
+                    store_pipe.producer_commit()
+                    store_pipe.producer_acquire()
+                cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
         if is_store_warp:
+            # The smem ring is free for the next tile once the TMA has read it; the global writes drain
+            # on their own (under the next tile's main loop when persistent).
             store_pipe.producer_tail()

@@ -69,7 +69,8 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **kw: Any) -> torch.Tensor:
     """The torch forward (``torch_impl.gemm_silu_fwd_torch``: cuBLAS addmm, then SiLU) after the checks its
-    ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning)."""
+    ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning); with ``pre_out`` the
+    addmm writes the pre-activation there and SiLU reads it."""
     _gemm_operands(x, weight, bias=bias)
     if weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must be (N, K) with x's K = {x.shape[1]}, got {tuple(weight.shape)}")
@@ -78,11 +79,20 @@ def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     n = weight.shape[0]
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
-    out = kw.get("out")
-    if out is not None and (
-        not isinstance(out, torch.Tensor) or tuple(out.shape) != (x.shape[0], n) or out.dtype != x.dtype
-        or out.device != x.device
-    ):  # fmt: skip
-        got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else repr(out)
-        raise ValueError(f"out must be a {x.dtype} {(x.shape[0], n)} tensor on {x.device}, got {got}")
-    return _torch.gemm_silu_fwd_torch(x, weight, bias, **kw)
+    for name in ("out", "pre_out"):
+        t = kw.get(name)
+        if t is not None and (
+            not isinstance(t, torch.Tensor) or tuple(t.shape) != (x.shape[0], n) or t.dtype != x.dtype
+            or t.device != x.device
+        ):  # fmt: skip
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
+            raise ValueError(f"{name} must be a {x.dtype} {(x.shape[0], n)} tensor on {x.device}, got {got}")
+    out, pre_out = kw.get("out"), kw.pop("pre_out", None)
+    if pre_out is None:
+        return _torch.gemm_silu_fwd_torch(x, weight, bias, **kw)
+    if out is not None and out.data_ptr() == pre_out.data_ptr() and out.numel():
+        raise ValueError("out and pre_out must be different tensors")
+    # The pre-activation kept too (the HSTU layer's backward reads it): addmm into it, then SiLU from it.
+    torch.addmm(bias, x, weight.t(), out=pre_out) if bias is not None else torch.mm(x, weight.t(), out=pre_out)
+    y = torch.nn.functional.silu(pre_out)
+    return y if out is None else out.copy_(y)

@@ -5,14 +5,18 @@ M (the jagged token count changes every batch; N and K are the layer's fixed wid
 never touches a GPU (CUTE_DSL_ARCH=sm_90a on CPU-only machines). With ``tvm_ffi`` present the kernel
 takes torch tensors directly (low launch overhead, stream from torch's current stream).
 
-Backward: the pre-activation is *recomputed* with one torch addmm instead of being stored by the
-forward. x and W are saved anyway (dW and dx need them), so recomputing costs one GEMM in backward
+``pre_out`` makes the kernel also store the pre-activation (a second epilogue output): the HSTU layer
+keeps it for SiLU's backward, where a cuBLAS GEMM would need a separate SiLU pass over it.
+
+Backward of the autograd function: the pre-activation is *recomputed* with one torch addmm instead of
+being stored by the forward. x and W are saved anyway (dW and dx need them), so recomputing costs one GEMM in backward
 and no memory, while storing pre would add an M x N write to every forward (~1 GB at M=128K, N=4K in
 bf16, ~20 % of the fused kernel's time) and keep that tensor alive until backward, for inference too.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +43,7 @@ class GemmSiluKey:
     n: int
     k: int
     has_bias: bool
+    has_pre: bool = False
 
 
 _CACHE: KernelCache[GemmSiluKey] = KernelCache()
@@ -53,7 +58,8 @@ def compile_gemm_silu(key: GemmSiluKey, keep_ptx: bool = False) -> CompiledKerne
 
 
 def _compile_args(key: GemmSiluKey, tvm_ffi: bool) -> tuple:
-    """Arguments of ``cute.compile``: fake tensors with a dynamic M (and bias length)."""
+    """Arguments of ``cute.compile``: fake tensors with a dynamic M (and bias length), the grid bound."""
+    import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
@@ -65,12 +71,17 @@ def _compile_args(key: GemmSiluKey, tvm_ffi: bool) -> tuple:
     w = make_fake_tensor(dt, (key.n, key.k), stride=(key.k, 1), assumed_align=16)
     b = make_fake_tensor(dt, (bias_len,), stride=(1,), assumed_align=2)
     out = make_fake_tensor(dt, (rows, key.n), stride=(key.n, 1), assumed_align=16)
-    kernel = GemmSiluSm90(key.config, dt, key.has_bias)
-    return (kernel, x, w, b, out, make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
+    pre = make_fake_tensor(dt, (rows, key.n), stride=(key.n, 1), assumed_align=16)
+    kernel = GemmSiluSm90(key.config, dt, key.has_bias, key.has_pre)
+    return (kernel, x, w, b, out, pre, cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi))
 
 
 def validate_gemm_silu_inputs(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+    pre_out: torch.Tensor | None = None,
 ) -> None:
     """Raise ``ValueError`` naming the argument that the kernel cannot take."""
     for name, t in (("x", x), ("weight", weight)):
@@ -97,13 +108,22 @@ def validate_gemm_silu_inputs(
             raise ValueError(f"bias must be a 1-D tensor of length N={n}, got {getattr(bias, 'shape', bias)}")
         if bias.dtype != x.dtype or bias.device != x.device:
             raise ValueError(f"bias must be {x.dtype} on {x.device}, got {bias.dtype} on {bias.device}")
-    if out is not None:
-        if out.shape != (m, n) or out.dtype != x.dtype or out.device != x.device:
-            raise ValueError(
-                f"out must be a {x.dtype} ({m}, {n}) tensor on {x.device}, got {out.dtype} {tuple(out.shape)}"
-            )
-        if not out.is_contiguous() or out.data_ptr() % 16:
-            raise ValueError("out must be contiguous and 16-byte aligned (TMA store)")
+    for name, t in (("out", out), ("pre_out", pre_out)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.shape != (m, n) or t.dtype != x.dtype or t.device != x.device:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a {x.dtype} ({m}, {n}) tensor on {x.device}, got {got}")
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            raise ValueError(f"{name} must be contiguous and 16-byte aligned (TMA store)")
+    if out is not None and pre_out is not None and out.data_ptr() == pre_out.data_ptr() and m:
+        raise ValueError("out and pre_out must be different tensors")
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    """The persistent grid: one CTA per SM."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -121,15 +141,17 @@ def gemm_silu_fwd(
     bias: torch.Tensor | None,
     config: GemmSiluConfig | None = None,
     out: torch.Tensor | None = None,
+    pre_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch ``out = silu(x @ weight^T + bias)`` (no autograd); inputs are validated here."""
-    validate_gemm_silu_inputs(x, weight, bias, out)
+    """Launch ``out = silu(x @ weight^T + bias)`` (no autograd), and ``pre_out = x @ weight^T + bias`` when
+    given; inputs are validated here."""
+    validate_gemm_silu_inputs(x, weight, bias, out, pre_out)
     m, k = x.shape
     n = weight.shape[0]
     if x.device.type != "cuda":
         raise ValueError(f"x must be on a CUDA device for the CuTe kernel, got {x.device}")
     config = config or default_gemm_silu_config(m, n, k)
-    key = GemmSiluKey(config, TORCH_DTYPE_NAMES[x.dtype], n, k, bias is not None)
+    key = GemmSiluKey(config, TORCH_DTYPE_NAMES[x.dtype], n, k, bias is not None, pre_out is not None)
     check_gemm_silu_config(config, n, k)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -137,17 +159,22 @@ def gemm_silu_fwd(
         return out
     x, weight = _tma_ready(x), _tma_ready(weight)
     b = bias.contiguous() if bias is not None else weight[0]
+    pre = pre_out if pre_out is not None else out  # read by the kernel only with pre_out
+    ctas = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     compiled = compile_gemm_silu(key)
     if compiled.tvm_ffi:
-        compiled.fn(x, weight, b, out)
+        compiled.fn(x, weight, b, out, pre, ctas)
     else:
-        _launch_dlpack(compiled, x, weight, b, out)
+        _launch_dlpack(compiled, x, weight, b, out, pre, ctas)
     return out
 
 
-def _launch_dlpack(compiled: CompiledKernel[GemmSiluKey], x, weight, b, out) -> None:
+def _launch_dlpack(compiled: CompiledKernel[GemmSiluKey], x, weight, b, out, pre, ctas: int) -> None:
     """Fallback without TVM FFI: DLPack views with a dynamic M (and bias length), torch's current stream."""
-    compiled.fn(*dlpack_args([(x, 16), (weight, 16), (b, 2), (out, 16)]), current_stream())
+    import cutlass
+
+    tensors = dlpack_args([(x, 16), (weight, 16), (b, 2), (out, 16), (pre, 16)])
+    compiled.fn(*tensors, cutlass.Int32(ctas), current_stream())
 
 
 class GemmSiluFunction(torch.autograd.Function):

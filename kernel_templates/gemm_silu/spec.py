@@ -16,6 +16,7 @@ FWD = KernelSpec(
     reference=f"{_P}.tuning:reference",
     flops=f"{_P}.tuning:flops",
     alloc_out=f"{_P}.tuning:alloc_out",
+    output_names=("y", "pre"),
     backends=(
         BackendSpec(
             name="cute",

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .reference import gemm_silu_flops, gemm_silu_reference
-from .torch_impl import gemm_silu_bwd_reference, gemm_silu_bwd_torch, gemm_silu_fwd_torch
+from .torch_impl import gemm_silu_bwd_reference, gemm_silu_bwd_torch
 from .triton_bwd import gemm_silu_bwd
 
 
@@ -46,9 +46,14 @@ def make_inputs_bwd(task: Any, lengths: list[int], seed: int, device: str, dtype
 
 
 def reference(inputs: dict, compute_dtype: torch.dtype) -> tuple:
-    """fp32 oracle (compute_dtype=float32) or PyTorch in the kernel's dtype."""
+    """(y, pre): fp32 oracle (compute_dtype=float32) or PyTorch in the kernel's dtype."""
+    i = inputs
     with torch.no_grad():
-        return (gemm_silu_reference(inputs["x"], inputs["weight"], inputs["bias"], compute_dtype),)
+        y = gemm_silu_reference(i["x"], i["weight"], i["bias"], compute_dtype)
+        # The pre-activation as the reference computes it: inputs cast to compute_dtype, one linear.
+        bias = None if i["bias"] is None else i["bias"].to(compute_dtype)
+        pre = torch.nn.functional.linear(i["x"].to(compute_dtype), i["weight"].to(compute_dtype), bias)
+    return y, pre
 
 
 def reference_bwd(inputs: dict, compute_dtype: torch.dtype) -> tuple:
@@ -67,9 +72,18 @@ def flops_bwd(inputs: dict) -> float:
 
 
 def alloc_out(inputs: dict) -> tuple:
-    """NaN-filled output: the correctness check then proves every element (M tail included) was written."""
+    """NaN-filled (y, pre): the correctness check then proves every element (M tail included) was written.
+    Tasks time the projection as the HSTU layer runs it, with the pre-activation stored for the backward."""
     x, w = inputs["x"], inputs["weight"]
-    return (torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device),)
+    return tuple(torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype, device=x.device) for _ in "yp")
+
+
+def _outs(inputs: dict, out: tuple | None) -> tuple:
+    """The caller's (y, pre), else fresh uninitialised ones (no fill pass inside a timed call)."""
+    if out:
+        return tuple(out)
+    x, w = inputs["x"], inputs["weight"]
+    return tuple(x.new_empty((x.shape[0], w.shape[0])) for _ in "yp")
 
 
 def alloc_out_bwd(inputs: dict) -> tuple:
@@ -79,13 +93,15 @@ def alloc_out_bwd(inputs: dict) -> tuple:
 def launch_cute(inputs: dict, config: Any, out: tuple | None) -> tuple:
     from .op import gemm_silu_fwd
 
-    i = inputs
-    return (gemm_silu_fwd(i["x"], i["weight"], i["bias"], config, out=out[0] if out else None),)
+    i, (y, pre) = inputs, _outs(inputs, out)
+    return (gemm_silu_fwd(i["x"], i["weight"], i["bias"], config, out=y, pre_out=pre), pre)
 
 
 def launch_torch(inputs: dict, config: Any, out: tuple | None) -> tuple:
-    i = inputs
-    return (gemm_silu_fwd_torch(i["x"], i["weight"], i["bias"], out=out[0] if out else None),)
+    from .launch import gemm_silu_fwd_torch
+
+    i, (y, pre) = inputs, _outs(inputs, out)
+    return (gemm_silu_fwd_torch(i["x"], i["weight"], i["bias"], out=y, pre_out=pre), pre)
 
 
 def launch_triton_bwd(inputs: dict, config: Any, out: tuple | None) -> tuple:

@@ -75,7 +75,7 @@ class ModelConfig:
     precision: str = "autocast"
     # Fused layer only, what the backward recomputes instead of keeping: "uvqk" = SiLU(LN(x) W + b)
     # from the kept pre-activation (an elementwise pass); "pre" = the pre-activation, by a GEMM (the
-    # forward then runs the fused GEMM + SiLU kernel); "ln" = LN(x). "none" keeps all (most memory).
+    # forward's GEMM + SiLU kernel then stores SiLU's output only); "ln" = LN(x). "none" keeps all (most memory).
     recompute: str = "none"
     zero_copy: bool = True  # fused layer only; False copies q/k/v/u and concatenates their gradients
     # Replay the whole training step (forward, backward, Adam) from CUDA graphs (models.graphs): batches

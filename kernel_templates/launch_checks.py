@@ -131,3 +131,52 @@ def fill_outs(out: tuple | None, res: tuple) -> tuple:
             dst.copy_(src)
             done.append(dst)
     return tuple(done)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, end) byte addresses of the elements ``t`` addresses (its strided footprint; strides are >= 0)."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share a byte: exact (interleaved column blocks of one buffer do not overlap). Only
+    tensors of one storage whose footprints meet, and are not both contiguous, are compared element by element
+    (a rare case: a byte map of the shared span on their device)."""
+    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    if a.is_contiguous() and b.is_contiguous():  # each fills its footprint
+        return True
+    lo = min(a0, b0)
+    mark = torch.zeros(max(a1, b1) - lo, dtype=torch.bool, device=a.device)
+
+    def bytes_of(t: torch.Tensor) -> torch.Tensor:
+        e = t.element_size()
+        return mark.as_strided((*t.shape, e), (*(st * e for st in t.stride()), 1), t.data_ptr() - lo)
+
+    bytes_of(a).fill_(True)
+    return bool(bytes_of(b).any())
+
+
+def outputs_apart(inputs: dict[str, torch.Tensor | None], outputs: dict[str, torch.Tensor | None]) -> None:
+    """``ValueError`` naming the output unless each given output has its own memory: no element written twice
+    (a stride-0 or self-overlapping view), none shared with another output or with an input (a kernel or
+    ``addmm(out=)`` reads inputs while it writes: silently wrong results, not errors). Skipped while
+    torch.compile traces (fake tensors have no memory)."""
+    if torch.compiler.is_compiling():
+        return
+    given = [(n, t) for n, t in outputs.items() if isinstance(t, torch.Tensor) and t.numel()]
+    for i, (name, t) in enumerate(given):
+        first, end = _span(t)
+        repeats = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True))
+        if repeats or end - first < t.numel() * t.element_size():
+            raise ValueError(f"{name} has elements that share memory (strides {t.stride()}): each needs its own")
+        for iname, inp in inputs.items():
+            if isinstance(inp, torch.Tensor) and _overlap(t, inp):
+                raise ValueError(f"{name} shares memory with the input {iname}: the kernel would read what it wrote")
+        for other, u in given[:i]:
+            if _overlap(t, u):
+                raise ValueError(f"{other} and {name} must be different tensors: they share memory")

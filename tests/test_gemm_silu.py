@@ -182,6 +182,27 @@ def test_bad_out_and_config_raise():
         gemm_silu(x, w, None, config={"tile_m": 128})
 
 
+def test_cute_launcher_refuses_outputs_that_share_memory():
+    """The CuTe launcher's check (before any compile or launch): outputs of one buffer at different offsets, an
+    output over an input, an output whose rows repeat. Column blocks of one buffer are separate outputs."""
+    m, n, k = 6, 64, 32
+    x, w, b = torch.zeros(m, k, dtype=BF16), torch.zeros(n, k, dtype=BF16), torch.zeros(n, dtype=BF16)
+    flat = torch.empty(m * n + n, dtype=BF16)
+    over_x = torch.empty(m * n, dtype=BF16)
+    cases = [
+        (flat[: m * n].view(m, n), flat[n:].view(m, n), x, "different"),
+        (torch.empty(m, n, dtype=BF16), torch.empty(1, n, dtype=BF16).expand(m, n), x, "pre_out"),
+        (over_x.view(m, n), None, over_x[: m * k].view(m, k), "out shares memory with the input x"),
+    ]
+    for out, pre, xx, match in cases:
+        with pytest.raises(ValueError, match=match):
+            validate_gemm_silu_inputs(xx, w, b, out, pre)
+    both = torch.empty(m, 2 * n, dtype=BF16)
+    with pytest.raises(ValueError, match="contiguous"):  # column blocks are apart, but TMA wants dense rows
+        validate_gemm_silu_inputs(x, w, b, both[:, :n], both[:, n:])
+    validate_gemm_silu_inputs(x, w, b, torch.empty(m, n, dtype=BF16), torch.empty(m, n, dtype=BF16))
+
+
 def test_reference_matches_definition_and_grad():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(33, 64, generator=g, dtype=torch.float64)
@@ -251,6 +272,57 @@ def test_torch_backend_stores_the_pre_activation_and_refuses_bad_buffers():
             gemm_silu_fwd_torch(x, w, b, pre_out=bad)
     with pytest.raises(ValueError, match="different"):
         gemm_silu_fwd_torch(x, w, b, out=pre, pre_out=pre)
+
+
+def test_torch_backend_refuses_outputs_that_share_memory():
+    """out and pre_out of one buffer at different offsets, an output over x or W: each left a silently wrong
+    result (the addmm reads an operand it overwrote, or SiLU's store clobbers the pre-activation); an output whose
+    rows share memory failed inside torch. Column blocks of one buffer do not overlap: taken, and right."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_fwd_torch
+
+    g = torch.Generator().manual_seed(2)
+    m, n = 5, 8
+    x, w, b = torch.randn(m, n, generator=g), torch.randn(n, n, generator=g), torch.randn(n, generator=g)
+    ref_pre = torch.addmm(b, x, w.t())
+    flat = torch.empty(m * n + n)
+    cases = [
+        ({"out": flat[: m * n].view(m, n), "pre_out": flat[n:].view(m, n)}, "different"),
+        ({"out": flat[n:].view(m, n), "pre_out": flat[: m * n].view(m, n)}, "different"),
+        ({"out": torch.empty(m, n), "pre_out": "x"}, "pre_out shares memory with the input x"),
+        ({"pre_out": "w"}, "pre_out shares memory with the input weight"),
+        ({"out": "x"}, "out shares memory with the input x"),
+        ({"pre_out": torch.empty(1, n).expand(m, n)}, "pre_out has elements that share memory"),
+    ]
+    for kw, match in cases:
+        xc, wc = x.clone(), w.clone()
+        kw = {k: xc if v == "x" else wc[:m] if v == "w" else v for k, v in kw.items()}
+        with pytest.raises(ValueError, match=match):
+            gemm_silu_fwd_torch(xc, wc, b, **kw)
+    both = torch.full((m, 2 * n), float("nan"))
+    y = gemm_silu_fwd_torch(x, w, b, out=both[:, :n], pre_out=both[:, n:])
+    assert y.data_ptr() == both.data_ptr()
+    torch.testing.assert_close(both[:, n:], ref_pre)
+    torch.testing.assert_close(both[:, :n], torch.nn.functional.silu(ref_pre))
+    # Zero rows: empty buffers share nothing, even one tensor given for both.
+    empty = torch.empty(0, n)
+    assert gemm_silu_fwd_torch(x[:0], w, b, out=empty, pre_out=empty).shape == (0, n)
+
+
+def test_torch_backend_writes_silu_into_out_without_a_temporary():
+    """With out and pre_out, SiLU writes out itself: the tuner timed the torch backend with an extra (M, N)
+    temporary and copy, a cost the fused layer (out=None) never pays."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_fwd_torch
+
+    x, w, b = torch.randn(7, 16), torch.randn(24, 16), torch.randn(24)
+
+    def copies(**kw) -> int:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            gemm_silu_fwd_torch(x, w, b, **kw)
+        return sum(e.name == "aten::copy_" for e in prof.events())
+
+    y, pre = torch.empty(7, 24), torch.empty(7, 24)
+    assert copies(out=y, pre_out=pre) == copies(pre_out=torch.empty(7, 24))
+    torch.testing.assert_close(y, torch.nn.functional.silu(pre), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -105,3 +105,34 @@ def test_layer_plan_and_params_are_checked_before_any_kernel():
     x, off = torch.randn(10, hidden), torch.tensor([0, 4, 10])
     with pytest.raises(ValueError, match=r"params\['w_uvqk'\] must be a floating-point tensor"):
         hstu_layer(x, {**params, "w_uvqk": params["w_uvqk"].long()}, off, plan, torch.zeros(1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("keep", ["pre+uvqk", "pre", "uvqk"])
+def test_layer_runs_the_torch_projection_where_the_cute_kernel_cannot_take_the_width(keep):
+    """The plan is chosen per heads x head_dim, not per hidden width; the CuTe GEMM + SiLU needs a width of a
+    multiple of 8 (TMA rows), which the layer's other kernels do not. Since the layer runs that kernel in every
+    keep mode (not only "uvqk"), a width of 100 failed on a GPU in the default mode: the torch composition runs
+    it instead, with the same output and gradients."""
+    import dataclasses
+
+    from autotune.runtime.layer import Step
+    from kernel_templates.gemm_silu.config import GemmSiluConfig
+
+    plan = plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "default", keep=keep)
+    cute = Step("gemm_silu", "cute", GemmSiluConfig(), "tuned")
+    cute_plan = dataclasses.replace(plan, steps=tuple(cute if s.kind == "gemm_silu" else s for s in plan.steps))
+    hidden, hd = 100, 64
+    g = torch.Generator().manual_seed(3)
+    shapes = {"ln1_w": (hidden,), "ln1_b": (hidden,), "w_uvqk": (4 * hd, hidden), "b_uvqk": (4 * hd,),
+              "ln2_w": (hd,), "ln2_b": (hd,), "w_o": (hidden, hd), "b_o": (hidden,)}  # fmt: skip
+    params = {k: (torch.randn(s, generator=g) * 0.1).requires_grad_(True) for k, s in shapes.items()}
+    x, off = torch.randn(10, hidden, generator=g), torch.tensor([0, 4, 10], dtype=torch.int32)
+    dout, seed = torch.randn(10, hidden, generator=g), torch.zeros(1, dtype=torch.int64)
+    results = []
+    for p in (plan, cute_plan):
+        out = hstu_layer(x, params, off, p, seed)
+        results.append((out.detach(), torch.autograd.grad(out, list(params.values()), dout)))
+    (want, want_grads), (got, got_grads) = results
+    assert torch.equal(got, want)
+    for name, a, b in zip(params, got_grads, want_grads, strict=True):
+        assert torch.equal(a, b), name

@@ -152,6 +152,16 @@ def _attention_call(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows:
     return steps[kind], (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
 
 
+def _gemm_silu_step(plan: LayerPlan, hidden: int) -> Step:
+    """The plan's GEMM + SiLU step, or the torch composition where the CuTe kernel cannot take the input width
+    (TMA reads rows of a multiple of 8 elements; the plan is chosen per heads x head_dim, not per hidden width),
+    as the layer's other kernels take any width."""
+    s = plan.step("gemm_silu")
+    if s.backend != "cute" or hidden % 8 == 0:
+        return s
+    return Step("gemm_silu", "torch", dispatch.decode_config("torch", "gemm_silu", "{}"), "default")
+
+
 def _views(uvqk: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, ...]:
     """u (L, H*d) and q, k, v (L, H, d): column views of uvqk, no copies."""
     L, hd = uvqk.shape[0], heads * d
@@ -169,7 +179,7 @@ class HSTULayerFunction(torch.autograd.Function):
         cfg = plan.step
         s = cfg("layer_norm_fwd")
         xn, mean1, rstd1 = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=dt)
-        s = cfg("gemm_silu")
+        s = _gemm_silu_step(plan, xn.shape[1])
         # The pre-activation comes out of the same kernel unless the backward recomputes it by a GEMM.
         pre = None if plan.keep == "uvqk" else xn.new_empty((xn.shape[0], w_uvqk_c.shape[0]))
         uvqk = s.launch(xn, w_uvqk_c, b_uvqk_c, config=s.config, pre_out=pre)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating
+from kernel_templates.launch_checks import floating, outputs_apart
 
 from . import torch_impl as _torch
 from . import triton_bwd as _triton
@@ -69,8 +69,9 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **kw: Any) -> torch.Tensor:
     """The torch forward (``torch_impl.gemm_silu_fwd_torch``: cuBLAS addmm, then SiLU) after the checks its
-    ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning); with ``pre_out`` the
-    addmm writes the pre-activation there and SiLU reads it."""
+    ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning, and reads an operand that
+    an output overlaps after writing it); with ``pre_out`` the addmm writes the pre-activation there and SiLU
+    reads it, writing ``out`` directly when given (no temporary and copy)."""
     _gemm_operands(x, weight, bias=bias)
     if weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must be (N, K) with x's K = {x.shape[1]}, got {tuple(weight.shape)}")
@@ -88,11 +89,9 @@ def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"{name} must be a {x.dtype} {(x.shape[0], n)} tensor on {x.device}, got {got}")
     out, pre_out = kw.get("out"), kw.pop("pre_out", None)
+    outputs_apart({"x": x, "weight": weight, "bias": bias}, {"out": out, "pre_out": pre_out})
     if pre_out is None:
         return _torch.gemm_silu_fwd_torch(x, weight, bias, **kw)
-    if out is not None and out.data_ptr() == pre_out.data_ptr() and out.numel():
-        raise ValueError("out and pre_out must be different tensors")
     # The pre-activation kept too (the HSTU layer's backward reads it): addmm into it, then SiLU from it.
     torch.addmm(bias, x, weight.t(), out=pre_out) if bias is not None else torch.mm(x, weight.t(), out=pre_out)
-    y = torch.nn.functional.silu(pre_out)
-    return y if out is None else out.copy_(y)
+    return torch.nn.functional.silu(pre_out) if out is None else torch.ops.aten.silu.out(pre_out, out=out)

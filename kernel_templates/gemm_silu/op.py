@@ -29,6 +29,7 @@ from kernel_templates.cute_runtime import (
     cutlass_dtype,
     dlpack_args,
 )
+from kernel_templates.launch_checks import outputs_apart
 
 from .config import GemmSiluConfig, check_gemm_silu_config, default_gemm_silu_config
 from .reference import silu_grad
@@ -116,8 +117,8 @@ def validate_gemm_silu_inputs(
             raise ValueError(f"{name} must be a {x.dtype} ({m}, {n}) tensor on {x.device}, got {got}")
         if not t.is_contiguous() or t.data_ptr() % 16:
             raise ValueError(f"{name} must be contiguous and 16-byte aligned (TMA store)")
-    if out is not None and pre_out is not None and out.data_ptr() == pre_out.data_ptr() and m:
-        raise ValueError("out and pre_out must be different tensors")
+    # The TMA stores would race the loads of an input they overlap, or each other.
+    outputs_apart({"x": x, "weight": weight, "bias": bias}, {"out": out, "pre_out": pre_out})
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from farm_fixture import one_task_farm, rdb_storage
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 from proc_env import REPO, child_env
@@ -85,13 +86,9 @@ def _wait(proc: subprocess.Popen, root: Path, host: str, timeout: float = 150) -
     assert rc == 0, out[-3000:]
 
 
-def _storage(url: str) -> optuna.storages.RDBStorage:
-    return optuna.storages.RDBStorage(rdb_url(url))
-
-
 def _check_farm(url: str, roots: list[Path], n_tasks: int = N_TASKS) -> dict:
     """Every task finished once, no config measured twice in any task study, every entry in each artifact."""
-    storage = _storage(url)
+    storage = rdb_storage(url)
     (name,) = farm_names(storage)
     farm = optuna.load_study(study_name=name, storage=storage)
     trials = [t for t in farm.get_trials(deepcopy=False) if "task_key" in t.user_attrs]
@@ -161,7 +158,7 @@ def _caught_inside_a_trial(proc: subprocess.Popen, url: str, timeout_s: float = 
 
 def _running_task(url: str) -> tuple[optuna.trial.FrozenTrial, str] | None:
     """A farm trial whose worker is inside a config trial right now (the default, slowed down)."""
-    storage = _storage(url)
+    storage = rdb_storage(url)
     names = farm_names(storage)
     if not names:
         return None
@@ -196,7 +193,7 @@ def test_killed_worker_task_is_requeued_and_finished_by_another(pg_url, tmp_path
     retries = [t for t in got["done"] if t.system_attrs.get("failed_trial") == victim.number]
     assert len(retries) == 1 and retries[0].user_attrs["worker"] != victim.user_attrs["worker"]
     assert retries[0].user_attrs["task_key"] == victim.user_attrs["task_key"] and retries[0].user_attrs["attempt"] == 2
-    trials = optuna.load_study(study_name=study, storage=_storage(pg_url)).get_trials(deepcopy=False)
+    trials = optuna.load_study(study_name=study, storage=rdb_storage(pg_url)).get_trials(deepcopy=False)
     interrupted = [t for t in trials if t.user_attrs.get("status") == "interrupted"]
     assert [t.user_attrs.get("config_key") for t in interrupted] == ["fake:mode=slow"], [
         (t.number, t.state, t.params, t.user_attrs, t.system_attrs) for t in trials
@@ -227,7 +224,7 @@ def test_worker_with_another_gpu_key_refuses_to_join(pg_url, tmp_path, monkeypat
     task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
     # The knobs of the command below (same tasks and knobs: the same farm).
     opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"])
-    storage = farm.farm_storage(pg_url)
+    storage = farm.farmrdb_storage(pg_url)
     name = farm.join_farm(storage, [task], opts)
     real = gpus.environment()
     monkeypatch.setattr(gpus, "environment", lambda: {**real, "sm_count": 114, "driver": "999.1"})
@@ -273,7 +270,7 @@ def test_orphan_of_a_host_in_another_time_zone_is_requeued(pg_url, tmp_path):
 
     from autotune.tuning import farm
     from autotune.tuning.tasks import Task
-    from autotune.tuning.tuner import TuneOptions, rdb_url
+    from autotune.tuning.tuner import TuneOptions
 
     fopts = farm.FarmOptions(heartbeat_s=1, grace_s=1, retries=3, poll_s=0.2)
     task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
@@ -411,7 +408,7 @@ def test_sigterm_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
             proc.kill()
     assert rc == 130, (root.parent / "hostT.out").read_text()[-3000:]
     assert all(_gone(pid, 15) for pid in workers), workers
-    storage = _storage(pg_url)
+    storage = rdb_storage(pg_url)
     (name,) = farm_names(storage)
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
     trials = [t for t in trials if "task_key" in t.user_attrs]  # not the other worker's empty ask, if it raced
@@ -433,7 +430,7 @@ def test_sigkill_of_the_run_stops_its_workers_and_hands_the_task_back(pg_url, tm
         proc.kill()
         proc.wait(60)
     assert all(_gone(pid, 30) for pid in workers), workers
-    storage = _storage(pg_url)
+    storage = rdb_storage(pg_url)
     (name,) = farm_names(storage)
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
     logs = "".join(p.read_text() for p in root.glob("h100/studies/farm-logs/*.log"))
@@ -485,234 +482,6 @@ def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsy
     assert "1 lost" in status and "stopped heartbeating" in status, status
 
 
-def _one_task_farm(pg_url: str, tmp_path: Path, grace_s: float = 1, **opts_kw):
-    """(farm options, the one fake task, tuning options, storage) of an in-process farm on one small task."""
-    from autotune.tuning import farm, tuner
-    from autotune.tuning.tasks import Task
-
-    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=grace_s, retries=3, poll_s=0.2)
-    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
-    opts = tuner.TuneOptions(n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"],
-                             artifacts_root=tmp_path, **opts_kw)  # fmt: skip
-    return fopts, task, opts, farm.farm_storage(pg_url, fopts)
-
-
-def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tmp_path, monkeypatch):
-    """A holder whose heartbeat stalled while it re-checked its winner: meanwhile another worker failed its
-    claim, re-claimed the task and recorded its own result. The stalled one then drops the task: it does
-    not overwrite the task study's result, writes no artifact entry and completes no farm trial."""
-    import copy
-
-    from autotune.runtime import gpus
-    from autotune.tuning import farm, tuner
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
-
-    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
-    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
-    trial = farm.claim(study, fopts)
-    real_decide = tuner._decide
-
-    def decide_after_takeover(s, result):
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
-        farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(trial._trial_id)))
-        new_holder = optuna.load_study(study_name=s.study.study_name, storage=_storage(pg_url))
-        new_holder.set_user_attr("result", {"by": "the new holder"})
-        return real_decide(s, result)
-
-    monkeypatch.setattr(tuner, "_decide", decide_after_takeover)
-    worker = Worker(plugin_modules(opts.plugins))
-    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
-    try:
-        assert farm._run_one(study, trial, ctx) is False
-    finally:
-        worker.close()
-    (name,) = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
-    assert optuna.load_study(study_name=name, storage=storage).user_attrs["result"] == {"by": "the new holder"}
-    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
-    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.FAIL, TrialState.WAITING]
-
-
-@pytest.mark.parametrize(("key", "modes"), [("result", "ok,ok2"), ("rejected", "narrow")])
-def test_holder_stalled_between_claim_check_and_study_write_keeps_the_new_holders_value(
-    pg_url, tmp_path, monkeypatch, key, modes
-):
-    """The task study's ``result`` and ``rejected`` are study attributes, which Optuna does not guard. A holder
-    passes its claim check, then stalls right before writing one; meanwhile another worker fails its claim, takes
-    the task over and writes its own value. The stalled one wakes and drops the task instead of overwriting it."""
-    import copy
-
-    from autotune.runtime import gpus
-    from autotune.tuning import farm
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
-
-    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", modes)  # 'narrow': fastest, and rejected by the final re-check
-    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
-    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
-    trial = farm.claim(study, fopts)
-    theirs = {"by": "the new holder"} if key == "result" else {"fake:mode=ok": "the new holder's"}
-    real_set, taken = optuna.Study.set_user_attr, []
-
-    def set_user_attr(self: optuna.Study, k: str, value: object) -> None:
-        if k == key and not self.study_name.startswith("farm|") and not taken:
-            taken.append(self.study_name)  # the holder stalls here, after its last claim check
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
-            farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(trial._trial_id)))
-            real_set(optuna.load_study(study_name=self.study_name, storage=_storage(pg_url)), k, theirs)
-        real_set(self, k, value)
-
-    monkeypatch.setattr(optuna.Study, "set_user_attr", set_user_attr)
-    worker = Worker(plugin_modules(opts.plugins))
-    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
-    try:
-        assert farm._run_one(study, trial, ctx) is False
-    finally:
-        worker.close()
-    assert taken, f"the holder never wrote {key!r}"
-    assert optuna.load_study(study_name=taken[0], storage=_storage(pg_url)).user_attrs[key] == theirs
-    assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
-
-
-def test_trial_finished_while_the_new_holder_interrupts_it_is_not_marked_interrupted(pg_url, tmp_path, monkeypatch):
-    """A stalled holder wakes inside a config trial and ``tell``s it between the two writes of the new holder's
-    ``_interrupt`` (the "interrupted" mark, then the FAIL). The trial used to end COMPLETE yet marked
-    "interrupted" (its config neither counted nor queued again). Now the stalled holder's ``tell`` is refused:
-    the trial ends failed, marked "interrupted", and its config is queued again once."""
-    import copy
-    import dataclasses
-    import threading
-
-    from autotune.runtime import gpus
-    from autotune.tuning import farm, tuner
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
-
-    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
-    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
-    held = farm.claim(study, fopts)
-    stalled, marked, told, out = threading.current_thread(), threading.Event(), threading.Event(), {}
-    real_tell, real_state = optuna.Study.tell, optuna.storages.RDBStorage.set_trial_state_values
-
-    def new_holder(name: str) -> None:  # opens the task study: fails and re-queues the trial still RUNNING
-        ns = dataclasses.replace(opts, study_namespace=study.study_name)
-        out["new"] = tuner._Study(task, ns, None, farm.farm_storage(pg_url, fopts), tuner.Reporter())
-
-    def tell(self: optuna.Study, trial, *args, **kwargs):
-        if threading.current_thread() is stalled and not self.study_name.startswith("farm|") and not out:
-            out["trial"] = trial._trial_id
-            storage.set_trial_state_values(held._trial_id, TrialState.FAIL)  # another worker's fail_stale_trials
-            farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(held._trial_id)))
-            out["thread"] = threading.Thread(target=new_holder, args=(self.study_name,))
-            out["thread"].start()
-            assert marked.wait(120), "the new holder did not interrupt the trial"
-            try:
-                return real_tell(self, trial, *args, **kwargs)
-            finally:
-                told.set()
-        return real_tell(self, trial, *args, **kwargs)
-
-    def set_state(self, trial_id: int, state: TrialState, values=None) -> bool:
-        if threading.current_thread() is not stalled and trial_id == out.get("trial") and state == TrialState.FAIL:
-            marked.set()  # the "interrupted" mark is written; the FAIL waits for the holder's tell
-            assert told.wait(120)
-        return real_state(self, trial_id, state, values)
-
-    monkeypatch.setattr(optuna.Study, "tell", tell)
-    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", set_state)
-    worker = Worker(plugin_modules(opts.plugins))
-    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
-    try:
-        assert farm._run_one(study, held, ctx) is False
-    finally:
-        marked.set()
-        told.set()
-        worker.close()
-        if "thread" in out:
-            out["thread"].join(120)
-    t = storage.get_trial(out["trial"])
-    assert (t.state, t.user_attrs["status"]) == (TrialState.FAIL, "interrupted"), (t.state, t.user_attrs["status"])
-    waiting = out["new"].study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    assert [w.system_attrs["fixed_params"] for w in waiting].count(t.params) == 1, (t.params, waiting)
-
-
-@pytest.mark.parametrize("stall", ["before ask", "between ask and check"])
-def test_holder_stalled_at_ask_takes_no_trial_of_the_new_holder(pg_url, tmp_path, monkeypatch, stall):
-    """A holder stalls at its first config ``ask`` while another worker takes the task over and opens its study,
-    counting on the queued default. The stalled one used to pop and time that default when it woke: the new
-    holder then timed it again and ran past ``n_trials``. Now it hands the trial back and drops the task, and
-    ``n_trials`` configs are timed once each, all by the new holder. Stalled between ``ask`` and its claim check,
-    the new holder fails and re-queues the asked trial itself."""
-    import copy
-    import threading
-
-    from autotune.runtime import gpus
-    from autotune.tuning import farm, tuner
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
-
-    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok,ok2")  # 3 configs: room to run past n_trials=2
-    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
-    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
-    held = farm.claim(study, fopts)
-    other = optuna.load_study(study_name=study.study_name, storage=farm.farm_storage(pg_url, fopts))
-    stalled, opened, woke, out = threading.current_thread(), threading.Event(), threading.Event(), {}
-
-    def ctx(wid: str, worker: Worker) -> dict:
-        return {"opts": opts, "fopts": fopts, "id": wid, "deadline": None, "env": gpus.environment(), "worker": worker}
-
-    def new_holder() -> None:
-        worker = Worker(plugin_modules(opts.plugins))
-        try:
-            out["new"] = farm._run_one(other, farm.claim(other, fopts), ctx("new", worker))
-        finally:
-            opened.set()
-            worker.close()
-
-    def take_over() -> None:  # while the holder stalls: its claim is failed as stale and re-queued, then taken
-        storage.set_trial_state_values(held._trial_id, TrialState.FAIL)
-        farm._retry_callback(storage)(study, copy.deepcopy(storage.get_trial(held._trial_id)))
-        out["thread"] = threading.Thread(target=new_holder)
-        out["thread"].start()
-        assert opened.wait(120)
-
-    real_ask, real_check = optuna.Study.ask, tuner._check_claim
-
-    def ask(self: optuna.Study, *args, **kwargs):
-        if not self.study_name.startswith("farm|"):
-            if threading.current_thread() is not stalled and not opened.is_set():
-                opened.set()  # the new holder opened the task study and queued its first trials
-                assert woke.wait(120)  # it asks once the stalled holder is done
-            elif threading.current_thread() is stalled and stall == "before ask" and "thread" not in out:
-                take_over()
-        return real_ask(self, *args, **kwargs)
-
-    def check_claim(reporter: tuner.Reporter, task: object) -> None:
-        if threading.current_thread() is stalled and stall != "before ask" and "thread" not in out:
-            take_over()
-        real_check(reporter, task)
-
-    monkeypatch.setattr(optuna.Study, "ask", ask)
-    monkeypatch.setattr(tuner, "_check_claim", check_claim)
-    worker = Worker(plugin_modules(opts.plugins))
-    try:
-        assert farm._run_one(study, held, ctx("stalled", worker)) is False
-    finally:
-        woke.set()
-        worker.close()
-        if "thread" in out:
-            out["thread"].join(300)
-    assert out["new"] is True
-    (name,) = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
-    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
-    measured = [t.user_attrs["config_key"] for t in trials if t.user_attrs.get("measured")]
-    assert len(measured) == opts.n_trials == len(set(measured)) and "fake:mode=slow" in measured, measured
-    claims = study.get_trials(deepcopy=False)
-    assert [t.state for t in claims] == [TrialState.FAIL, TrialState.COMPLETE], claims
-    new = claims[1].user_attrs
-    assert new["worker"] == "new" and new["result"]["entry"]["trials"] == opts.n_trials
-
-
 def test_results_artifacts_and_status_take_one_result_per_task(tmp_path):
     """The run's results, the artifact entries it merges and ``autotune status`` pick a task's result by one
     rule (``farm.result_trial``): its latest run that finished without error, so neither a lost claim nor an
@@ -759,7 +528,7 @@ def test_two_farms_naming_one_task_keep_to_their_own_task_studies(pg_url, tmp_pa
     from autotune.tuning.registry import plugin_modules
     from autotune.tuning.worker import Worker
 
-    fopts, task, opts_a, storage = _one_task_farm(pg_url, tmp_path, grace_s=2)
+    fopts, task, opts_a, storage = one_task_farm(pg_url, tmp_path, grace_s=2)
     opts_b = dataclasses.replace(opts_a, n_trials=3)
     farm_a = optuna.load_study(study_name=farm.join_farm(storage, [task], opts_a), storage=storage)
     farm_b_name = farm.join_farm(storage, [task], opts_b)
@@ -797,7 +566,7 @@ def test_a_host_joining_while_a_stale_claim_is_failed_queues_nothing_twice(pg_ur
 
     from autotune.tuning import farm
 
-    fopts, task, opts, storage = _one_task_farm(pg_url, tmp_path)
+    fopts, task, opts, storage = one_task_farm(pg_url, tmp_path)
     study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
     held = farm.claim(study, fopts)
     joined = threading.Event()
@@ -869,7 +638,7 @@ def test_stopped_worker_resumed_after_takeover_drops_its_task(pg_url, tmp_path):
         victim = found[0]
         os.kill(victim.user_attrs["pid"], signal.SIGSTOP)
         try:
-            storage, taken, deadline = _storage(pg_url), None, time.time() + 120
+            storage, taken, deadline = rdb_storage(pg_url), None, time.time() + 120
             farm_study = optuna.load_study(study_name=farm_names(storage)[0], storage=storage)
             while taken is None and time.time() < deadline:
                 claims = [t for t in farm_study.get_trials(deepcopy=False) if t.user_attrs.get("pid")]

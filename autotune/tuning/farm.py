@@ -251,41 +251,53 @@ class _ClaimedStorage:
     takeover fails the claim under the same lock (``claim``, ``_release``) and the new holder exists only after
     that, so each write a stale holder makes lands before the takeover, hence before any write of the new holder,
     which it therefore never overwrites: neither the study's record, nor a config trial the new holder is failing
-    as interrupted (``_Study._interrupt``) just as the stale holder finishes it. Handing a trial back (the
-    "interrupted" mark, the FAIL state) needs no claim: it only fails a trial still RUNNING, as the new holder would.
+    as interrupted (``_Study._interrupt``) just as the stale holder finishes it (COMPLETE, PRUNED or FAIL). Handing
+    back a trial this holder asked (the "interrupted" mark, then the FAIL) needs no claim: it only fails a trial
+    still RUNNING, as the new holder would. Any other trial (one the new holder asked) is failed only under the claim.
     """
 
     _HAND_BACK = ("status", "interrupted")
 
     def __init__(self, storage: Any, farm_name: str, trial_id: int) -> None:
         self._storage, self._farm, self._tid = storage, farm_name, trial_id
+        self._asked: set[int] = set()  # trials this holder moved to RUNNING
+        self._handing: set[int] = set()  # trials it marked "interrupted": their FAIL is the hand-back
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_storage":  # not set yet (a copy or unpickling): no endless recursion
+            raise AttributeError(name)
         return getattr(self._storage, name)
 
     @contextlib.contextmanager
-    def _claimed(self) -> Iterator[None]:
-        with _advisory_lock(self._storage, self._farm):
-            if self._storage.get_trial(self._tid).state != TrialState.RUNNING:
+    def _claimed(self, needed: bool = True) -> Iterator[None]:
+        with _advisory_lock(self._storage, self._farm) if needed else contextlib.nullcontext():
+            if needed and self._storage.get_trial(self._tid).state != TrialState.RUNNING:
                 raise LeaseLost(f"farm trial {self._tid} was failed as stale by another worker")
             yield
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        trial_id = self._storage.create_new_trial(study_id, template_trial)
+        if template_trial is None or template_trial.state == TrialState.RUNNING:  # ``ask`` with none waiting
+            self._asked.add(trial_id)
+        return trial_id
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
         with self._claimed():
             self._storage.set_study_user_attr(study_id, key, value)
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        if (key, value) == self._HAND_BACK:
+        hand_back = (key, value) == self._HAND_BACK
+        with self._claimed(not (hand_back and trial_id in self._asked)):
             self._storage.set_trial_user_attr(trial_id, key, value)
-            return
-        with self._claimed():
-            self._storage.set_trial_user_attr(trial_id, key, value)
+        if hand_back:
+            self._handing.add(trial_id)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Any = None) -> bool:
-        if state == TrialState.FAIL:
-            return self._storage.set_trial_state_values(trial_id, state, values)
-        with self._claimed():
-            return self._storage.set_trial_state_values(trial_id, state, values)
+        with self._claimed(not (state == TrialState.FAIL and trial_id in self._handing)):
+            ok = self._storage.set_trial_state_values(trial_id, state, values)
+        if ok and state == TrialState.RUNNING:
+            self._asked.add(trial_id)
+        return ok
 
 
 def host_label() -> str:
@@ -413,6 +425,10 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
                 r = TaskResult(task, error=f"infrastructure: {e}")
             except (RuntimeError, WorkerError) as e:
                 r = TaskResult(task, error=str(e))
+            except Exception as e:  # e.g. Optuna's ValueError at a tell of a trial the new holder failed
+                if storage.get_trial(tid).state == TrialState.RUNNING:
+                    raise
+                raise LeaseLost(f"farm trial {tid} was failed as stale by another worker ({e!r})") from e
             trial.set_user_attr("result", _summary(r))
             if farm.tell(trial, r.tuning_s, skip_if_finished=True).state != TrialState.COMPLETE:
                 raise LeaseLost(f"farm trial {tid} was failed as stale by another worker before it finished")

@@ -149,13 +149,12 @@ def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[N
     if engine is None or engine.dialect.name != "postgresql":
         yield
         return
-    with engine.connect() as conn:
-        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_id})
-        try:
-            yield
-        finally:
-            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": lock_id})
-            conn.commit()
+    # The transaction's lock, not the connection's: it ends with the transaction however that ends, so an
+    # interrupt (Ctrl-C, SIGTERM) during its release leaves no pooled connection holding it, which would block
+    # this process's own hand-back (on another connection) and every other worker for as long as it lives.
+    with engine.connect() as conn, conn.begin():
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_id})
+        yield
 
 
 def _safe(url: str) -> str:

@@ -1,0 +1,26 @@
+"""Shared pieces of the farm tests: an in-process farm on one small fake task, and a plain Optuna storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotune.tuning.tuner import rdb_url
+
+
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """A plain Optuna storage on ``url`` (no farm wrapper): what another host would open."""
+    return optuna.storages.RDBStorage(rdb_url(url))
+
+
+def one_task_farm(pg_url: str, tmp_path: Path, grace_s: float = 1, **opts_kw):
+    """(farm options, the one fake task, tuning options, storage) of an in-process farm on one small task."""
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.tasks import Task
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=grace_s, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = tuner.TuneOptions(n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"],
+                             artifacts_root=tmp_path, **opts_kw)  # fmt: skip
+    return fopts, task, opts, farm.farm_storage(pg_url, fopts)

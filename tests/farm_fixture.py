@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -24,3 +25,19 @@ def one_task_farm(pg_url: str, tmp_path: Path, grace_s: float = 1, **opts_kw):
     opts = tuner.TuneOptions(n_trials=2, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"],
                              artifacts_root=tmp_path, **opts_kw)  # fmt: skip
     return fopts, task, opts, farm.farm_storage(pg_url, fopts)
+
+
+def run_one(study: optuna.Study, trial: optuna.Trial, opts: Any, fopts: Any, worker_id: str) -> bool:
+    """``farm._run_one`` of the claimed ``trial`` by a worker named ``worker_id`` of this process (a fresh tuner
+    worker, closed after)."""
+    from autotune.runtime import gpus
+    from autotune.tuning import farm
+    from autotune.tuning.registry import plugin_modules
+    from autotune.tuning.worker import Worker
+
+    worker = Worker(plugin_modules(opts.plugins))
+    ctx = {"opts": opts, "fopts": fopts, "id": worker_id, "deadline": None, "env": gpus.environment(), "worker": worker}
+    try:
+        return farm._run_one(study, trial, ctx)
+    finally:
+        worker.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from farm_fixture import one_task_farm, rdb_storage
+from farm_fixture import one_task_farm, rdb_storage, run_one
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 from proc_env import REPO, child_env
@@ -523,10 +523,7 @@ def test_two_farms_naming_one_task_keep_to_their_own_task_studies(pg_url, tmp_pa
     interrupted (it used to be, and A recorded the task as failed): each farm has its own task study."""
     import dataclasses
 
-    from autotune.runtime import gpus
     from autotune.tuning import farm, tuner
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
 
     fopts, task, opts_a, storage = one_task_farm(pg_url, tmp_path, grace_s=2)
     opts_b = dataclasses.replace(opts_a, n_trials=3)
@@ -543,12 +540,7 @@ def test_two_farms_naming_one_task_keep_to_their_own_task_studies(pg_url, tmp_pa
         return real_evaluate(self, *args, **kwargs)
 
     monkeypatch.setattr(tuner._Study, "_evaluate", evaluate)
-    worker = Worker(plugin_modules(opts_a.plugins))
-    ctx = {"opts": opts_a, "fopts": fopts, "id": "A-w0", "deadline": None, "env": gpus.environment(), "worker": worker}
-    try:
-        assert farm._run_one(farm_a, trial, ctx) is True
-    finally:
-        worker.close()
+    assert run_one(farm_a, trial, opts_a, fopts, "A-w0") is True
     done = farm_a.get_trials(deepcopy=False)
     assert [t.state for t in done] == [TrialState.COMPLETE] and not done[0].user_attrs["result"]["error"]
     task_studies = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from farm_fixture import one_task_farm, rdb_storage
+from farm_fixture import one_task_farm, rdb_storage, run_one
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 
@@ -23,10 +23,7 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
     not overwrite the task study's result, writes no artifact entry and completes no farm trial."""
     import copy
 
-    from autotune.runtime import gpus
     from autotune.tuning import farm, tuner
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
 
     fopts, task, opts, storage = one_task_farm(pg_url, tmp_path)
     study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
@@ -41,12 +38,7 @@ def test_stalled_holder_writes_nothing_after_its_claim_was_taken_over(pg_url, tm
         return real_decide(s, result)
 
     monkeypatch.setattr(tuner, "_decide", decide_after_takeover)
-    worker = Worker(plugin_modules(opts.plugins))
-    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
-    try:
-        assert farm._run_one(study, trial, ctx) is False
-    finally:
-        worker.close()
+    assert run_one(study, trial, opts, fopts, "stalled") is False
     (name,) = [n for n in optuna.get_all_study_names(storage) if not n.startswith("farm|")]
     assert optuna.load_study(study_name=name, storage=storage).user_attrs["result"] == {"by": "the new holder"}
     assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
@@ -62,10 +54,7 @@ def test_holder_stalled_between_claim_check_and_study_write_keeps_the_new_holder
     the task over and writes its own value. The stalled one wakes and drops the task instead of overwriting it."""
     import copy
 
-    from autotune.runtime import gpus
     from autotune.tuning import farm
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
 
     monkeypatch.setenv("AUTOTUNE_FAKE_MODES", modes)  # 'narrow': fastest, and rejected by the final re-check
     fopts, task, opts, storage = one_task_farm(pg_url, tmp_path)
@@ -83,12 +72,7 @@ def test_holder_stalled_between_claim_check_and_study_write_keeps_the_new_holder
         real_set(self, k, value)
 
     monkeypatch.setattr(optuna.Study, "set_user_attr", set_user_attr)
-    worker = Worker(plugin_modules(opts.plugins))
-    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment(), "worker": worker}
-    try:
-        assert farm._run_one(study, trial, ctx) is False
-    finally:
-        worker.close()
+    assert run_one(study, trial, opts, fopts, "stalled") is False
     assert taken, f"the holder never wrote {key!r}"
     assert optuna.load_study(study_name=taken[0], storage=rdb_storage(pg_url)).user_attrs[key] == theirs
     assert not art.artifact_path("h100", "fake_faults", tmp_path).exists()
@@ -163,15 +147,6 @@ def test_trial_finished_while_the_new_holder_interrupts_it_is_not_marked_interru
     assert [w.system_attrs["fixed_params"] for w in waiting].count(t.params) == 1, (t.params, waiting)
 
 
-def _stalled_ctx(opts, fopts) -> dict:
-    from autotune.runtime import gpus
-    from autotune.tuning.registry import plugin_modules
-    from autotune.tuning.worker import Worker
-
-    ctx = {"opts": opts, "fopts": fopts, "id": "stalled", "deadline": None, "env": gpus.environment()}
-    return {**ctx, "worker": Worker(plugin_modules(opts.plugins))}
-
-
 def _take_over(storage, study, held) -> None:
     """Another worker's ``fail_stale_trials`` fails the claim ``held``; the retry callback queues the task again."""
     import copy
@@ -202,11 +177,7 @@ def test_holder_stalled_while_opening_its_study_fails_no_trial_of_the_new_holder
         real_requeue(self)
 
     monkeypatch.setattr(tuner._Study, "_requeue_interrupted", requeue)
-    ctx = _stalled_ctx(opts, fopts)
-    try:
-        assert farm._run_one(study, held, ctx) is False
-    finally:
-        ctx["worker"].close()
+    assert run_one(study, held, opts, fopts, "stalled") is False
     t = storage.get_trial(live[0]._trial_id)
     assert (t.state, t.user_attrs) == (TrialState.RUNNING, {}), (t.state, t.user_attrs)
 
@@ -234,11 +205,7 @@ def test_holder_telling_a_trial_the_new_holder_already_failed_drops_the_task(pg_
         return real_tell(self, trial, *args, **kwargs)
 
     monkeypatch.setattr(optuna.Study, "tell", tell)
-    ctx = _stalled_ctx(opts, fopts)
-    try:
-        assert farm._run_one(study, held, ctx) is False
-    finally:
-        ctx["worker"].close()
+    assert run_one(study, held, opts, fopts, "stalled") is False
     t = storage.get_trial(out["trial"])
     assert (t.state, t.user_attrs["status"]) == (TrialState.FAIL, "interrupted")
 

@@ -257,6 +257,8 @@ def test_tuner_op_is_registered():
     assert torch.allclose(y, ref_y, atol=1e-5) and torch.allclose(pre, ref_pre, atol=1e-5)
     y2, pre2 = torch_backend.launch(inputs, torch_backend.space.default(None), None)  # buffers of its own
     assert torch.equal(y2, y) and torch.equal(pre2, pre)
+    with pytest.raises(ValueError, match=r"\(y, pre\)"):
+        torch_backend.launch(inputs, torch_backend.space.default(None), out[:1])
 
 
 def test_torch_backend_stores_the_pre_activation_and_refuses_bad_buffers():

@@ -81,6 +81,8 @@ def alloc_out(inputs: dict) -> tuple:
 def _outs(inputs: dict, out: tuple | None) -> tuple:
     """The caller's (y, pre), else fresh uninitialised ones (no fill pass inside a timed call)."""
     if out:
+        if len(out) != 2:
+            raise ValueError(f"out must be the pair (y, pre) of alloc_out, got {len(out)} tensors")
         return tuple(out)
     x, w = inputs["x"], inputs["weight"]
     return tuple(x.new_empty((x.shape[0], w.shape[0])) for _ in "yp")

@@ -403,6 +403,14 @@ def test_gpu_pre_activation_output(cfg, m):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("tile_n", [96, 160, 224])
+def test_gpu_persistent_odd_store_counts(tile_n):
+    """tile_n / 32 sub-tiles, an odd count: the next tile's first store reuses the buffer of the last one."""
+    _check(40000, 3 * 7 * 32 * 2, 512, torch.bfloat16, C(128, tile_n, 64, 1, 1, 4, "n", True), seed=tile_n)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 def test_gpu_empty_m():
     x, w, b = _inputs(0, 256, 128, torch.bfloat16)
     assert gemm_silu(x, w, b).shape == (0, 256)

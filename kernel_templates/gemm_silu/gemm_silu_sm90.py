@@ -423,3 +423,7 @@ class GemmSiluSm90:
             # The smem ring is free for the next tile once the TMA has read it; the global writes drain
             # on their own (under the next tile's main loop when persistent).
             store_pipe.producer_tail()
+        if const_expr(self.persistent and (cute.size(gC_epi, mode=[1]) * outputs) % EPI_STAGES != 0):
+            # An odd store count per tile: the next tile's first sub-tile goes to the buffer this tile's
+            # last store may still be reading, so every thread waits for the store warp's tail.
+            cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)

@@ -261,3 +261,31 @@ def test_saved_artifacts_are_readable_as_the_umask_allows(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_merge_touches_nothing_outside_the_root_for_a_bad_kernel_or_gpu(tmp_path):
+    """A kernel or GPU name from a merged file ('../..') must not place the lock file or folders outside root."""
+    from autotune.tuning.artifact_io import merge_entries
+
+    root = tmp_path / "root"
+    root.mkdir()
+    env = _artifact().environment
+    for kernel, gpu in (("../../evil", "h100"), ("hstu_attention_fwd", "../../evil"), ("hstu_attention_fwd", "")):
+        with pytest.raises(ValueError):
+            merge_entries(kernel, gpu, [], root, env)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["root"]
+
+
+def test_merge_replaces_a_file_of_another_kernel_under_the_kernels_name(tmp_path):
+    """Another kernel's artifact at <gpu>/<kernel>.json is unusable (dispatch rejects it): a merge replaces it
+    with a warning, as it does an invalid file, instead of failing on its entries (or adopting them)."""
+    from autotune.tuning.artifact_io import merge_entries
+
+    src = art.load_artifact(art.REPO_ROOT / "artifacts" / "h100" / "gemm_silu.json", check_stale=False)
+    path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(src.to_dict()))
+    with pytest.warns(RuntimeWarning, match="holds kernel 'gemm_silu'"):
+        merge_entries("hstu_attention_fwd", "h100", [_entry()], tmp_path, src.environment)  # same timing env
+    merged = art.load_artifact(path)
+    assert merged.kernel == "hstu_attention_fwd" and [e["config"] for e in merged.entries] == [_entry()["config"]]

@@ -501,3 +501,14 @@ def test_impossible_sizes_are_a_value_error_naming_the_argument():
     assert dispatch.select(FWD, "float32", 32, 32, 2, 0, source="default").source == "default"
     assert dispatch.select(FWD, "float32", np.int64(32), 32, np.int32(2), np.int64(64), source="default")
     assert dispatch.for_batch(FWD, "triton", "{}", 4, 32, np.int64(32), "float32", 2) == ("triton", "{}")
+
+
+def test_load_refuses_a_gpu_that_is_no_folder_name(tmp_path):
+    """An empty, blank or path-like gpu read ``path/<kernel>.json`` (or outside the folder) as if ``path`` were a GPU
+    folder, and left dispatch with gpu '' (no space feasibility checks); the previous state is kept."""
+    root = write_artifacts(tmp_path)
+    dispatch.load(root, gpu="h100")
+    for bad in ("", "  ", "../h100", "h100/", "x" * 300, "h1\x0000"):
+        with pytest.raises(ValueError, match="gpu must be a GPU key"):
+            dispatch.load(root / "h100", gpu=bad)
+    assert dispatch.summary()["gpu"] == "h100" and dispatch.summary()["kernels"] == [BWD, FWD]

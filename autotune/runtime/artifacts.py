@@ -187,6 +187,11 @@ def _check_type(value: Any, types: tuple, where: str) -> None:
 _GPU_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
+def is_gpu_key(name: str) -> bool:
+    """Whether ``name`` can be a GPU folder name: lower case, no separators (nor '..'), at most 64 characters."""
+    return _GPU_KEY.fullmatch(name) is not None
+
+
 def _finite(x: float | int) -> bool:
     """A float that is not inf/NaN, or an int a float can hold (10**400 is valid JSON and overflows a format)."""
     try:

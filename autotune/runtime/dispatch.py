@@ -237,13 +237,15 @@ def load(
     when a call would have used it, and that kernel runs the heuristic default. Returns ``summary()``.
     """
     from autotune.runtime import gpus
-    from autotune.runtime.artifacts import assess_artifact
+    from autotune.runtime.artifacts import assess_artifact, is_gpu_key
 
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be a folder path (str or os.PathLike) or None, got {type(path).__name__}")
     if gpu is not None and not isinstance(gpu, str):
         raise ValueError(f"gpu must be a GPU key such as 'h100' or None, got {type(gpu).__name__}")
     gpu = gpu.strip().lower() if gpu is not None else None
+    if gpu is not None and not is_gpu_key(gpu):  # '' or 'x/..' would read files outside <path>/<gpu>/
+        raise ValueError(f"gpu must be a GPU key such as 'h100' (a folder name) or None, got {gpu!r:.60}")
     if path is None:
         from autotune.runtime.bundle import packaged_artifacts_root
 

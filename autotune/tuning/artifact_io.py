@@ -63,6 +63,10 @@ def merge_entries(
     """
     import fcntl
 
+    # Both names become path parts: checked before anything is created ('../..' would escape ``root``).
+    if not isinstance(gpu, str) or not art.is_gpu_key(gpu):
+        raise ValueError(f"gpu must be a lower-case GPU key such as 'h100', got {gpu!r:.60}")
+    backends = backends_for(kernel, available_only=False)  # ValueError for a kernel no op spec declares
     path = art.artifact_path(gpu, kernel, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "a") as lock:
@@ -73,7 +77,12 @@ def merge_entries(
                 existing = art.load_artifact(path)
             except art.ArtifactError as e:
                 warnings.warn(f"replacing unusable artifact: {e}", RuntimeWarning, stacklevel=3)
-        hashes = {b.name: art.current_template_hash(kernel, b.name) for b in backends_for(kernel, available_only=False)}
+        if existing is not None and (existing.kernel, existing.gpu) != (kernel, gpu):
+            # Another kernel's (or GPU's) file under this name: dispatch rejects it, its entries are not ours.
+            what = f"kernel {existing.kernel!r} of gpu {existing.gpu!r}, not {kernel!r} of {gpu!r}"
+            warnings.warn(f"replacing unusable artifact: {path} holds {what}", RuntimeWarning, stacklevel=3)
+            existing = None
+        hashes = {b.name: art.current_template_hash(kernel, b.name) for b in backends}
         artifact = art.Artifact(kernel, gpu, env, hashes, search_space_hash(kernel))
         if existing is not None:
             differ = environment_differences(existing.environment, env)

@@ -224,7 +224,7 @@ def test_worker_with_another_gpu_key_refuses_to_join(pg_url, tmp_path, monkeypat
     task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
     # The knobs of the command below (same tasks and knobs: the same farm).
     opts = TuneOptions(n_trials=3, sampler="bruteforce", interpret=True, plugins=["autotune.tuning.fake"])
-    storage = farm.farmrdb_storage(pg_url)
+    storage = farm.farm_storage(pg_url)
     name = farm.join_farm(storage, [task], opts)
     real = gpus.environment()
     monkeypatch.setattr(gpus, "environment", lambda: {**real, "sm_count": 114, "driver": "999.1"})

@@ -8,6 +8,12 @@ Rows (GPU, versions, git sha, shape, p20/p50/p80) are appended to ``benchmarks/r
 
     python benchmarks/bench_gemm_silu.py --json runs/gemm_silu.json
     python benchmarks/bench_gemm_silu.py --m 65536 --nk 4096x1024 --configs default
+    python benchmarks/bench_gemm_silu.py --pre --m 131072 --nk 4096x1024 \
+        --configs default,128x256s4p,cfg:128/256/64/2/1/4/n/1
+
+``--pre`` times what a training step runs: y and the stored pre-activation, both checked (the torch row is
+addmm into the pre-activation, then SiLU into y; ``addmm`` alone, the cuBLAS GEMM, is the floor). A
+``cfg:`` name is a config's fields in order, split by ``/`` (booleans as 0/1).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from kernel_templates.gemm_silu import (  # noqa: E402
     default_gemm_silu_config,
     gemm_silu_flops,
     gemm_silu_fwd,
+    gemm_silu_pre_reference,
     gemm_silu_reference,
     gemm_silu_torch,
 )
@@ -40,6 +47,21 @@ EXTRA_CONFIGS = {
     "192x128": GemmSiluConfig(192, 128, 64, 1, 1, 4, "n"),
     "128x128s6": GemmSiluConfig(128, 128, 64, 1, 1, 6, "n"),
 }
+
+
+def config_named(name: str, m: int, n: int, k: int) -> GemmSiluConfig:
+    """``default``, a name of EXTRA_CONFIGS, or ``cfg:`` and the fields in order split by ``/`` (booleans 0/1)."""
+    if name == "default":
+        return default_gemm_silu_config(m, n, k)
+    if name.startswith("cfg:"):
+        fields = name[4:].split("/")
+        kinds = [int, int, int, int, int, int, str, bool]
+        if not 1 <= len(fields) <= len(kinds):
+            raise ValueError(f"--configs {name!r}: expected up to {len(kinds)} fields")
+        return GemmSiluConfig(*(t(int(f)) if t is bool else t(f) for t, f in zip(kinds, fields, strict=False)))
+    if name not in EXTRA_CONFIGS:
+        raise ValueError(f"--configs: unknown config {name!r} (default, {', '.join(EXTRA_CONFIGS)} or cfg:...)")
+    return EXTRA_CONFIGS[name]
 
 
 def _parse_nk(text: str) -> list[tuple[int, int]]:
@@ -57,21 +79,29 @@ def check(out: torch.Tensor, ref32: torch.Tensor, ref_lo: torch.Tensor) -> tuple
     return bool(torch.isfinite(out).all().item()) and err <= bound, err, bound
 
 
-def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, names: list[str], rep_ms: float) -> list[dict[str, Any]]:
-    """One row per config of this shape; a config is timed only once its output passed the check."""
+def bench_shape(
+    m: int, n: int, k: int, dtype: torch.dtype, names: list[str], rep_ms: float, pre: bool = False
+) -> list[dict[str, Any]]:
+    """One row per config of this shape; a config is timed only once its outputs passed the check."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, generator=g, device="cuda").to(dtype)
     w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(dtype)
     b = (torch.randn(n, generator=g, device="cuda") * 0.5).to(dtype)
     ref32 = gemm_silu_reference(x, w, b)
     ref_lo = gemm_silu_torch(x, w, b)
+    pre32 = gemm_silu_pre_reference(x, w, b) if pre else None
+    pre_lo = gemm_silu_pre_reference(x, w, b, dtype) if pre else None
     flops = gemm_silu_flops(m, n, k)
     rows: list[dict[str, Any]] = []
+    pre_out = torch.empty(m, n, dtype=dtype, device="cuda") if pre else None
 
-    def record(name: str, config: dict | None, fn, out: torch.Tensor) -> None:
+    def record(name: str, config: dict | None, fn, out: torch.Tensor, pre_got: torch.Tensor | None = None) -> None:
         ok, err, bound = check(out, ref32, ref_lo)
+        if pre_got is not None:
+            ok_p, err_p, bound_p = check(pre_got, pre32, pre_lo)
+            ok, err, bound = ok and ok_p, max(err, err_p), min(bound, bound_p)
         row = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "name": name, "config": config}
-        row.update(correct=ok, max_err=err, bound=bound)
+        row.update(correct=ok, max_err=err, bound=bound, pre=pre)
         if ok:
             t = time_ms(fn, rep_ms=rep_ms)
             ms = t["p50_ms"]
@@ -80,15 +110,28 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, names: list[str], re
         tf = f"{row['tflops']:7.1f} TFLOP/s  {row['ms']:.3f} ms" if ok else "INCORRECT (not timed)"
         print(f"  {name:14s} {tf}  err {err:.2e} <= {bound:.2e}", flush=True)
 
-    print(f"M={m} N={n} K={k} {dtype}", flush=True)
-    record("torch", None, lambda: gemm_silu_torch(x, w, b), ref_lo)
+    print(f"M={m} N={n} K={k} {dtype}{' y + pre' if pre else ''}", flush=True)
     out = torch.empty(m, n, dtype=dtype, device="cuda")
+    if pre:
+        record("addmm", None, lambda: torch.addmm(b, x, w.t(), out=pre_out), ref_lo)
+        rows[-1].update(correct=None, note="the cuBLAS GEMM alone (no SiLU): a floor, not checked")
+
+        def torch_pair() -> None:
+            torch.addmm(b, x, w.t(), out=pre_out)
+            torch.ops.aten.silu.out(pre_out, out=out)
+
+        torch_pair()
+        record("torch", None, torch_pair, out, pre_out)
+    else:
+        record("torch", None, lambda: gemm_silu_torch(x, w, b), ref_lo)
     for name in names:
-        cfg = default_gemm_silu_config(m, n, k) if name == "default" else EXTRA_CONFIGS[name]
+        cfg = config_named(name, m, n, k)
         out.fill_(float("nan"))
+        if pre:
+            pre_out.fill_(float("nan"))
         try:
             t0 = time.perf_counter()
-            gemm_silu_fwd(x, w, b, cfg, out=out)
+            gemm_silu_fwd(x, w, b, cfg, out=out, pre_out=pre_out)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - report and go on with the other configs
@@ -96,7 +139,7 @@ def bench_shape(m: int, n: int, k: int, dtype: torch.dtype, names: list[str], re
                          "config": cfg.to_dict(), "error": repr(e)[:500]})  # fmt: skip
             print(f"  {name:14s} FAILED: {e!r}"[:300], flush=True)
             continue
-        record(name, cfg.to_dict(), lambda cfg=cfg: gemm_silu_fwd(x, w, b, cfg, out=out), out)
+        record(name, cfg.to_dict(), lambda cfg=cfg: gemm_silu_fwd(x, w, b, cfg, out=out, pre_out=pre_out), out, pre_out)
         rows[-1]["first_call_s"] = compile_s
     return rows
 
@@ -108,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--configs", default="default," + ",".join(EXTRA_CONFIGS), help="default and/or extra names")
     p.add_argument("--rep", type=float, default=50.0, help="time_ms budget per config (ms; at least 20 samples)")
+    p.add_argument("--pre", action="store_true", help="time y and the stored pre-activation (a training step)")
     p.add_argument("--json", default=None, help="also write the rows here (one JSON file)")
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     args = p.parse_args(argv)
@@ -119,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for n, k in _parse_nk(args.nk):
         for m in (int(v) for v in args.m.split(",")):
-            rows += bench_shape(m, n, k, dtype, names, args.rep)
+            rows += bench_shape(m, n, k, dtype, names, args.rep, args.pre)
             torch.cuda.empty_cache()
     if not args.no_save:
         append_rows("gemm_silu", rows)
@@ -128,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json}")
-    return 0 if all(r.get("correct") for r in rows) else 1
+    return 0 if all(r.get("correct") is not False and "error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from kernel_templates.gemm_silu.config import (
+    PERSISTENT_CLUSTER,
     REG_OVERHEAD,
     REGS,
     GemmSiluConfig,
@@ -81,8 +82,8 @@ def wgmma_shapes(c, ctx: SpaceContext) -> str | None:
 def cluster_ok(c, ctx: SpaceContext) -> str | None:
     if c.cluster_size > 4:
         return f"cluster {c.cluster_m}x{c.cluster_n} > 4 CTAs"
-    if c.persistent and c.cluster_size > 1:
-        return "a persistent kernel runs 1 x 1 clusters"
+    if c.persistent and c.cluster_size > PERSISTENT_CLUSTER:
+        return f"a persistent kernel runs clusters of at most {PERSISTENT_CLUSTER} CTAs"
     return None
 
 

@@ -19,6 +19,7 @@ from kernel_templates.gemm_silu import (
     check_gemm_silu_config,
     default_gemm_silu_config,
     gemm_silu,
+    gemm_silu_pre_reference,
     gemm_silu_reference,
     smem_bytes,
     validate_gemm_silu_inputs,
@@ -73,6 +74,8 @@ PERSISTENT_GRID = [
     (C(128, 192, 32, 1, 1, 5, "m", True), "float16", 4096, 1000, False, False),
     (C(128, 256, 64, 2, 1, 4, "n"), "bfloat16", 4096, 1024, True, True),
     (C(192, 96, 64, 1, 1, 4, "n", True), "bfloat16", 96, 512, True, True),
+    (C(128, 256, 64, 2, 1, 4, "n", True), "bfloat16", 4096, 1024, True, True),
+    (C(128, 128, 64, 1, 2, 5, "m", True), "float16", 4096, 1000, False, False),
 ]
 
 
@@ -91,11 +94,13 @@ def test_compiles_persistent_and_with_the_pre_activation(case):
     assert stores == (2 if pre else 1) * single.count("cp.async.bulk.tensor.2d.global.shared") > 0
 
 
-def test_persistent_needs_single_cta_clusters():
+def test_persistent_runs_clusters_of_at_most_two_ctas():
     with pytest.raises(ValueError, match="persistent"):
         GemmSiluConfig(persistent=1)
     with pytest.raises(ValueError, match="persistent"):
-        check_gemm_silu_config(C(128, 256, 64, 2, 1, 4, "n", True), 4096, 1024)
+        check_gemm_silu_config(C(128, 128, 64, 2, 2, 4, "n", True), 4096, 1024)
+    for pair in (C(128, 256, 64, 2, 1, 4, "n", True), C(128, 256, 64, 1, 2, 4, "m", True)):
+        check_gemm_silu_config(pair, 4096, 1024)
 
 
 @pytest.mark.parametrize(
@@ -382,8 +387,9 @@ def test_gpu_configs(case):
 @pytest.mark.sm90
 @pytest.mark.parametrize(
     "cfg",
-    [None, C(128, 256, 64, 1, 1, 4, "n"), C(192, 128, 64, 1, 1, 4, "m", True), C(128, 256, 64, 2, 1, 4, "n")],
-    ids=["default", "grid", "persistent-m", "cluster"],
+    [None, C(128, 256, 64, 1, 1, 4, "n"), C(192, 128, 64, 1, 1, 4, "m", True), C(128, 256, 64, 2, 1, 4, "n")]
+    + [C(128, 256, 64, 2, 1, 3, "n", True), C(128, 128, 64, 1, 2, 4, "m", True)],
+    ids=["default", "grid", "persistent-m", "cluster"] + ["persistent-c21", "persistent-c12-m"],
 )
 @pytest.mark.parametrize("m", [1, 77, 4096 + 45, 40000])
 def test_gpu_pre_activation_output(cfg, m):
@@ -396,17 +402,18 @@ def test_gpu_pre_activation_output(cfg, m):
     y, pre = (torch.full((m, 1024), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in "yp")
     gemm_silu_fwd(x, w, b, cfg, out=y, pre_out=pre)
     ref_y, low_y = gemm_silu_reference(x, w, b), gemm_silu_reference(x, w, b, torch.bfloat16)
-    ref_pre, low_pre = torch.nn.functional.linear(x.float(), w.float(), b.float()), torch.nn.functional.linear(x, w, b)
+    ref_pre, low_pre = gemm_silu_pre_reference(x, w, b), gemm_silu_pre_reference(x, w, b, torch.bfloat16)
     check_tolerance("y", y, ref_y, low_y)
     check_tolerance("pre", pre, ref_pre, low_pre)
 
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("tile_n", [96, 160, 224])
-def test_gpu_persistent_odd_store_counts(tile_n):
+@pytest.mark.parametrize("tile_n, cluster_m", [(96, 1), (160, 1), (224, 1), (160, 2)])
+def test_gpu_persistent_odd_store_counts(tile_n, cluster_m):
     """tile_n / 32 sub-tiles, an odd count: the next tile's first store reuses the buffer of the last one."""
-    _check(40000, 3 * 7 * 32 * 2, 512, torch.bfloat16, C(128, tile_n, 64, 1, 1, 4, "n", True), seed=tile_n)
+    cfg = C(128, tile_n, 64, cluster_m, 1, 4, "n", True)
+    _check(40000, 3 * 7 * 32 * 2, 512, torch.bfloat16, cfg, seed=tile_n)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 
 from .config import GemmSiluConfig, check_gemm_silu_config, default_gemm_silu_config, smem_bytes
 from .op import GemmSiluKey, compile_gemm_silu, gemm_silu, gemm_silu_fwd, validate_gemm_silu_inputs
-from .reference import gemm_silu_flops, gemm_silu_reference, gemm_silu_torch
+from .reference import gemm_silu_flops, gemm_silu_pre_reference, gemm_silu_reference, gemm_silu_torch
 
 __all__ = [
     "GemmSiluConfig",
@@ -13,6 +13,7 @@ __all__ = [
     "gemm_silu",
     "gemm_silu_flops",
     "gemm_silu_fwd",
+    "gemm_silu_pre_reference",
     "gemm_silu_reference",
     "gemm_silu_torch",
     "smem_bytes",

@@ -22,6 +22,9 @@ TILE_M = (64, 128, 192)
 TILE_N = (64, 96, 128, 160, 192, 224, 256)
 TILE_K = (32, 64, 128)
 CLUSTER = (1, 2)
+# A persistent grid is one cluster per cluster_size SMs; pairs always fit (two SMs share a TPC), while how
+# many larger clusters can be resident at once depends on the GPU's GPC layout (the rest would run late).
+PERSISTENT_CLUSTER = 2
 RASTERS = ("m", "n")
 # (MMA warpgroups) -> (registers per MMA thread, per producer thread) after setmaxnreg (sum * 128 <= 64K).
 REGS = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
@@ -33,8 +36,9 @@ class GemmSiluConfig(JsonConfig):
     """CTA tile (tile_m x tile_n, k-step tile_k), TMA-multicast cluster, smem stages, raster order.
 
     ``tile_m`` rows are split over MMA warpgroups of 64 rows each; one extra producer warpgroup issues
-    the TMA loads. ``persistent``: one CTA per SM walks the tiles (clusters 1 x 1), so the next tile's
-    loads and this tile's output stores overlap the epilogue and the next main loop. ``cluster_m`` CTAs along M share
+    the TMA loads. ``persistent``: one CTA per SM walks the tiles (clusters of at most 2 CTAs, which walk
+    tile pairs in step), so the next tile's loads and this tile's output stores overlap the epilogue and
+    the next main loop. ``cluster_m`` CTAs along M share
     (multicast) each W tile, ``cluster_n`` CTAs along N share each x tile. ``raster`` picks which
     tile index varies fastest across the launch: "n" keeps an x row-block hot in L2 while every N
     tile consumes it (good when W fits L2), "m" the converse.
@@ -105,8 +109,8 @@ def check_gemm_silu_config(
         raise ValueError(f"config {config.to_dict()} needs about {regs} registers per MMA thread, above {budget}")
     if config.cluster_size > 4:
         raise ValueError(f"config {config.to_dict()}: cluster of {config.cluster_size} CTAs, at most 4")
-    if config.persistent and config.cluster_size > 1:
-        raise ValueError(f"config {config.to_dict()}: a persistent kernel runs 1 x 1 clusters")
+    if config.persistent and config.cluster_size > PERSISTENT_CLUSTER:
+        raise ValueError(f"config {config.to_dict()}: a persistent kernel runs clusters of at most 2 CTAs")
     if n is not None and (n <= 0 or n % 8):
         raise ValueError(f"N (out_features) must be a positive multiple of 8 for TMA (16-byte rows), got {n}")
     if k is not None and (k <= 0 or k % 8):

@@ -2,7 +2,9 @@
 
 One CTA per (tile_m x tile_n) output tile, or (``persistent``) one CTA per SM walking tiles with a
 stride of the grid: the producer then loads the next tile's first k-tiles while the consumers run the
-epilogue, and the epilogue's TMA stores drain to global memory under the next tile's main loop.
+epilogue, and the epilogue's TMA stores drain to global memory under the next tile's main loop. A
+persistent cluster of two CTAs walks pairs of tiles (adjacent along M or N) in step, so each x or W
+k-tile the pair shares is read from L2 once and multicast.
 Warpgroup 0 is the producer: one warp issues TMA loads
 (cp.async.bulk.tensor, multicast across the cluster when cluster_m/cluster_n > 1) of the x and W
 k-tiles into a ``num_stages`` shared-memory ring guarded by mbarriers. The other warpgroups are the
@@ -116,9 +118,11 @@ class GemmSiluSm90:
         # Whole clusters: CTAs past M or N only load zeros (TMA fill) and store nothing (TMA clip).
         grid_m = (tiles_m + cm - 1) // cm * cm
         grid_n = (tiles_n + cn - 1) // cn * cn
-        if const_expr(self.persistent):  # clusters are 1 x 1 (check_gemm_silu_config)
-            grid_m = cutlass.min(max_ctas, tiles_m * tiles_n)
-            grid_n = 1
+        if const_expr(self.persistent):
+            # One cluster per cm x cn SMs (pairs sit on a TPC), each walking whole cluster tiles.
+            clusters = cutlass.min(cutlass.max(max_ctas // (cm * cn), 1), (grid_m // cm) * (grid_n // cn))
+            grid_m = clusters * cm
+            grid_n = cn
         self.kernel(
             tma_atom_a,
             tma_a,
@@ -194,11 +198,14 @@ class GemmSiluSm90:
         tiles_m = (m + self.tile_m - 1) // self.tile_m
         tiles_n = (n + self.tile_n - 1) // self.tile_n
         # The tiles this CTA runs: [first, end) with a stride of the grid when persistent, else its own.
+        # Persistent indices count cluster tiles (cm x cn output tiles); every CTA of a cluster walks the
+        # same ones, so their rings stay in step for the multicast loads.
         first, end, step = Int32(0), Int32(1), Int32(1)
         if const_expr(self.persistent):
             bid_x, _, _ = cute.arch.block_idx()
             grid_x, _, _ = cute.arch.grid_dim()
-            first, end, step = Int32(bid_x), tiles_m * tiles_n, Int32(grid_x)
+            clusters_m, clusters_n = (tiles_m + cm - 1) // cm, (tiles_n + cn - 1) // cn
+            first, end, step = Int32(bid_x // cm), clusters_m * clusters_n, Int32(grid_x // cm)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
@@ -208,7 +215,7 @@ class GemmSiluSm90:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 t = first
                 while t < end:
-                    pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t)
+                    pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t, cluster_coord)
                     gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (pid_m, None))
                     gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (pid_n, None))
                     state = self.load(
@@ -223,7 +230,7 @@ class GemmSiluSm90:
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             t = first
             while t < end:
-                pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t)
+                pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t, cluster_coord)
                 gC = cute.local_tile(mC, (self.tile_m, self.tile_n), (pid_m, pid_n))
                 gP = cute.local_tile(mP, (self.tile_m, self.tile_n), (pid_m, pid_n))
                 self.stage_bias(mBias, sBias, pid_n, n, mma_tidx)
@@ -232,16 +239,18 @@ class GemmSiluSm90:
                 t += step
 
     @cute.jit
-    def tile_coords(self, tiles_m: Int32, tiles_n: Int32, t: Int32):
-        """(pid_m, pid_n) of tile ``t`` (persistent) or of this CTA; the raster order ("n": N tiles
-        fastest) walks clusters on a grid and single tiles in the persistent order."""
+    def tile_coords(self, tiles_m: Int32, tiles_n: Int32, t: Int32, cluster_coord: tuple):
+        """(pid_m, pid_n) of cluster tile ``t`` (persistent) or of this CTA; the raster order ("n": N
+        tiles fastest) walks clusters, on a grid or in the persistent order."""
         cm, cn = self.cluster_mn
         pid_m, pid_n = t, t
         if const_expr(self.persistent):
+            clusters_m, clusters_n = (tiles_m + cm - 1) // cm, (tiles_n + cn - 1) // cn
             if const_expr(self.raster_n):
-                pid_m, pid_n = t // tiles_n, t % tiles_n
+                pid_m, pid_n = t // clusters_n, t % clusters_n
             else:
-                pid_m, pid_n = t % tiles_m, t // tiles_m
+                pid_m, pid_n = t % clusters_m, t // clusters_m
+            pid_m, pid_n = pid_m * cm + cluster_coord[0], pid_n * cn + cluster_coord[1]
         else:
             bidx, bidy, _ = cute.arch.block_idx()
             pid_m, pid_n = Int32(bidx), Int32(bidy)

@@ -10,17 +10,19 @@ import torch
 import torch.nn.functional as F
 
 
+def gemm_silu_pre_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The pre-activation ``x @ weight^T + bias``: inputs cast to ``compute_dtype``, one linear."""
+    bias = None if bias is None else bias.to(compute_dtype)
+    return F.linear(x.to(compute_dtype), weight.to(compute_dtype), bias)
+
+
 def gemm_silu_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """``silu(x @ weight^T + bias)`` computed in ``compute_dtype`` (fp32: upcast inputs first)."""
-    if compute_dtype == torch.float32:
-        x, weight = x.float(), weight.float()
-        bias = None if bias is None else bias.float()
-    else:
-        x, weight = x.to(compute_dtype), weight.to(compute_dtype)
-        bias = None if bias is None else bias.to(compute_dtype)
-    return F.silu(F.linear(x, weight, bias))
+    return F.silu(gemm_silu_pre_reference(x, weight, bias, compute_dtype))
 
 
 def gemm_silu_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

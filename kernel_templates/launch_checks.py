@@ -11,9 +11,30 @@ it instead of an out-of-bounds access or a silently wrong result.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def untracked(launcher: F) -> F:
+    """Run a torch-backend launcher without recording autograd, as the kernels of the other backends run.
+
+    Launchers compute values (the layer's autograd functions own the backward); with inputs that require
+    grad, ``torch.addmm(..., out=)`` and friends would raise instead, and the other ops would build a
+    graph nobody uses, so a backend swap would change what a call does.
+    """
+
+    @functools.wraps(launcher)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return launcher(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 def width(x: torch.Tensor) -> int:

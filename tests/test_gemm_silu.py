@@ -153,6 +153,18 @@ def test_config_round_trip_and_default():
         assert smem_bytes(d) <= 227 * 1024
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 256])
+def test_the_space_default_is_feasible_at_every_head_dim(d):
+    """The default divides the per-head widths the space checks (4 d output columns, d hidden): with head dim
+    32 or 96 its 64-column k-tile was rejected by the space's own rule, so a task had no feasible default."""
+    from autotune.runtime.gpus import GPUS
+    from search_spaces.base import SpaceContext
+    from search_spaces.gemm_silu_cute import GEMM_SILU_CUTE
+
+    ctx = SpaceContext(GPUS["h100"], "bfloat16", d, d, 4096, False)
+    assert GEMM_SILU_CUTE.why_infeasible(GEMM_SILU_CUTE.default(ctx), ctx) is None
+
+
 @pytest.mark.parametrize(
     "make, match",
     [

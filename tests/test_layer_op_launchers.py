@@ -92,6 +92,66 @@ def test_gemm_silu_torch_forward_and_the_backward_recompute_name_bad_arguments()
         bwd(torch.randn(L, 64).half(), x.half(), w.half(), b)
 
 
+def _grad_calls() -> dict:
+    """{id: (kind, args, keywords)} per torch-backend launcher: inputs that require grad, ``out`` buffers."""
+    x, u, w, b = (torch.randn(*s, requires_grad=True) for s in ((L, D), (L, D), (D,), (D,)))
+    seed = torch.tensor([7], dtype=torch.int64)
+    with torch.no_grad():
+        _, mean, rstd = _launcher("layer_norm_fwd", "torch")(x, w, b, 1e-5)
+        _, m2, r2 = _launcher("ln_mul_dropout_fwd", "torch")(x, u, w, b, 1e-5, 0.1, seed)
+    xk, wk, bk = torch.randn(L, 32, requires_grad=True), torch.randn(D, 32, requires_grad=True), torch.randn(D)
+    dy, pre = torch.randn(L, D, requires_grad=True), torch.randn(L, D)
+
+    def rows(*shapes):
+        return tuple(None if s is None else torch.empty(*s) for s in shapes)
+
+    from kernel_templates.linear_residual.impl import LinearResidualConfig
+
+    return {
+        "ln_fwd": ("layer_norm_fwd", (x, w, b, 1e-5), {"out": torch.empty(L, D)}),
+        "ln_bwd": ("layer_norm_bwd", (dy, x, w, b, mean, rstd), {"out": rows((L, D), (D,), (D,))}),
+        "lnmd_fwd": ("ln_mul_dropout_fwd", (x, u, w, b, 1e-5, 0.1, seed), {"out": torch.empty(L, D)}),
+        "lnmd_bwd": (
+            "ln_mul_dropout_bwd",
+            (dy, x, u, w, b, m2, r2, 0.1, seed),
+            {"out": rows((L, D), (L, D), None, None)},
+        ),
+        "gemm_silu": ("gemm_silu", (xk, wk, bk), {"out": torch.empty(L, D), "pre_out": torch.empty(L, D)}),
+        "gemm_silu_bwd": ("gemm_silu_bwd", (dy, xk, wk, bk), {"pre": pre, "out": rows((L, 32), (D, 32), (D,))}),
+        "linear_residual": (
+            "linear_residual_fwd",
+            (torch.randn(L, 32, requires_grad=True), wk, bk, dy),
+            {"out": torch.empty(L, D), "config": LinearResidualConfig("addmm")},
+        ),
+    }
+
+
+GRAD_CASES = ["ln_fwd", "ln_bwd", "lnmd_fwd", "lnmd_bwd", "gemm_silu", "gemm_silu_bwd", "linear_residual"]
+
+
+def test_grad_cases_cover_every_torch_launcher_call():
+    assert sorted(_grad_calls()) == sorted(GRAD_CASES)
+
+
+@pytest.mark.parametrize("case", GRAD_CASES)  # built inside the test: the calls launch kernels
+def test_torch_backends_with_inputs_that_require_grad_compute_values_like_the_kernels(case):
+    """``torch.addmm(..., out=)`` raised on inputs that require grad, and the other torch backends built autograd
+    graphs, where the kernels of the other backends compute plain values: every torch launcher now runs
+    untracked, with or without ``out``, and gives what the same call on detached inputs gives."""
+    kind, args, kw = _grad_calls()[case]
+    names = [b.name for b in spec.kernel(kind).backends]
+    launch = _launcher(kind, "torch" if "torch" in names else names[0])
+    got = launch(*args, **kw)
+    plain_kw = {k: v for k, v in kw.items() if k not in ("out", "pre_out")}
+    plain = launch(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args), **plain_kw)
+    got_t, plain_t = (r if isinstance(r, tuple) else (r,) for r in (got, plain))
+    assert len(got_t) == len(plain_t)
+    for g, p in zip(got_t, plain_t, strict=True):
+        if g is not None:
+            assert g.grad_fn is None and not g.requires_grad
+            torch.testing.assert_close(g, p)
+
+
 def test_layer_plan_and_params_are_checked_before_any_kernel():
     with pytest.raises(ValueError, match="eps must be a positive finite number"):
         plan_layer(torch.float32, 2, 32, 32, 0.1, -1.0, 0.0, "default")

@@ -18,6 +18,7 @@ from kernel_templates.launch_checks import (
     row_stats,
     same_shape,
     seed_tensor,
+    untracked,
     vectors,
     width,
 )
@@ -94,6 +95,7 @@ def ln_mul_dropout_bwd(
     return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
 
 
+@untracked
 def ln_mul_dropout_fwd_torch(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                              p: float, seed: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
     """The torch backend (``torch_impl.ln_mul_dropout_fwd_torch``) after the same checks."""
@@ -101,6 +103,7 @@ def ln_mul_dropout_fwd_torch(x: torch.Tensor, u: torch.Tensor, weight: torch.Ten
     return _torch.ln_mul_dropout_fwd_torch(x, u, weight, bias, eps, p, seed, **kw)
 
 
+@untracked
 def ln_mul_dropout_bwd_torch(
     do: torch.Tensor, x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     mean: torch.Tensor, rstd: torch.Tensor, p: float, seed: torch.Tensor, **kw: Any,

@@ -121,11 +121,12 @@ def default_gemm_silu_config(m: int, n: int, k: int) -> GemmSiluConfig:
     """Heuristic before tuning: 128x256x64, persistent with 3 stages (the H100's best with the pre-activation
     stored too: its stores drain under the next tile); smaller N tiles when few tiles would fill the GPU.
 
-    N-fastest raster keeps each x row-block in L2 while all N tiles use it (W is small: N x K).
+    N-fastest raster keeps each x row-block in L2 while all N tiles use it (W is small: N x K). Tiles divide
+    N and K where they can (a narrow head dim gives K or N of 32 or 96): a k-tile past K loads only zeros.
     """
+    tile_k = next((t for t in (64, 32) if k % t == 0), 64)
     tiles = -(-max(m, 1) // 128) * -(-n // 256)
     if tiles >= 132 and n % 256 == 0:
-        return GemmSiluConfig(128, 256, 64, 1, 1, 3, "n", True)
-    if n % 128 == 0 or n > 128:
-        return GemmSiluConfig(128, 128, 64, 1, 1, 5, "n")
-    return GemmSiluConfig(128, 64, 64, 1, 1, 6, "n")
+        return GemmSiluConfig(128, 256, tile_k, 1, 1, 3, "n", True)
+    tile_n = next((t for t in (128, 64) if n % t == 0), 128 if n > 128 else 64)
+    return GemmSiluConfig(128, tile_n, tile_k, 1, 1, 5 if tile_n == 128 else 6, "n")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating, outputs_apart
+from kernel_templates.launch_checks import floating, outputs_apart, untracked
 
 from . import torch_impl as _torch
 from . import triton_bwd as _triton
@@ -59,6 +59,7 @@ def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     return _triton.gemm_silu_bwd(dy, x, weight, bias, **kw)
 
 
+@untracked
 def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         **kw: Any) -> tuple:  # fmt: skip
     """The torch backward (``torch_impl.gemm_silu_bwd_torch``) after ``check_bwd_args`` and the shape checks."""
@@ -67,6 +68,7 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)
 
 
+@untracked
 def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **kw: Any) -> torch.Tensor:
     """The torch forward (``torch_impl.gemm_silu_fwd_torch``: cuBLAS addmm, then SiLU) after the checks its
     ``out=`` path lacks (``torch.addmm`` resizes a wrong-shaped buffer with a warning, and reads an operand that

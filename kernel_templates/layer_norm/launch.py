@@ -16,6 +16,7 @@ from kernel_templates.launch_checks import (
     out_rows,
     row_stats,
     same_shape,
+    untracked,
     vectors,
     width,
 )
@@ -59,11 +60,13 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     return _k.layer_norm_bwd(dy, x, *_bwd_args(dy, x, weight, bias, mean, rstd, kw), **kw)
 
 
+@untracked
 def layer_norm_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
     """The torch backend (``reference.layer_norm_fwd_torch``) after the same checks."""
     return _ref.layer_norm_fwd_torch(x, *_fwd_args(x, weight, bias, eps, kw), **kw)
 
 
+@untracked
 def layer_norm_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                          mean: torch.Tensor, rstd: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
     """The torch backend (``reference.layer_norm_bwd_torch``) after the same checks; ``out`` as the Triton

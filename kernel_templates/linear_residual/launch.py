@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating
+from kernel_templates.launch_checks import floating, untracked
 
 from .impl import linear_residual as _linear_residual
 
 
+@untracked
 def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                     **kw: Any) -> torch.Tensor:  # fmt: skip
     """``impl.linear_residual`` (residual + y W^T + b, in the residual's dtype) after the checks above."""

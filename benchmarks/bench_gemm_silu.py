@@ -55,7 +55,7 @@ def config_named(name: str, m: int, n: int, k: int) -> GemmSiluConfig:
         return default_gemm_silu_config(m, n, k)
     if name.startswith("cfg:"):
         fields = name[4:].split("/")
-        kinds = [int, int, int, int, int, int, str, bool]
+        kinds = [int, int, int, int, int, int, str, bool, bool]
         if not 1 <= len(fields) <= len(kinds):
             raise ValueError(f"--configs {name!r}: expected up to {len(kinds)} fields")
         return GemmSiluConfig(*(t(int(f)) if t is bool else t(f) for t, f in zip(kinds, fields, strict=False)))

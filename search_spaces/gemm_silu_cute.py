@@ -16,6 +16,7 @@ import dataclasses
 
 from kernel_templates.gemm_silu.config import (
     PERSISTENT_CLUSTER,
+    PINGPONG_TILE_M,
     REG_OVERHEAD,
     REGS,
     GemmSiluConfig,
@@ -34,6 +35,7 @@ GEMM_PARAMS: dict[str, tuple] = {
     "num_stages": (2, 3, 4, 5, 6, 7, 8),
     "raster": ("m", "n"),
     "persistent": (False, True),
+    "pingpong": (False, True),
 }
 ASSUMED_TOKENS = 1 << 17  # the projection sees batch x tokens rows: size the default for a large M
 
@@ -87,6 +89,13 @@ def cluster_ok(c, ctx: SpaceContext) -> str | None:
     return None
 
 
+def pingpong_ok(c, ctx: SpaceContext) -> str | None:
+    """Two warpgroups take turns on whole tiles of a persistent walk: tile_m 64 or 128 (one warpgroup's)."""
+    if c.pingpong and not (c.persistent and c.tile_m in PINGPONG_TILE_M):
+        return f"pingpong needs persistent and tile_m in {PINGPONG_TILE_M}"
+    return None
+
+
 def n_tiles_exact(c, ctx: SpaceContext) -> str | None:
     """tile_n must divide N (= heads x 4 dqk): a ragged last N tile wastes a column of CTAs."""
     n, k = gemm_dims(ctx)
@@ -116,6 +125,7 @@ GEMM_RULES = (
     dtype_supported,
     wgmma_shapes,
     cluster_ok,
+    pingpong_ok,
     n_tiles_exact,
     fits_smem,
     fits_registers,

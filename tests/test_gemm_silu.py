@@ -24,6 +24,7 @@ from kernel_templates.gemm_silu import (
     smem_bytes,
     validate_gemm_silu_inputs,
 )
+from kernel_templates.gemm_silu.config import EPI_N, EPI_STAGES, accumulator_regs
 from kernel_templates.gemm_silu.op import _CACHE
 from kernel_templates.gemm_silu.reference import silu_grad
 
@@ -76,6 +77,8 @@ PERSISTENT_GRID = [
     (C(192, 96, 64, 1, 1, 4, "n", True), "bfloat16", 96, 512, True, True),
     (C(128, 256, 64, 2, 1, 4, "n", True), "bfloat16", 4096, 1024, True, True),
     (C(128, 128, 64, 1, 2, 5, "m", True), "float16", 4096, 1000, False, False),
+    (C(64, 256, 64, 2, 1, 4, "n", True, True), "bfloat16", 4096, 1024, True, True),
+    (C(64, 256, 64, 1, 1, 4, "m", True, True), "float16", 4096, 1000, False, False),
 ]
 
 
@@ -101,6 +104,22 @@ def test_persistent_runs_clusters_of_at_most_two_ctas():
         check_gemm_silu_config(C(128, 128, 64, 2, 2, 4, "n", True), 4096, 1024)
     for pair in (C(128, 256, 64, 2, 1, 4, "n", True), C(128, 256, 64, 1, 2, 4, "m", True)):
         check_gemm_silu_config(pair, 4096, 1024)
+
+
+def test_pingpong_needs_a_persistent_walk_of_one_warpgroup_tiles():
+    """Each of the two warpgroups holds a whole tile: accumulators and buffers are counted per tile in flight."""
+    with pytest.raises(ValueError, match="pingpong"):
+        GemmSiluConfig(pingpong=1)
+    for bad in (C(64, 128, 64, 1, 1, 4, "n", False, True), C(128, 128, 64, 1, 1, 4, "n", True, True)):
+        with pytest.raises(ValueError, match="pingpong"):
+            check_gemm_silu_config(bad, 4096, 1024)
+    with pytest.raises(ValueError, match="registers"):  # 128 x 256 fp32 in one warpgroup
+        check_gemm_silu_config(C(128, 256, 64, 1, 1, 3, "n", True, True), 4096, 1024)
+    ping, single = C(64, 256, 64, 2, 1, 4, "n", True, True), C(64, 256, 64, 2, 1, 4, "n", True)
+    assert ping.mma_warpgroups == 2 * single.mma_warpgroups == 2
+    assert accumulator_regs(ping) == accumulator_regs(single) == 128  # a whole 64 x 256 tile per warpgroup
+    assert smem_bytes(ping) - smem_bytes(single) == EPI_STAGES * 64 * EPI_N * 2 + 4 * 256
+    check_gemm_silu_config(ping, 4096, 1024)
 
 
 @pytest.mark.parametrize(
@@ -400,8 +419,9 @@ def test_gpu_configs(case):
 @pytest.mark.parametrize(
     "cfg",
     [None, C(128, 256, 64, 1, 1, 4, "n"), C(192, 128, 64, 1, 1, 4, "m", True), C(128, 256, 64, 2, 1, 4, "n")]
-    + [C(128, 256, 64, 2, 1, 3, "n", True), C(128, 128, 64, 1, 2, 4, "m", True)],
-    ids=["default", "grid", "persistent-m", "cluster"] + ["persistent-c21", "persistent-c12-m"],
+    + [C(128, 256, 64, 2, 1, 3, "n", True), C(128, 128, 64, 1, 2, 4, "m", True)]
+    + [C(64, 256, 64, 1, 1, 4, "m", True, True), C(64, 256, 64, 2, 1, 4, "n", True, True)],
+    ids=["default", "grid", "persistent-m", "cluster"] + ["persistent-c21", "persistent-c12-m"] + ["pp", "pp-c21"],
 )
 @pytest.mark.parametrize("m", [1, 77, 4096 + 45, 40000])
 def test_gpu_pre_activation_output(cfg, m):
@@ -421,10 +441,14 @@ def test_gpu_pre_activation_output(cfg, m):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("tile_n, cluster_m", [(96, 1), (160, 1), (224, 1), (160, 2)])
-def test_gpu_persistent_odd_store_counts(tile_n, cluster_m):
+@pytest.mark.parametrize(
+    "tile_m, tile_n, cluster_m, pingpong",
+    [(128, 96, 1, False), (128, 160, 1, False), (128, 224, 1, False), (128, 160, 2, False), (64, 96, 1, True),
+     (64, 160, 2, True)],
+)  # fmt: skip
+def test_gpu_persistent_odd_store_counts(tile_m, tile_n, cluster_m, pingpong):
     """tile_n / 32 sub-tiles, an odd count: the next tile's first store reuses the buffer of the last one."""
-    cfg = C(128, tile_n, 64, cluster_m, 1, 4, "n", True)
+    cfg = C(tile_m, tile_n, 64, cluster_m, 1, 4, "n", True, pingpong)
     _check(40000, 3 * 7 * 32 * 2, 512, torch.bfloat16, cfg, seed=tile_n)
 
 

@@ -12,7 +12,9 @@ consumers: they run wgmma on the ring into an fp32 accumulator (one wgmma group 
 previous stage released as soon as its group retires), then the epilogue adds the bias (staged once
 per tile in shared memory as fp32) and applies SiLU in fp32 on the accumulator fragment, converts to
 the input dtype, writes (tile_m x 32) sub-tiles to shared memory with stmatrix and drains them to
-global memory with TMA stores (double-buffered). With ``has_pre`` the epilogue also stores the
+global memory with TMA stores (double-buffered). With ``pingpong`` the two MMA warpgroups each own
+a whole tile (alternate tiles of the CTA's walk) and take turns on the tensor cores through a pair of
+named barriers: one warpgroup's epilogue runs under the other's main loop. With ``has_pre`` the epilogue also stores the
 pre-activation ``x @ W^T + b`` (a second output, so a training step keeps it for SiLU's backward without
 a separate SiLU pass over it).
 
@@ -37,7 +39,8 @@ from kernel_templates.cute_sm90 import pipeline_groups, tma_pipeline
 from .config import EPI_N, EPI_STAGES, REGS, GemmSiluConfig
 
 LOG2E = math.log2(math.e)
-EPI_BARRIER = 1  # named barrier id of the MMA warpgroups (0 is __syncthreads)
+EPI_BARRIER = 1  # named barrier id of the MMA warpgroups (0 is __syncthreads); pingpong: 1 and 2
+MMA_ORDER_BARRIER = 3  # pingpong: warpgroup w waits on MMA_ORDER_BARRIER + w for its turn (3 and 4)
 
 
 class GemmSiluSm90:
@@ -51,11 +54,15 @@ class GemmSiluSm90:
         self.has_bias = has_bias
         self.has_pre = has_pre
         self.persistent = config.persistent
+        self.pingpong = config.pingpong
+        self.tiles_in_flight = config.tiles_in_flight
         self.tile_m, self.tile_n, self.tile_k = config.tile_m, config.tile_n, config.tile_k
         self.cluster_mn = (config.cluster_m, config.cluster_n)
         self.num_stages = config.num_stages
         self.num_wg = config.mma_warpgroups
         self.num_mma_threads = 128 * self.num_wg
+        # The threads that compute one tile: every MMA warpgroup, or one with pingpong.
+        self.tile_threads = self.num_mma_threads // self.tiles_in_flight
         self.num_threads = 128 * (self.num_wg + 1)
         self.mma_regs, self.producer_regs = REGS[self.num_wg]
         self.epi_tile = (self.tile_m, EPI_N)
@@ -82,12 +89,14 @@ class GemmSiluSm90:
             warpgroup.OperandMajorMode.K,
             warpgroup.OperandMajorMode.K,
             Float32,
-            (self.num_wg, 1, 1),
+            (self.num_wg // self.tiles_in_flight, 1, 1),
             (64, self.tile_n),
         )
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile_mnk, self.dtype, self.num_stages)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, self.dtype, self.num_stages)
-        sC_layout = sm90_utils.make_smem_layout_epi(self.dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, EPI_STAGES)
+        sC_layout = sm90_utils.make_smem_layout_epi(
+            self.dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, EPI_STAGES * self.tiles_in_flight
+        )
         cm, cn = self.cluster_mn
         # x tiles are shared by the cluster_n CTAs of a cluster row, W tiles by the cluster_m CTAs of a column.
         op_a = cpasync.CopyBulkTensorTileG2SMulticastOp() if cn > 1 else cpasync.CopyBulkTensorTileG2SOp()
@@ -105,7 +114,7 @@ class GemmSiluSm90:
         @cute.struct
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            sBias: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_n], 16]
+            sBias: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_n * self.tiles_in_flight], 16]
             sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sC_layout)], 1024]
@@ -180,7 +189,7 @@ class GemmSiluSm90:
         cm, cn = self.cluster_mn
         # Each consumer warp releases a stage to every CTA that multicast into it (its row and column).
         mcast_size = cm + cn - 1
-        groups = pipeline_groups(self.num_mma_threads, mcast_size)
+        groups = pipeline_groups(self.tile_threads, mcast_size)  # a stage is read by one tile's warpgroups
         pipe = tma_pipeline(
             storage.mbar,
             self.num_stages,
@@ -193,7 +202,7 @@ class GemmSiluSm90:
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
-        sBias = storage.sBias.get_tensor(cute.make_layout(self.tile_n))
+        sBias = storage.sBias.get_tensor(cute.make_layout(self.tile_n * self.tiles_in_flight))
         m, n = cute.size(mA, mode=[0]), cute.size(mB, mode=[0])
         tiles_m = (m + self.tile_m - 1) // self.tile_m
         tiles_n = (n + self.tile_n - 1) // self.tile_n
@@ -227,16 +236,30 @@ class GemmSiluSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             mma_tidx = tidx - 128
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-            t = first
+            # slot: which of the tiles in flight this thread computes (its warpgroup with pingpong, else 0);
+            # tile_tidx: its index among that tile's threads.
+            slot = cute.arch.make_warp_uniform(mma_tidx // self.tile_threads)
+            tile_tidx = mma_tidx % self.tile_threads
+            # Tiles i = slot, slot + 2, ... of the CTA's walk; their k-tiles sit at ring positions
+            # i * k_tiles on, so a pingpong warpgroup starts k_tiles in and skips the other's k-tiles.
+            skip = slot * self.k_tiles
+            read = pipeline.PipelineState(self.num_stages, skip, skip % self.num_stages, (skip // self.num_stages) % 2)
+            if const_expr(self.pingpong):  # noqa: SIM102 (compile-time test around a staged one)
+                if slot == 0:  # the first turn on the tensor cores is warpgroup 0's
+                    cute.arch.barrier_arrive(barrier_id=MMA_ORDER_BARRIER, number_of_threads=256)
+            t = first + slot * step
             while t < end:
                 pid_m, pid_n = self.tile_coords(tiles_m, tiles_n, t, cluster_coord)
                 gC = cute.local_tile(mC, (self.tile_m, self.tile_n), (pid_m, pid_n))
                 gP = cute.local_tile(mP, (self.tile_m, self.tile_n), (pid_m, pid_n))
-                self.stage_bias(mBias, sBias, pid_n, n, mma_tidx)
-                acc, read = self.mainloop(tiled_mma, sA, sB, pipe, read, mma_tidx)
-                self.epilogue(tiled_mma, acc, sBias, sC, gC, gP, tma_atom_c, tma_atom_p, mma_tidx, warp_idx == 4)
-                t += step
+                self.stage_bias(mBias, sBias, pid_n, n, tile_tidx, slot)
+                acc, read = self.mainloop(tiled_mma, sA, sB, pipe, read, tile_tidx, slot)
+                if const_expr(self.pingpong):
+                    read.advance(self.k_tiles)
+                self.epilogue(
+                    tiled_mma, acc, sBias, sC, gC, gP, tma_atom_c, tma_atom_p, tile_tidx, slot, tile_tidx < 32
+                )
+                t += step * self.tiles_in_flight
 
     @cute.jit
     def tile_coords(self, tiles_m: Int32, tiles_n: Int32, t: Int32, cluster_coord: tuple):
@@ -305,17 +328,17 @@ class GemmSiluSm90:
         return state
 
     @cute.jit
-    def stage_bias(self, mBias: cute.Tensor, sBias: cute.Tensor, pid_n: Int32, n: Int32, mma_tidx: Int32):
-        """bias[n0 : n0 + tile_n] as fp32 in shared memory (zeros past N or without bias)."""
+    def stage_bias(self, mBias: cute.Tensor, sBias: cute.Tensor, pid_n: Int32, n: Int32, tile_tidx: Int32, slot: Int32):
+        """bias[n0 : n0 + tile_n] as fp32 in the slot's shared-memory row (zeros past N or without bias)."""
         n0 = pid_n * self.tile_n
-        for i in cutlass.range_constexpr((self.tile_n + self.num_mma_threads - 1) // self.num_mma_threads):
-            j = mma_tidx + i * self.num_mma_threads
+        for i in cutlass.range_constexpr((self.tile_n + self.tile_threads - 1) // self.tile_threads):
+            j = tile_tidx + i * self.tile_threads
             if j < self.tile_n:
                 v = Float32(0.0)
                 if const_expr(self.has_bias):  # noqa: SIM102 (compile-time test around a staged one)
                     if n0 + j < n:
                         v = mBias[n0 + j].to(Float32)
-                sBias[j] = v
+                sBias[slot * self.tile_n + j] = v
 
     @cute.jit
     def mainloop(
@@ -325,11 +348,13 @@ class GemmSiluSm90:
         sB: cute.Tensor,
         pipe: pipeline.PipelineTmaAsync,
         read: pipeline.PipelineState,
-        mma_tidx: Int32,
+        tile_tidx: Int32,
+        slot: Int32,
     ):
         """(acc, ring state): acc = x_tile @ W_tile^T over all k-tiles; one wgmma group in flight, each
-        stage released as soon as the group that read it retired."""
-        wg_idx = cute.arch.make_warp_uniform(mma_tidx // 128)
+        stage released as soon as the group that read it retired. With pingpong the warpgroup waits for
+        its turn first and hands the turn over once its last k-tile's wgmma is issued."""
+        wg_idx = cute.arch.make_warp_uniform(tile_tidx // 128)
         wg_mma = tiled_mma.get_slice(wg_idx * 128)
         tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
@@ -339,6 +364,8 @@ class GemmSiluSm90:
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         num_kb = cute.size(tCrA, mode=[2])
         release = read.clone()
+        if const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=MMA_ORDER_BARRIER + slot, number_of_threads=256)
         pipe.consumer_wait(read)
         warpgroup.fence()
         for kb in cutlass.range_constexpr(num_kb):
@@ -356,6 +383,8 @@ class GemmSiluSm90:
             pipe.consumer_release(release)
             release.advance()
             read.advance()
+        if const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=MMA_ORDER_BARRIER + 1 - slot, number_of_threads=256)
         warpgroup.wait_group(0)
         pipe.consumer_release(release)
         return acc, read
@@ -371,23 +400,25 @@ class GemmSiluSm90:
         gP: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         tma_atom_p: cute.CopyAtom,
-        mma_tidx: Int32,
+        tile_tidx: Int32,
+        slot: Int32,
         is_store_warp: cutlass.Boolean,
     ):
         """acc + bias (stored as the pre-activation with ``has_pre``), SiLU in fp32, convert, stmatrix to
         smem, TMA-store (tile_m x 32) sub-tiles through the double-buffered smem ring."""
-        cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)  # sBias is staged
-        thr_mma = tiled_mma.get_slice(mma_tidx)
+        epi_bar = EPI_BARRIER + slot  # the slot's own barrier (slot is 0 without pingpong)
+        cute.arch.barrier(barrier_id=epi_bar, number_of_threads=self.tile_threads)  # sBias is staged
+        thr_mma = tiled_mma.get_slice(tile_tidx)
         tCcC = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
         for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + sBias[tCcC[i][1]]
+            acc[i] = acc[i] + sBias[slot * self.tile_n + tCcC[i][1]]
 
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
             LayoutEnum.ROW_MAJOR, elem_ty_d=self.dtype, elem_ty_acc=Float32
         )
         copy_atom_c = cute.make_copy_atom(warp.StMatrix8x8x16bOp(False, 4), self.dtype)
         tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma))
-        thr_copy_r2s = tiled_copy_r2s.get_slice(mma_tidx)
+        thr_copy_r2s = tiled_copy_r2s.get_slice(tile_tidx)
         tRS_sD = thr_copy_r2s.partition_D(sC)
         tRS_rAcc = tiled_copy_r2s.retile(acc)
         rD_layout = cute.make_layout(cute.shape(thr_copy_r2s.partition_S(sC))[:3])
@@ -402,7 +433,7 @@ class GemmSiluSm90:
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=EPI_STAGES,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.tile_threads),
         )
         outputs = 2 if const_expr(self.has_pre) else 1
         for e in cutlass.range_constexpr(cute.size(gC_epi, mode=[1])):
@@ -416,18 +447,18 @@ class GemmSiluSm90:
                         tRS_rD[v] = h + h * cute.math.tanh(h, fastmath=True)
                 rOut = cute.make_rmem_tensor_like(rD_layout, self.dtype)
                 rOut.store(tRS_rD.load().to(self.dtype))
-                buf = (e * outputs + o) % EPI_STAGES
+                buf = slot * EPI_STAGES + (e * outputs + o) % EPI_STAGES
                 cute.copy(tiled_copy_r2s, rOut, tRS_sD[None, None, None, buf])
                 # Make the generic-proxy smem writes visible to the TMA (async proxy), then one warp stores.
                 cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+                cute.arch.barrier(barrier_id=epi_bar, number_of_threads=self.tile_threads)
                 if is_store_warp:
                     dst = bSG_gD if const_expr(o == outputs - 1) else bSG_gP
                     atom = tma_atom_c if const_expr(o == outputs - 1) else tma_atom_p
                     cute.copy(atom, bSG_sD[None, buf], dst[None, epi_order.get_hier_coord(e)])
                     store_pipe.producer_commit()
                     store_pipe.producer_acquire()
-                cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+                cute.arch.barrier(barrier_id=epi_bar, number_of_threads=self.tile_threads)
         if is_store_warp:
             # The smem ring is free for the next tile once the TMA has read it; the global writes drain
             # on their own (under the next tile's main loop when persistent).
@@ -435,4 +466,4 @@ class GemmSiluSm90:
         if const_expr(self.persistent and (cute.size(gC_epi, mode=[1]) * outputs) % EPI_STAGES != 0):
             # An odd store count per tile: the next tile's first sub-tile goes to the buffer this tile's
             # last store may still be reading, so every thread waits for the store warp's tail.
-            cute.arch.barrier(barrier_id=EPI_BARRIER, number_of_threads=self.num_mma_threads)
+            cute.arch.barrier(barrier_id=epi_bar, number_of_threads=self.tile_threads)

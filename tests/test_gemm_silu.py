@@ -48,6 +48,7 @@ COMPILE_GRID = [
 def _id(case) -> str:
     c, dt, n, k, b = case
     tile = f"{c.tile_m}x{c.tile_n}x{c.tile_k}c{c.cluster_m}{c.cluster_n}s{c.num_stages}{c.raster}"
+    tile += ("-pp" if c.pingpong else "-p" if c.persistent else "")
     return f"{tile}-{dt}-n{n}k{k}b{int(b)}"
 
 
@@ -403,6 +404,8 @@ GPU_GRID = [
     (C(192, 64, 64, 1, 2, 6, "m"), "float16", 1024, 512, True),
     (C(128, 192, 32, 1, 1, 6, "n"), "bfloat16", 1000, 1000, True),
     (C(128, 96, 128, 1, 1, 3, "n"), "bfloat16", 520, 1032, True),
+    (C(64, 256, 64, 2, 1, 5, "n", True, True), "bfloat16", 1000, 1000, True),
+    (C(64, 128, 32, 1, 2, 6, "m", True, True), "float16", 520, 1032, False),
 ]
 
 
@@ -450,6 +453,39 @@ def test_gpu_persistent_odd_store_counts(tile_m, tile_n, cluster_m, pingpong):
     """tile_n / 32 sub-tiles, an odd count: the next tile's first store reuses the buffer of the last one."""
     cfg = C(tile_m, tile_n, 64, cluster_m, 1, 4, "n", True, pingpong)
     _check(40000, 3 * 7 * 32 * 2, 512, torch.bfloat16, cfg, seed=tile_n)
+
+
+def _random_shapes(count: int, seed: int) -> list[tuple]:
+    """(m, n, k, dtype, bias, pre): M from 1 to ~60K, N multiples of 8 (often of 256, where the default is the
+    pingpong pair), K multiples of 8 with tails past every k-tile."""
+    import random
+
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(count):
+        n = 256 * rng.randint(1, 12) if rng.random() < 0.7 else 8 * rng.randint(1, 300)
+        k = 8 * rng.randint(1, 300)
+        m = rng.choice([1, rng.randint(2, 700), rng.randint(700, 60000), rng.randint(20000, 60000)])
+        shapes.append((m, n, k, rng.choice([torch.bfloat16, torch.float16]), rng.random() < 0.7, rng.random() < 0.6))
+    return shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("case", _random_shapes(20, seed=2027), ids=lambda c: f"m{c[0]}n{c[1]}k{c[2]}")
+def test_gpu_default_config_on_random_shapes(case):
+    """The default config (the pingpong pair for a large M and N a multiple of 256) on shapes nobody tuned:
+    y and the pre-activation against the fp32 reference, NaN-filled outputs."""
+    from kernel_templates.gemm_silu.op import gemm_silu_fwd
+    from kernel_templates.hstu_attention.testing import check_tolerance
+
+    m, n, k, dtype, bias, pre = case
+    x, w, b = _inputs(m, n, k, dtype, seed=m + n + k, bias=bias)
+    y, p = (torch.full((m, n), float("nan"), dtype=dtype, device="cuda") for _ in "yp")
+    gemm_silu_fwd(x, w, b, None, out=y, pre_out=p if pre else None)
+    check_tolerance("y", y, gemm_silu_reference(x, w, b), gemm_silu_reference(x, w, b, dtype))
+    if pre:
+        check_tolerance("pre", p, gemm_silu_pre_reference(x, w, b), gemm_silu_pre_reference(x, w, b, dtype))
 
 
 @pytest.mark.gpu

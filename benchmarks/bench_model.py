@@ -67,7 +67,8 @@ def bench(args: argparse.Namespace, console: Console, device: torch.device) -> l
         console.rule(f"{args.preset}: {variant} ({steps} steps + {warmup} warm-up)")
         try:
             res = run(cfg, steps, device, warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
-                      args.workers, progress=not args.no_progress, console=console)  # fmt: skip
+                      args.workers, progress=not args.no_progress, console=console,
+                      prime=False if args.no_prime else None)  # fmt: skip
         except torch.cuda.OutOfMemoryError as exc:
             res = {"kernels": cfg.kernels, "error": f"out of memory: {str(exc).splitlines()[0]}"}
         except FloatingPointError as exc:
@@ -144,6 +145,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--reference-steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument(
+        "--no-prime",
+        action="store_true",
+        help="skip the untimed pass over the timed batches (compiles of kernels they select land in the timing)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="bf16 (default on GPU) or fp32")
     p.add_argument("--artifacts", default="artifacts")

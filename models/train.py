@@ -129,8 +129,14 @@ def run(
     console: Console | None = None,
     balance: str = "workload",
     allow_same_arch: bool = False,
+    prime: bool | None = None,
 ) -> dict[str, Any]:
     """Train ``warmup + steps`` steps and return the metrics dict (losses, tokens/s, TFLOP/s, MFU).
+
+    ``prime`` (default: on a CUDA device, eager steps) runs the timed batches' forward and backward once,
+    untimed and without an optimizer step, before the clock starts: dispatch picks kernels per batch (max
+    length, fill ratio), so a jagged batch may select a config no warm-up step compiled, and that compile
+    would land in the timed steps of whichever variant ran first.
 
     Under torchrun (``WORLD_SIZE`` > 1) every rank trains its shard of a global batch of
     ``batch_size x world`` sequences through DDP; ``balance`` "workload" gives ranks equal attention
@@ -142,15 +148,18 @@ def run(
             raise ValueError(f"{name} must be an int >= {low}, got {val!r}")
     if balance not in distributed.BALANCE:
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
+    if prime is not None and not isinstance(prime, bool):
+        raise ValueError(f"prime must be a bool or None, got {prime!r}")
     r = _prepare(cfg, torch.device(device), dtype, artifacts, gpu, allow_same_arch)
+    prime = (r.device.type == "cuda" and r.graphed is None) if prime is None else prime
     if r.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(r.device)
     global_cfg = cfg.replace(batch_size=cfg.batch_size * r.dist_info.world)
     loader = iter(make_loader(global_cfg, warmup + steps, workers=workers, pin=r.device.type == "cuda"))
     console = console or Console(stderr=True)
-    tally = _train(r, loader, steps, warmup, log_every, balance, progress, console)
+    tally = _train(r, loader, steps, warmup, log_every, balance, progress, console, prime)
     world_tokens, rank_fwd_ms = _reduce_ranks(r, tally)
-    return _report(r, tally, steps, warmup, balance, world_tokens, rank_fwd_ms)
+    return {**_report(r, tally, steps, warmup, balance, world_tokens, rank_fwd_ms), "primed": prime}
 
 
 def default_dtype(device: str | torch.device) -> str:
@@ -215,11 +224,33 @@ def _prepare(
     return r
 
 
+def _prime(r: _Run, batches: list, balance: str, weight: Any) -> None:
+    """Forward and backward of each batch, untimed: the kernels its shape selects compile now. No optimizer
+    step, gradients dropped, and the RNG streams restored, so training goes on exactly as unprimed."""
+    devices = [r.device] if r.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for batch in batches:
+            if r.dist_info.enabled:
+                batch, _ = distributed.shard(batch, r.dist_info.rank, r.dist_info.world, balance, weight)
+            with r.amp:
+                loss = (r.loss_fn or r.model.loss)(batch.to(r.device))
+            loss.backward()
+            r.opt.zero_grad(set_to_none=True)
+
+
 def _train(
-    r: _Run, loader: Any, steps: int, warmup: int, log_every: int, balance: str, progress: bool, console: Console
+    r: _Run,
+    loader: Any,
+    steps: int,
+    warmup: int,
+    log_every: int,
+    balance: str,
+    progress: bool,
+    console: Console,
+    prime: bool = False,
 ) -> _Tally:
-    """Take every step; the timed ones (after ``warmup``) add to the tally. Losses are read back every
-    ``log_every`` steps, so steps between reads run without a host sync."""
+    """Take every step; the timed ones (after ``warmup``) add to the tally, primed first when ``prime``.
+    Losses are read back every ``log_every`` steps, so steps between reads run without a host sync."""
     cfg, device, dist_info, graphed = r.cfg, r.device, r.dist_info, r.graphed
     dense = r.model.dense_params()
     weight = distributed.token_weight(cfg)
@@ -230,13 +261,18 @@ def _train(
     with Progress(*cols, TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=console,
                   disable=not progress, transient=False) as bar:  # fmt: skip
         task = bar.add_task(f"{cfg.kernels} train", total=warmup + steps, loss="")
+        timed: list = []
         for step in range(warmup + steps):
             if step == warmup:
+                if prime:
+                    timed = [next(loader) for _ in range(steps)]
+                    _prime(r, timed, balance, weight)
+                    timed.reverse()  # taken from the end, in order
                 _sync(device)
                 t0 = time.perf_counter()
                 tally.captures_before = graphed.captures if graphed else 0
                 tally.pad_before = graphed.padding_rows if graphed else 0
-            batch = next(loader)
+            batch = timed.pop() if timed else next(loader)
             if dist_info.enabled:
                 batch, imb = distributed.shard(batch, dist_info.rank, dist_info.world, balance, weight)
                 tally.imbalances.append(imb)
@@ -407,6 +443,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-tokens", type=int, default=None, help="padding granularity in rows (default max_seq_len)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
+    p.add_argument(
+        "--no-prime",
+        action="store_true",
+        help="skip the untimed forward/backward of the timed batches (on by default on a GPU, eager steps)",
+    )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
     p.add_argument(
         "--dtype", default=None, choices=("bf16", "fp32"), help="bf16 (autocast; GPU default) or fp32 (CPU default)"
@@ -493,7 +534,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
                      args.workers, progress=not args.no_progress and rank0, console=console,
-                     balance=args.balance, allow_same_arch=args.allow_same_arch)  # fmt: skip
+                     balance=args.balance, allow_same_arch=args.allow_same_arch,
+                     prime=False if args.no_prime else None)  # fmt: skip
     except FloatingPointError as e:
         console.print(f"[red]error:[/red] {e}")
         raise SystemExit(1) from None

@@ -56,6 +56,28 @@ def test_loss_decreases_on_synthetic_task():
     assert last < first - 0.08, (first, last)
 
 
+def test_priming_runs_each_timed_batch_once_untimed_and_changes_no_result(monkeypatch):
+    """A jagged batch may select a kernel config no warm-up step compiled; priming runs the timed batches'
+    forward and backward before the clock starts, with no optimizer step and the RNG restored, so losses
+    (dropout included) are those of the unprimed run."""
+    from models.hstu import HSTURankingModel
+
+    calls = []
+    loss = HSTURankingModel.loss
+    monkeypatch.setattr(
+        HSTURankingModel, "loss", lambda self, batch: calls.append(batch.num_tokens) or loss(self, batch)
+    )
+    cfg = get_config("tiny", kernels="reference", dropout=0.3)
+    plain = run(cfg, steps=3, device="cpu", warmup=1, log_every=1, progress=False, prime=False)
+    n_plain, calls[:] = list(calls), []
+    primed = run(cfg, steps=3, device="cpu", warmup=1, log_every=1, progress=False, prime=True)
+    assert (plain["primed"], primed["primed"]) == (False, True)
+    assert calls == n_plain[:1] + n_plain[1:] + n_plain[1:]  # warm-up, the 3 timed batches primed, then timed
+    assert primed["losses"] == plain["losses"] and primed["tokens"] == plain["tokens"]
+    with pytest.raises(ValueError, match="prime must be a bool"):
+        run(cfg, steps=1, device="cpu", progress=False, prime=1)
+
+
 def test_train_cli_writes_metrics(tmp_path, device):
     out = tmp_path / "m.json"
     main(["--preset", "tiny", "--kernels", "default", "--steps", "2", "--warmup", "1", "--device", device,

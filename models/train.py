@@ -48,8 +48,10 @@ def train_step(
     amp: contextlib.AbstractContextManager,
     loss_fn: Any = None,
     timer: list | None = None,
+    update: bool = True,
 ) -> torch.Tensor:
-    """One forward/backward/Adam step; returns the loss (a device tensor, no host sync).
+    """One forward/backward/Adam step; returns the loss (a device tensor, no host sync). ``update=False``
+    drops the gradients instead of stepping (the untimed priming pass).
 
     ``loss_fn`` (default ``model.loss``) is the DDP-wrapped loss in data-parallel runs. ``timer``
     (CUDA only) gets the (start, end) events of the forward: a rank's own compute, with no
@@ -64,7 +66,8 @@ def train_step(
         events[1].record()
         timer.append(events)
     loss.backward()
-    opt.step()
+    if update:
+        opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
 
@@ -232,10 +235,7 @@ def _prime(r: _Run, batches: list, balance: str, weight: Any) -> None:
         for batch in batches:
             if r.dist_info.enabled:
                 batch, _ = distributed.shard(batch, r.dist_info.rank, r.dist_info.world, balance, weight)
-            with r.amp:
-                loss = (r.loss_fn or r.model.loss)(batch.to(r.device))
-            loss.backward()
-            r.opt.zero_grad(set_to_none=True)
+            train_step(r.model, r.opt, batch.to(r.device), r.amp, r.loss_fn, update=False)
 
 
 def _train(
@@ -261,18 +261,17 @@ def _train(
     with Progress(*cols, TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=console,
                   disable=not progress, transient=False) as bar:  # fmt: skip
         task = bar.add_task(f"{cfg.kernels} train", total=warmup + steps, loss="")
-        timed: list = []
         for step in range(warmup + steps):
             if step == warmup:
                 if prime:
                     timed = [next(loader) for _ in range(steps)]
                     _prime(r, timed, balance, weight)
-                    timed.reverse()  # taken from the end, in order
+                    loader = iter(timed)
                 _sync(device)
                 t0 = time.perf_counter()
                 tally.captures_before = graphed.captures if graphed else 0
                 tally.pad_before = graphed.padding_rows if graphed else 0
-            batch = timed.pop() if timed else next(loader)
+            batch = next(loader)
             if dist_info.enabled:
                 batch, imb = distributed.shard(batch, dist_info.rank, dist_info.world, balance, weight)
                 tally.imbalances.append(imb)

@@ -90,7 +90,7 @@ def cluster_ok(c, ctx: SpaceContext) -> str | None:
 
 
 def pingpong_ok(c, ctx: SpaceContext) -> str | None:
-    """Two warpgroups take turns on whole tiles of a persistent walk: tile_m 64 or 128 (one warpgroup's)."""
+    """Two warpgroups take turns on whole tiles of a persistent walk: tile_m 64 (one warpgroup's wgmma atom)."""
     if c.pingpong and not (c.persistent and c.tile_m in PINGPONG_TILE_M):
         return f"pingpong needs persistent and tile_m in {PINGPONG_TILE_M}"
     return None

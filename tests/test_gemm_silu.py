@@ -48,7 +48,7 @@ COMPILE_GRID = [
 def _id(case) -> str:
     c, dt, n, k, b = case
     tile = f"{c.tile_m}x{c.tile_n}x{c.tile_k}c{c.cluster_m}{c.cluster_n}s{c.num_stages}{c.raster}"
-    tile += ("-pp" if c.pingpong else "-p" if c.persistent else "")
+    tile += "-pp" if c.pingpong else "-p" if c.persistent else ""
     return f"{tile}-{dt}-n{n}k{k}b{int(b)}"
 
 

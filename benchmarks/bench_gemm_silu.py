@@ -19,6 +19,7 @@ addmm into the pre-activation, then SiLU into y; ``addmm`` alone, the cuBLAS GEM
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -56,10 +57,12 @@ def config_named(name: str, m: int, n: int, k: int) -> GemmSiluConfig:
         return default_gemm_silu_config(m, n, k)
     if name.startswith("cfg:"):
         fields = name[4:].split("/")
-        kinds = [int, int, int, int, int, int, str, bool, bool]
+        # The config's own fields and types, so a new tunable needs no edit here.
+        readers = {"int": int, "str": str, "bool": lambda f: bool(int(f))}
+        kinds = [readers[f.type] for f in dataclasses.fields(GemmSiluConfig)]
         if not 1 <= len(fields) <= len(kinds):
             raise ValueError(f"--configs {name!r}: expected up to {len(kinds)} fields")
-        return GemmSiluConfig(*(t(int(f)) if t is bool else t(f) for t, f in zip(kinds, fields, strict=False)))
+        return GemmSiluConfig(*(read(f) for read, f in zip(kinds, fields, strict=False)))
     if name not in EXTRA_CONFIGS:
         raise ValueError(f"--configs: unknown config {name!r} (default, {', '.join(EXTRA_CONFIGS)} or cfg:...)")
     return EXTRA_CONFIGS[name]

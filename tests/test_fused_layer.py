@@ -105,6 +105,30 @@ def test_zero_copy_views_match_copies(device):
         _close(grads2[name], g, f"d{name}", device)
 
 
+@pytest.mark.parametrize("recompute", ["none", "uvqk", "pre"])
+def test_du_silu_gives_the_gradients_of_the_silu_pass(device, recompute):
+    """u's SiLU' inside the LN * u + dropout backward (and the pass in place over the other columns) against the
+    pass over every column: same output, gradients within one rounding of d pre (only where the pre-activation
+    is kept; "pre" recomputes it and runs the pass as before)."""
+    cfg = get_config("tiny", dropout=0.2, max_seq_len=32, layer="fused", recompute=recompute)
+    x, off, dout = _batch(device, cfg.hidden_dim, seed=6)
+    base_out, base_grads, sd = _run(cfg.replace(du_silu=False), x, off, dout, device, seed=3)
+    out, grads, _ = _run(cfg, x, off, dout, device, sd, seed=3)
+    assert torch.equal(out, base_out)
+    for name, g in base_grads.items():
+        _close(grads[name], g, f"d{name}", device)
+
+
+def test_layer_flags_are_checked():
+    from autotune.runtime.layer import plan_layer
+
+    with pytest.raises(ValueError, match="du_silu must be a bool"):
+        get_config("tiny", layer="fused", du_silu="yes")
+    for name in ("recompute_ln", "zero_copy", "du_silu"):
+        with pytest.raises(ValueError, match=f"{name} must be a bool"):
+            plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "default", **{name: 1})
+
+
 def test_dropout_mask_comes_from_the_generator(device):
     """Another torch seed draws another mask; the same seed gives the same output and gradients."""
     cfg = get_config("tiny", dropout=0.5, max_seq_len=32, layer="fused")

@@ -195,3 +195,35 @@ def test_dropout_p_must_be_a_number_in_range(device, p):
     for training in (True, False):
         with pytest.raises(ValueError, match="dropout p must be"):
             fused_ln_mul_dropout(x, u, w, b, p=p, training=training)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 37, 130])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_silu_pre_carries_du_through_silu_grad(device, rows, backend):
+    """With ``silu_pre`` (u = silu(pre)) du comes out as d pre = du * silu'(pre) (rounded once) and a fifth output
+    holds its column sums in fp32; the other outputs are those of the plain call. The spec's launchers of both
+    backends, into a strided du slice of a wider buffer, with dropout."""
+    from kernel_templates.fused_ln_mul_dropout.launch import ln_mul_dropout_bwd, ln_mul_dropout_bwd_torch
+    from kernel_templates.fused_ln_mul_dropout.torch_impl import ln_mul_dropout_fwd_torch
+    from kernel_templates.gemm_silu.reference import silu_grad
+
+    launch = ln_mul_dropout_bwd if backend == "triton" else ln_mul_dropout_bwd_torch
+    kw = {"config": _cfgs(device)[1]} if backend == "triton" else {}
+    x, u, w, b = _inputs(device, rows=rows, d=96, seed=3)
+    pre = torch.randn(rows, 2 * 96, generator=torch.Generator().manual_seed(8)).to(device)[:, 96:]
+    seed = torch.tensor([5], device=device)
+    _, mean, rstd = ln_mul_dropout_fwd_torch(x, u, w, b, 1e-5, 0.2, seed)
+    go = torch.randn_like(x)
+    plain = launch(go, x, u, w, b, mean, rstd, 0.2, seed, **kw)
+    wide = torch.full((rows, 3 * 96), 7.0, device=device)
+    bufs = (torch.empty_like(x), wide[:, 96:192], torch.empty_like(w), torch.empty_like(b))
+    got = launch(go, x, u, w, b, mean, rstd, 0.2, seed, out=bufs, silu_pre=pre, **kw)
+    assert len(got) == 5 and got[1].data_ptr() == wide[:, 96:192].data_ptr()
+    for i in (0, 2, 3):
+        torch.testing.assert_close(got[i], plain[i], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], plain[1] * silu_grad(pre), atol=1e-5, rtol=1e-5)
+    assert got[4].dtype == torch.float32 and got[4].shape == (96,)
+    torch.testing.assert_close(got[4], got[1].float().sum(0), atol=1e-4, rtol=1e-5)
+    assert (wide[:, :96] == 7).all() and (wide[:, 192:] == 7).all()
+    with pytest.raises(ValueError, match="silu_pre"):
+        launch(go, x, u, w, b, mean, rstd, 0.2, seed, silu_pre=pre[:, :50], **kw)

@@ -109,3 +109,44 @@ def test_launchers_refuse_wrong_output_buffers_and_dtypes(device, backend):
         launch(dy, x, w, b, out=ok[:2], **kw)
     got = launch(dy, x, w, b, out=ok, **kw)
     assert all(g.data_ptr() == o.data_ptr() for g, o in zip(got, ok, strict=True))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("c", [0, 32, 80])
+def test_done_cols_skip_the_pass_and_write_d_pre_in_place(device, backend, c):
+    """dy whose first ``c`` columns already hold d pre (their fp32 bias gradient given): the same gradients as
+    the whole pass; the Triton backend writes d pre over dy's other columns."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+    from kernel_templates.gemm_silu.reference import silu_grad
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    dy, x, w, b = _inputs(device, 70)
+    pre = torch.randn(70, 80, generator=torch.Generator().manual_seed(2)).to(device)
+    want = launch(dy, x, w, b, pre=pre, **kw)
+    head = (dy[:, :c].float() * silu_grad(pre[:, :c])).to(dy.dtype)
+    buf = torch.cat([head, dy[:, c:]], dim=1)
+    got = launch(buf, x, w, b, pre=pre, done_cols=c, done_db=head.float().sum(0), **kw)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+    if backend == "triton" and c:
+        torch.testing.assert_close(buf, (dy.float() * silu_grad(pre)).to(dy.dtype), atol=1e-6, rtol=1e-5)
+
+
+def test_done_cols_are_checked():
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+
+    dy, x, w, b = _inputs("cpu", 8)
+    for launch in (triton_launch, torch_launch):
+        with pytest.raises(ValueError, match=r"done_cols must be an int in \[0, 80\]"):
+            launch(dy, x, w, b, done_cols=81, done_db=torch.zeros(81))
+        with pytest.raises(ValueError, match="done_cols must be an int"):
+            launch(dy, x, w, b, done_cols=True, done_db=torch.zeros(1))
+        with pytest.raises(ValueError, match=r"done_db must be the \(16,\) bias gradient"):
+            launch(dy, x, w, b, done_cols=16)
+        with pytest.raises(ValueError, match="done_db must be float32"):
+            launch(dy, x, w, b, done_cols=16, done_db=torch.zeros(16, dtype=torch.float64))
+        with pytest.raises(ValueError, match="dy must be torch.float32 like x with done_cols"):
+            launch(dy.double(), x, w, b, done_cols=16, done_db=torch.zeros(16))

@@ -9,6 +9,9 @@ Why one function instead of chaining autograd ops:
 
 - zero copy: q, k, v and u are strided column views of the uvqk output, and the backward writes
   du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward);
+  with the pre-activation kept (``du_silu``), u's SiLU' runs inside the LN * u + dropout backward, which
+  has its rows in registers, and the projection's SiLU' pass covers v, q, k only, writing d pre over the
+  d(uvqk) buffer in place (no second (L, 4 H d) buffer);
 - the residual's gradient is added inside the input LayerNorm's backward kernel (no separate add);
 - what the backward needs of the projection is explicit (``keep``): "pre+uvqk" keeps the
   pre-activation and SiLU's output (forward: the GEMM + SiLU kernel stores both; backward: no
@@ -79,6 +82,7 @@ class LayerPlan:
     keep: str  # "pre+uvqk" | "pre" | "uvqk" (see the module docstring)
     recompute_ln: bool
     zero_copy: bool
+    du_silu: bool  # with zero_copy and a kept pre-activation: u's SiLU' inside the LN * u + dropout backward
     steps: tuple[Step, ...]
 
     def step(self, kind: str) -> Step:
@@ -104,6 +108,7 @@ def plan_layer(
     keep: str = "pre+uvqk",
     recompute_ln: bool = False,
     zero_copy: bool = True,
+    du_silu: bool = True,
 ) -> LayerPlan:
     """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
     if keep not in KEEP:
@@ -112,7 +117,10 @@ def plan_layer(
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")
-    flags = (keep, recompute_ln, zero_copy)
+    for name, flag in (("recompute_ln", recompute_ln), ("zero_copy", zero_copy), ("du_silu", du_silu)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    flags = (keep, recompute_ln, zero_copy, du_silu)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
     if plan is None:
@@ -232,16 +240,22 @@ class HSTULayerFunction(torch.autograd.Function):
         d_attn = torch.empty_like(attn2)
         dw2 = torch.empty_like(ln2_w)
         db2 = torch.empty_like(ln2_b)
-        s.launch(
-            dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2)
-        )
+        # u's columns go through SiLU' inside this kernel (pre kept, one d(uvqk) buffer): the SiLU' pass below
+        # then skips them, and writes d pre over d(uvqk) in place.
+        silu_u = plan.zero_copy and plan.du_silu and pre is not None
+        more = {"silu_pre": pre[:, :hd]} if silu_u else {}
+        res = s.launch(
+            dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2),
+            **more,
+        )  # fmt: skip
         s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
         d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
         s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
         if not plan.zero_copy:
             d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
         s = cfg("gemm_silu_bwd")
-        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre)
+        more = {"done_cols": hd, "done_db": res[4]} if silu_u else {}
+        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre, **more)
         s = cfg("layer_norm_bwd")
         dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None

@@ -52,6 +52,9 @@ def _bwd_args(do: torch.Tensor, x: torch.Tensor, u: torch.Tensor, weight: torch.
     floating(x.device, dout=do)
     out = kw.get("out")
     grad_outs(out, tuple(x.shape), x.device, 2)
+    if kw.get("silu_pre") is not None:
+        same_shape("silu_pre", kw["silu_pre"], tuple(x.shape))
+        floating(x.device, silu_pre=kw["silu_pre"])
     if out is not None and _overlap(out[0], out[1]):
         raise ValueError("out[0] (dx) and out[1] (du) share memory: each needs its own buffer")
     return weight, bias, mean, rstd, dropout_p(p)
@@ -90,7 +93,8 @@ def ln_mul_dropout_bwd(
     do: torch.Tensor, x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     mean: torch.Tensor, rstd: torch.Tensor, p: float, seed: torch.Tensor, **kw: Any,
 ) -> tuple:  # fmt: skip
-    """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``."""
+    """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``. With ``silu_pre`` (u = silu(silu_pre)):
+    du through SiLU' and a fifth output, its fp32 column sums (``triton_ln_mul_dropout.ln_mul_dropout_bwd``)."""
     weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
     return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
 
@@ -112,4 +116,5 @@ def ln_mul_dropout_bwd_torch(
     launcher takes it (dweight and dbias may be None)."""
     weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
     out = kw.pop("out", None)
-    return fill_outs(out, _torch.ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, **kw))
+    res = _torch.ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
+    return fill_outs(out, res) if len(res) == 4 else (*fill_outs(out, res[:4]), res[4])

@@ -41,7 +41,11 @@ def _kernel(direction: str) -> KernelSpec:
                 config=f"{_P}.torch_impl:TorchLnMulDropoutConfig",
                 space=f"search_spaces.ln_mul_dropout_triton:LN_MUL_DROPOUT_{direction.upper()}_TORCH",
                 tune_launch=f"{_P}.tuning:launch_torch_{direction}",
-                sources=(*_FILES, "kernel_templates/fused_ln_mul_dropout/torch_impl.py"),
+                sources=(
+                    *_FILES,
+                    "kernel_templates/fused_ln_mul_dropout/torch_impl.py",
+                    "kernel_templates/gemm_silu/reference.py",
+                ),
                 interpretable=True,
             ),
         ),

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernel_templates.config_base import JsonConfig
+from kernel_templates.gemm_silu.reference import silu_grad
 
 from .triton_ln_mul_dropout import dropout_keep_mask
 
@@ -33,8 +34,9 @@ def ln_mul_dropout_fwd_torch(x, u, weight, bias, eps, p, seed, *, config=None, o
     return y, mean, rstd
 
 
-def ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, *, config=None, out=None):
-    """(dx, du, dweight, dbias) from the saved statistics, in fp32."""
+def ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, *, config=None, out=None, silu_pre=None):
+    """(dx, du, dweight, dbias) from the saved statistics, in fp32; with ``silu_pre`` (u = silu(silu_pre)) du
+    through SiLU' and a fifth output, its fp32 column sums."""
     d = x.shape[-1]
     g = do.float()
     if p > 0:
@@ -45,9 +47,13 @@ def ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, *, con
     dy = g * u.float()
     dxhat = dy * weight.float()
     dx = (dxhat - xhat * (dxhat * xhat).sum(-1, keepdim=True) / d - dxhat.sum(-1, keepdim=True) / d) * rstd[:, None]
+    if silu_pre is not None:
+        du = du * silu_grad(silu_pre)
     res = (dx.to(x.dtype), du.to(u.dtype), (dy * xhat).sum(0).to(weight.dtype), dy.sum(0).to(bias.dtype))
+    if silu_pre is not None:
+        res = (*res, res[1].float().sum(0))
     if out is not None:
-        for dst, src in zip(out, res, strict=True):
+        for dst, src in zip(out, res[:4], strict=True):
             dst.copy_(src)
-        return out
+        return tuple(out) + res[4:]
     return res

@@ -88,6 +88,8 @@ def _ln_mul_dropout_bwd_kernel(
     DU,
     DW_part,
     DB_part,
+    PRE,
+    DBU_part,
     L,
     D,
     rows_per_prog,
@@ -96,9 +98,11 @@ def _ln_mul_dropout_bwd_kernel(
     stride_u,
     stride_dx,
     stride_du,
+    stride_pre,
     p,
     Seed,
     HAS_DROPOUT: tl.constexpr,
+    HAS_PRE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -113,6 +117,7 @@ def _ln_mul_dropout_bwd_kernel(
         seed = 0
     dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
     db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    dbu = tl.zeros((BLOCK_D,), dtype=tl.float32)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, L)
     for start in range(row_start, row_end, BLOCK_R):
@@ -139,9 +144,18 @@ def _ln_mul_dropout_bwd_kernel(
         dw += tl.sum(dy * xhat, axis=0)
         db += tl.sum(dy, axis=0)
         tl.store(DX + r64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m2)
-        tl.store(DU + r64 * stride_du + cols[None, :], du.to(DU.dtype.element_ty), mask=m2)
+        if HAS_PRE:  # u = silu(pre): du goes on through SiLU' (d pre = du s (1 + pre (1 - s)), s = sigmoid(pre))
+            pre = tl.load(PRE + r64 * stride_pre + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+            s = tl.sigmoid(pre)
+            du_lo = (du * s * (1.0 + pre * (1.0 - s))).to(DU.dtype.element_ty)
+            dbu += tl.sum(tl.where(m2, du_lo.to(tl.float32), 0.0), axis=0)
+        else:
+            du_lo = du.to(DU.dtype.element_ty)
+        tl.store(DU + r64 * stride_du + cols[None, :], du_lo, mask=m2)
     tl.store(DW_part + pid * D + cols, dw, mask=col_ok)
     tl.store(DB_part + pid * D + cols, db, mask=col_ok)
+    if HAS_PRE:
+        tl.store(DBU_part + pid * D + cols, dbu, mask=col_ok)
 
 
 def _check(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, p: float) -> tuple[int, int]:
@@ -209,10 +223,19 @@ def ln_mul_dropout_bwd(
     *,
     config: LnMulDropoutBwdConfig | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    silu_pre: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``. ``out`` may hold a
-    strided ``du`` (a column slice of the layer's d(uvqk) buffer): only its columns are written."""
+    strided ``du`` (a column slice of the layer's d(uvqk) buffer): only its columns are written.
+
+    ``silu_pre``: u is silu(silu_pre) (the layer's projection), and du is carried on through SiLU' here
+    (the gradient of silu_pre, rounded once), while the rows are in registers; a fifth output is then
+    its column sums in fp32 (the projection bias's gradient over these columns)."""
     L, D = _check(x, u, weight, bias, p)
+    if silu_pre is not None and (silu_pre.shape != (L, D) or (D > 1 and silu_pre.stride(1) != 1)):
+        raise ValueError(
+            f"silu_pre must be ({L}, {D}) with contiguous columns, got {tuple(silu_pre.shape)} {silu_pre.stride()}"
+        )
     config = config or default_bwd_config(D)
     do = do if do.stride(-1) == 1 else do.contiguous()
     if out is None:
@@ -223,6 +246,7 @@ def ln_mul_dropout_bwd(
         dx, du, dw_out, db_out = out
         if dx.shape != (L, D) or du.shape != (L, D) or (D > 1 and (dx.stride(1) != 1 or du.stride(1) != 1)):
             raise ValueError("out: dx and du must be (L, D) with contiguous columns")
+    dbu = None if silu_pre is None else torch.zeros(D, dtype=torch.float32, device=x.device)
     if L == 0:
         dw, db = torch.zeros_like(weight), torch.zeros_like(bias)
     else:
@@ -232,17 +256,22 @@ def ln_mul_dropout_bwd(
         progs = triton.cdiv(L, rows_per_prog)
         dw_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
         db_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
+        dbu_part = db_part if silu_pre is None else torch.empty((progs, D), dtype=torch.float32, device=x.device)
+        pre = do if silu_pre is None else silu_pre  # read only with HAS_PRE
         _ln_mul_dropout_bwd_kernel[(progs,)](
-            do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, L, D, rows_per_prog,
-            do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), float(p), seed,
-            HAS_DROPOUT=p > 0, BLOCK_R=r, BLOCK_D=block_d(D), num_warps=config.num_warps,
+            do, x, u, weight, bias, mean, rstd, dx, du, dw_part, db_part, pre, dbu_part, L, D, rows_per_prog,
+            do.stride(0), x.stride(0), u.stride(0), dx.stride(0), du.stride(0), pre.stride(0), float(p), seed,
+            HAS_DROPOUT=p > 0, HAS_PRE=silu_pre is not None, BLOCK_R=r, BLOCK_D=block_d(D),
+            num_warps=config.num_warps,
         )  # fmt: skip
         dw, db = dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)
+        if silu_pre is not None:
+            dbu = dbu_part.sum(0)
     if dw_out is not None:
         dw_out.copy_(dw)
         db_out.copy_(db)
         dw, db = dw_out, db_out
-    return dx, du, dw, db
+    return (dx, du, dw, db) if silu_pre is None else (dx, du, dw, db, dbu)
 
 
 @triton.jit(do_not_specialize=["L"])

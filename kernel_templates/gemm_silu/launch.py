@@ -64,7 +64,8 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                         **kw: Any) -> tuple:  # fmt: skip
     """The torch backward (``torch_impl.gemm_silu_bwd_torch``) after ``check_bwd_args`` and the shape checks."""
     check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
-    _triton._validate(dy, x, weight, bias, kw.get("pre"))
+    n = _triton._validate(dy, x, weight, bias, kw.get("pre"))[1]
+    _triton.check_done_cols(kw.get("done_cols", 0), kw.get("done_db"), n, bias, dy.device, dy.dtype, x.dtype)
     return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)
 
 

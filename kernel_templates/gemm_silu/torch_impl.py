@@ -38,11 +38,17 @@ def recompute_pre(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.addmm(bias, x, weight.t()) if bias is not None else x @ weight.t()
 
 
-def gemm_silu_bwd_torch(dy, x, weight, bias, *, config=None, pre=None, out=None):
-    """(dx, dweight, dbias) of y = silu(x W^T + b); d_pre in the GEMM dtype, dbias summed in fp32."""
+def gemm_silu_bwd_torch(dy, x, weight, bias, *, config=None, pre=None, out=None, done_cols=0, done_db=None):
+    """(dx, dweight, dbias) of y = silu(x W^T + b); d_pre in the GEMM dtype, dbias summed in fp32.
+    ``done_cols``: dy's first columns already hold d_pre (``done_db`` their fp32 bias gradient)."""
     pre = recompute_pre(x, weight, bias) if pre is None else pre
-    d_pre = (dy.float() * silu_grad(pre)).to(x.dtype)
-    db = d_pre.float().sum(0).to(bias.dtype) if bias is not None else None
+    c = done_cols
+    d_pre = (dy[:, c:].float() * silu_grad(pre[:, c:])).to(x.dtype)
+    db = d_pre.float().sum(0) if bias is not None else None
+    if c:
+        d_pre = torch.cat([dy[:, :c].to(x.dtype), d_pre], dim=1)
+        db = None if db is None else torch.cat([done_db, db])
+    db = None if db is None else db.to(bias.dtype)
     dx, dw = d_pre @ weight, d_pre.t() @ x
     if out is not None:
         for dst, src in zip(out, (dx, dw, db), strict=True):

@@ -3,7 +3,9 @@
 The pass reads dy (the gradient of y, e.g. the layer's d(uvqk) buffer) and the pre-activation,
 writes d_pre = dy * silu'(pre) in the GEMM dtype and per-program fp32 dbias partial sums; then
 dx = d_pre W and dW = d_pre^T x run on cuBLAS. The pre-activation is recomputed with one addmm
-unless the caller kept it (``pre``).
+unless the caller kept it (``pre``). A caller that applied SiLU' to dy's first columns itself (the fused
+layer does it for u's columns inside the LN * u + dropout backward) passes ``done_cols`` and their bias
+gradient: the pass then runs over the other columns only, writing d_pre over dy in place.
 """
 
 from __future__ import annotations
@@ -63,6 +65,22 @@ def _validate(dy, x, weight, bias, pre) -> tuple[int, int, int]:
     return m, n, k
 
 
+def check_done_cols(done_cols: int, done_db: torch.Tensor | None, n: int, bias: torch.Tensor | None,
+                    device: torch.device, dy_dtype: torch.dtype, x_dtype: torch.dtype) -> int:  # fmt: skip
+    """``done_cols`` as a column count (``ValueError`` naming the argument), with its fp32 bias gradient."""
+    if not isinstance(done_cols, int) or isinstance(done_cols, bool) or not 0 <= done_cols <= n:
+        raise ValueError(f"done_cols must be an int in [0, {n}], got {done_cols!r}")
+    if done_cols and dy_dtype != x_dtype:
+        raise ValueError(f"dy must be {x_dtype} like x with done_cols (d_pre is written over it), got {dy_dtype}")
+    if done_cols and bias is not None:
+        if not isinstance(done_db, torch.Tensor) or tuple(done_db.shape) != (done_cols,):
+            got = tuple(done_db.shape) if isinstance(done_db, torch.Tensor) else done_db
+            raise ValueError(f"done_db must be the ({done_cols},) bias gradient of the done columns, got {got!r}")
+        if done_db.dtype != torch.float32 or done_db.device != device:
+            raise ValueError(f"done_db must be float32 on {device}, got {done_db.dtype} on {done_db.device}")
+    return done_cols
+
+
 def gemm_silu_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -72,9 +90,15 @@ def gemm_silu_bwd(
     config: GemmSiluBwdConfig | None = None,
     pre: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+    done_cols: int = 0,
+    done_db: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(dx, dweight, dbias) of y = silu(x W^T + b); dbias is None without a bias."""
+    """(dx, dweight, dbias) of y = silu(x W^T + b); dbias is None without a bias.
+
+    ``done_cols``: dy's first columns already hold d_pre (``done_db``: their fp32 bias gradient, needed with a
+    bias); d_pre is then written over the rest of dy, which the caller gives up."""
     m, n, k = _validate(dy, x, weight, bias, pre)
+    c = check_done_cols(done_cols, done_db, n, bias, dy.device, dy.dtype, x.dtype)
     config = config or default_bwd_config(n)
     dx_out, dw_out, db_out = out if out is not None else (None, None, None)
     if m == 0:
@@ -83,21 +107,23 @@ def gemm_silu_bwd(
         db = None if bias is None else (torch.zeros_like(bias) if db_out is None else db_out.zero_())
         return dx, dw, db
     pre = recompute_pre(x, weight, bias) if pre is None else pre
-    d_pre = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    d_pre = dy if c else torch.empty((m, n), dtype=x.dtype, device=x.device)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     progs_m = max(1, min(triton.cdiv(m, config.block_m), config.row_programs_per_sm * sms))
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs_m), config.block_m) * config.block_m
     progs_m = triton.cdiv(m, rows_per_prog)
-    db_part = torch.empty((progs_m, n), dtype=torch.float32, device=x.device)
-    _silu_bwd_kernel[(progs_m, triton.cdiv(n, config.block_n))](
-        dy, pre, d_pre, db_part, m, n, rows_per_prog, dy.stride(0), pre.stride(0), d_pre.stride(0),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps,
-    )  # fmt: skip
+    db_part = torch.empty((progs_m, n - c), dtype=torch.float32, device=x.device)
+    if n > c:
+        _silu_bwd_kernel[(progs_m, triton.cdiv(n - c, config.block_n))](
+            dy[:, c:], pre[:, c:], d_pre[:, c:], db_part, m, n - c, rows_per_prog, dy.stride(0), pre.stride(0),
+            d_pre.stride(0), BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps,
+        )  # fmt: skip
     dx = torch.mm(d_pre, weight, out=dx_out) if dx_out is not None else torch.mm(d_pre, weight)
     dw = torch.mm(d_pre.t(), x, out=dw_out) if dw_out is not None else torch.mm(d_pre.t(), x)
     db = None
     if bias is not None:
-        db = db_part.sum(0).to(bias.dtype)
+        db = db_part.sum(0)
+        db = (torch.cat([done_db, db]) if c else db).to(bias.dtype)
         if db_out is not None:
             db = db_out.copy_(db)
     return dx, dw, db

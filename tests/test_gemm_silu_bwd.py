@@ -109,3 +109,37 @@ def test_launchers_refuse_wrong_output_buffers_and_dtypes(device, backend):
         launch(dy, x, w, b, out=ok[:2], **kw)
     got = launch(dy, x, w, b, out=ok, **kw)
     assert all(g.data_ptr() == o.data_ptr() for g, o in zip(got, ok, strict=True))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_dy_in_column_pieces_equals_one_dy(device, backend):
+    """dy handed over in column pieces (the fused layer's d(uvqk) slices around the attention's fp32 dQ
+    accumulator) gives what the same values as one tensor give; a piece of another dtype is read as it is."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    low = torch.float16 if device == "cuda" else torch.float32
+    dy, x, w, b = _inputs(device, 77, n=80, k=48, dtype=low, wide_dy=True)
+    pre = torch.randn(77, 80, generator=torch.Generator().manual_seed(9)).to(device, low)
+    q32 = torch.randn(77, 24, generator=torch.Generator().manual_seed(4)).to(device)  # an fp32 middle piece
+    whole = torch.cat([dy[:, :40].float(), q32, dy[:, 64:].float()], dim=1)
+    want = launch(whole, x, w, b, pre=pre, **kw)
+    got = launch((dy[:, :40], q32, dy[:, 64:]), x, w, b, pre=pre, **kw)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
+def test_dy_pieces_are_checked():
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+
+    dy, x, w, b = _inputs("cpu", 8)
+    with pytest.raises(ValueError, match=r"column pieces have widths \[30, 40\], summing to 70"):
+        triton_launch((dy[:, :30], dy[:, 30:70]), x, w, b)
+    with pytest.raises(ValueError, match=r"dy\[1\] must be a floating \(8, \.\.\.\) tensor"):
+        triton_launch((dy[:, :30], dy[:4, 30:]), x, w, b)
+    with pytest.raises(ValueError, match=r"dy\[0\] must be a floating-point tensor"):
+        triton_launch((dy[:, :30].int(), dy[:, 30:]), x, w, b)
+    with pytest.raises(ValueError, match=r"dy\[1\] must be a floating \(8, \.\.\.\) tensor with contiguous columns"):
+        triton_launch((dy[:, :30], dy.t().contiguous().t()[:, 30:]), x, w, b)

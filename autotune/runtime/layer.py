@@ -8,7 +8,9 @@ shape (tuned artifact entry, else the heuristic default): ``layer_norm_fwd/bwd``
 Why one function instead of chaining autograd ops:
 
 - zero copy: q, k, v and u are strided column views of the uvqk output, and the backward writes
-  du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward);
+  du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward); with the
+  CuTe attention backward dQ stays its fp32 accumulator, which the SiLU' pass reads as d(uvqk)'s q columns
+  (no bf16 conversion pass, no bf16 dQ written and read back);
 - the residual's gradient is added inside the input LayerNorm's backward kernel (no separate add);
 - what the backward needs of the projection is explicit (``keep``): "pre+uvqk" keeps the
   pre-activation and SiLU's output (forward: the GEMM + SiLU kernel stores both; backward: no
@@ -79,6 +81,7 @@ class LayerPlan:
     keep: str  # "pre+uvqk" | "pre" | "uvqk" (see the module docstring)
     recompute_ln: bool
     zero_copy: bool
+    dq_fp32: bool  # with zero_copy and the CuTe attention backward: its fp32 dQ goes to the SiLU' pass as it is
     steps: tuple[Step, ...]
 
     def step(self, kind: str) -> Step:
@@ -104,6 +107,7 @@ def plan_layer(
     keep: str = "pre+uvqk",
     recompute_ln: bool = False,
     zero_copy: bool = True,
+    dq_fp32: bool = True,
 ) -> LayerPlan:
     """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
     if keep not in KEEP:
@@ -112,7 +116,10 @@ def plan_layer(
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")
-    flags = (keep, recompute_ln, zero_copy)
+    for name, flag in (("recompute_ln", recompute_ln), ("zero_copy", zero_copy), ("dq_fp32", dq_fp32)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    flags = (keep, recompute_ln, zero_copy, dq_fp32)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
     if plan is None:
@@ -237,11 +244,17 @@ class HSTULayerFunction(torch.autograd.Function):
         )
         s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
         d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
-        s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
+        dy_silu = d_uvqk
+        if plan.zero_copy and plan.dq_fp32 and s.backend == "cute":
+            # dQ stays the kernel's fp32 accumulator: the SiLU' pass reads it as d(uvqk)'s q columns.
+            dq_acc = s.launch(d_attn3, q, k, v, *args, s.config, out=(None, dk, dv), dq_fp32=True)[0]
+            dy_silu = (d_uvqk[:, : 2 * hd], dq_acc.view(L, hd), d_uvqk[:, 3 * hd :])
+        else:
+            s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
         if not plan.zero_copy:
-            d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
+            dy_silu = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
         s = cfg("gemm_silu_bwd")
-        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre)
+        dxn, dw_uvqk, db_uvqk = s.launch(dy_silu, xn, w_uvqk, b_uvqk, config=s.config, pre=pre)
         s = cfg("layer_norm_bwd")
         dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None

@@ -150,3 +150,75 @@ def test_done_cols_are_checked():
             launch(dy, x, w, b, done_cols=16, done_db=torch.zeros(16, dtype=torch.float64))
         with pytest.raises(ValueError, match="dy must be torch.float32 like x with done_cols"):
             launch(dy.double(), x, w, b, done_cols=16, done_db=torch.zeros(16))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_dy_in_column_pieces_equals_one_dy(device, backend):
+    """dy handed over in column pieces (the fused layer's d(uvqk) slices around the attention's fp32 dQ
+    accumulator) gives what the same values as one tensor give; a piece of another dtype is read as it is."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    low = torch.float16 if device == "cuda" else torch.float32
+    dy, x, w, b = _inputs(device, 77, n=80, k=48, dtype=low, wide_dy=True)
+    pre = torch.randn(77, 80, generator=torch.Generator().manual_seed(9)).to(device, low)
+    q32 = torch.randn(77, 24, generator=torch.Generator().manual_seed(4)).to(device)  # an fp32 middle piece
+    whole = torch.cat([dy[:, :40].float(), q32, dy[:, 64:].float()], dim=1)
+    want = launch(whole, x, w, b, pre=pre, **kw)
+    got = launch((dy[:, :40], q32, dy[:, 64:]), x, w, b, pre=pre, **kw)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("c", [0, 16])
+def test_pieces_with_done_cols_write_d_pre_into_the_buffer(device, backend, c):
+    """The fused layer's call: the pieces are columns of one buffer (its first ``c`` already d pre) around an
+    fp32 middle piece, ``d_pre`` that buffer: the gradients of the whole pass; the Triton backend leaves d pre
+    in every column of the buffer."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+    from kernel_templates.gemm_silu.reference import silu_grad
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    dy, x, w, b = _inputs(device, 77)
+    pre = torch.randn(77, 80, generator=torch.Generator().manual_seed(3)).to(device)
+    q32 = torch.randn(77, 24, generator=torch.Generator().manual_seed(4)).to(device)
+    whole = torch.cat([dy[:, :40], q32.to(dy.dtype), dy[:, 64:]], dim=1)
+    want = launch(whole, x, w, b, pre=pre, **kw)
+    head = (dy[:, :c].float() * silu_grad(pre[:, :c])).to(dy.dtype)
+    buf = torch.cat([head, dy[:, c:]], dim=1)
+    more = {"done_cols": c, "done_db": head.float().sum(0)} if c else {}
+    got = launch((buf[:, :40], q32, buf[:, 64:]), x, w, b, pre=pre, d_pre=buf, **more, **kw)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+    if backend == "triton":
+        torch.testing.assert_close(buf, (whole.float() * silu_grad(pre)).to(dy.dtype), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="d_pre must be given with done_cols when dy comes in column pieces"):
+        launch((buf[:, :40], q32, buf[:, 64:]), x, w, b, pre=pre, done_cols=16, done_db=head.float().sum(0), **kw)
+
+
+def test_d_pre_buffer_is_checked():
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+
+    dy, x, w, b = _inputs("cpu", 8)
+    for bad in (torch.empty(8, 79), torch.empty(8, 80, dtype=torch.float64), torch.empty(80, 8).t()):
+        with pytest.raises(ValueError, match=r"d_pre must be a \(8, 80\) torch.float32 tensor"):
+            triton_launch((dy[:, :30], dy[:, 30:]), x, w, b, d_pre=bad)
+
+
+def test_dy_pieces_are_checked():
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+
+    dy, x, w, b = _inputs("cpu", 8)
+    with pytest.raises(ValueError, match=r"column pieces have widths \[30, 40\], summing to 70"):
+        triton_launch((dy[:, :30], dy[:, 30:70]), x, w, b)
+    with pytest.raises(ValueError, match=r"dy\[1\] must be a floating \(8, \.\.\.\) tensor"):
+        triton_launch((dy[:, :30], dy[:4, 30:]), x, w, b)
+    with pytest.raises(ValueError, match=r"dy\[0\] must be a floating-point tensor"):
+        triton_launch((dy[:, :30].int(), dy[:, 30:]), x, w, b)
+    with pytest.raises(ValueError, match=r"dy\[1\] must be a floating \(8, \.\.\.\) tensor with contiguous columns"):
+        triton_launch((dy[:, :30], dy.t().contiguous().t()[:, 30:]), x, w, b)

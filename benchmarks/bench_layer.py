@@ -12,10 +12,9 @@ two projections 3x theirs. Columns (each adds one thing to the previous):
 3. ``+ tuned fused ops``: the whole layer through ``autotune.runtime.layer`` with every op dispatched, but
    q/k/v/u copied out of uvqk and their gradients concatenated (``zero_copy=False``);
 4. ``+ zero copy``: views and one d(uvqk) buffer;
-5. ``+ SiLU' of u fused``: u's SiLU' inside the LN * u + dropout backward, the SiLU' pass in place;
-6. ``+ fp32 dQ``: the CuTe attention backward's fp32 dQ read by the SiLU' pass as it is (the model's default);
-7. ``+ recompute``: SiLU(uvqk) and LN(x) recomputed in the backward (less memory, more time);
-8. the forward through the fused GEMM + SiLU kernel, its pre-activation recomputed by a GEMM.
+5. ``+ SiLU' of u fused``: u's SiLU' inside the LN * u + dropout backward, the SiLU' pass in place (the default);
+6. ``+ recompute``: SiLU(uvqk) and LN(x) recomputed in the backward (less memory, more time);
+7. the forward through the fused GEMM + SiLU kernel, its pre-activation recomputed by a GEMM.
 
 Memory: ``saved_gib`` is what the forward leaves for the backward (allocated after the forward minus
 before it), the figure recompute lowers; ``peak_mem_gib`` is the peak of one forward + backward.
@@ -43,9 +42,8 @@ COLUMNS: list[tuple[str, dict[str, Any]]] = [
     ("default unfused", {"kernels": "default", "layer": "unfused"}),
     ("+ tuned attention", {"kernels": "tuned", "layer": "unfused"}),
     ("+ tuned fused ops", {"kernels": "tuned", "layer": "fused", "zero_copy": False}),
-    ("+ zero copy", {"kernels": "tuned", "layer": "fused", "zero_copy": True, "du_silu": False, "dq_fp32": False}),
-    ("+ SiLU' of u fused", {"kernels": "tuned", "layer": "fused", "zero_copy": True, "dq_fp32": False}),
-    ("+ fp32 dQ", {"kernels": "tuned", "layer": "fused", "zero_copy": True}),
+    ("+ zero copy", {"kernels": "tuned", "layer": "fused", "zero_copy": True, "du_silu": False}),
+    ("+ SiLU' of u fused", {"kernels": "tuned", "layer": "fused", "zero_copy": True}),
     ("+ recompute", {"kernels": "tuned", "layer": "fused", "zero_copy": True, "recompute": "uvqk+ln"}),
     ("fused GEMM+SiLU, pre recomputed", {"kernels": "tuned", "layer": "fused", "zero_copy": True, "recompute": "pre"}),
 ]

@@ -81,9 +81,6 @@ class ModelConfig:
     # Fused layer, zero_copy, pre-activation kept: u's SiLU' inside the LN * u + dropout backward (False: in
     # the projection's SiLU' pass, as v, q and k).
     du_silu: bool = True
-    # Fused layer with zero_copy: the CuTe attention backward's fp32 dQ goes to the SiLU' pass as it is
-    # (False: converted to bf16 into d(uvqk) first, as the public op returns it).
-    dq_fp32: bool = True
     # Replay the whole training step (forward, backward, Adam) from CUDA graphs (models.graphs): batches
     # are padded to a multiple of graph_tokens rows (0: max_seq_len), one graph per padded size.
     cuda_graph: bool = False
@@ -179,7 +176,7 @@ class ModelConfig:
             raise ValueError("layer='fused' runs dispatched kernels; kernels must be 'default' or 'tuned'")
         if self.layer == "unfused" and (self.precision != "autocast" or self.recompute != "none"):
             raise ValueError("precision='bf16' and recompute need layer='fused'")
-        for name in ("zero_copy", "du_silu", "dq_fp32", "cuda_graph"):
+        for name in ("zero_copy", "du_silu", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.cuda_graph and self.kernels == "reference":  # it reads the offsets on the host, which capture forbids

@@ -94,7 +94,7 @@ class HSTULayer(nn.Module):
         return plan_layer(
             dt, cfg.num_heads, cfg.head_dim, cfg.max_seq_len, self.alpha, cfg.eps, p, cfg.kernels, cfg.distribution,
             keep=RECOMPUTE_KEEP[cfg.recompute.split("+")[0]], recompute_ln="ln" in cfg.recompute.split("+"),
-            zero_copy=cfg.zero_copy, du_silu=cfg.du_silu, dq_fp32=cfg.dq_fp32,
+            zero_copy=cfg.zero_copy, du_silu=cfg.du_silu,
         )  # fmt: skip
 
     def _fused(self, x: torch.Tensor, seq_offsets: torch.Tensor) -> torch.Tensor:

@@ -206,35 +206,6 @@ def test_bad_inputs_raise(mutate, match):
         )
 
 
-def test_dq_fp32_takes_no_dq_buffer():
-    """dQ comes back as the fp32 accumulator with ``dq_fp32``: a dQ output buffer would be left unwritten."""
-    inp, do = _inputs()
-    bufs = tuple(torch.empty_like(t) for t in (inp.q, inp.k, inp.v))
-    with pytest.raises(ValueError, match=r"out\[0\] must be None with dq_fp32=True"):
-        hstu_attention_cute_bwd(
-            do, inp.q, inp.k, inp.v, inp.seq_offsets, inp.max_seq_len, 0.1, out=bufs, dq_fp32=True, validate=False
-        )
-
-
-@pytest.mark.parametrize(
-    "bad, match",
-    [
-        (lambda q: torch.zeros(q.shape, dtype=torch.bfloat16), "got torch.bfloat16"),
-        (lambda q: torch.zeros(q.shape[0] + 1, *q.shape[1:]), r"\("),
-        (lambda q: torch.zeros(q.shape[2], q.shape[1], q.shape[0]).permute(2, 1, 0), "strides"),
-        (lambda q: "zeros", "got zeros"),
-    ],
-)
-def test_dq_acc_is_checked(bad, match):
-    """A caller-given dQ accumulator of another dtype, shape or layout is refused, naming ``dq_acc``."""
-    inp, do = _inputs()
-    with pytest.raises(ValueError, match=rf"dq_acc must be a contiguous float32 .*{match}"):
-        hstu_attention_cute_bwd(
-            do, inp.q, inp.k, inp.v, inp.seq_offsets, inp.max_seq_len, 0.1, dq_fp32=True, dq_acc=bad(inp.q),
-            validate=False,
-        )  # fmt: skip
-
-
 # ---------------------------------------------------------------------------------------------- GPU
 
 
@@ -397,34 +368,3 @@ def test_gpu_persistent_gives_the_compact_grid_result(d):
     lengths = [2000, 0, 3, 130, 0, 64, 1, 257] + [700] * 12 + [17] * 20
     cfg = PERSISTENT[d][0]
     _same_tiles_same_result(lengths, 4, d, dataclasses.replace(cfg, persistent=False), cfg, seed=16)
-
-
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("d, cfg", [(256, None), (128, HSTUCuteBwdConfig(64, 128, 2, compact=True, swap_sdp=True))])
-def test_gpu_dq_fp32_is_the_accumulator_of_dq(d, cfg):
-    """``dq_fp32`` returns the fp32 accumulator the bf16 dQ is converted from: within one rounding of that dQ
-    (the partials add in another order each launch), closer than it to the fp32 reference, every row written
-    (empty and length-1 sequences too); dK and dV as without it."""
-    from kernel_templates.hstu_attention.testing import make_jagged_inputs
-
-    inp = make_jagged_inputs([0, 1, 300, 77, 1030], 2, d, d, torch.bfloat16, "cuda", seed=5)
-    do = torch.randn_like(inp.v)
-    args = (inp.seq_offsets, inp.max_seq_len, 1.0 / d**0.5, None, 0, 0, None)
-    dq, dk, dv = hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg)
-    bufs = (None, torch.full_like(inp.k, float("nan")), torch.full_like(inp.v, float("nan")))
-    acc, dk2, dv2 = hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg, out=bufs, dq_fp32=True)
-    assert acc.dtype == torch.float32 and acc.shape == inp.q.shape and torch.isfinite(acc).all()
-    assert torch.equal(dk2, dk) and torch.equal(dv2, dv)
-    torch.testing.assert_close(acc.to(torch.bfloat16).float(), dq.float(), rtol=1.6e-2, atol=1e-3)
-    ref = _ref_grads(inp, do, args, torch.float32)[0].float()
-    assert (acc - ref).abs().max() <= (dq.float() - ref).abs().max()
-    # the accumulator given by the caller, zero-filled on another stream: the kernel adds into it
-    side, given = torch.cuda.Stream(), torch.empty(inp.q.shape, dtype=torch.float32, device="cuda")
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        given.zero_()
-    torch.cuda.current_stream().wait_stream(side)
-    acc2 = hstu_attention_cute_bwd(do, inp.q, inp.k, inp.v, *args, config=cfg, out=bufs, dq_fp32=True, dq_acc=given)[0]
-    assert acc2.data_ptr() == given.data_ptr()
-    torch.testing.assert_close(acc2, acc, rtol=1e-5, atol=1e-6)

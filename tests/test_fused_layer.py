@@ -119,53 +119,12 @@ def test_du_silu_gives_the_gradients_of_the_silu_pass(device, recompute):
         _close(grads[name], g, f"d{name}", device)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CuTe attention kernels run on an sm90 GPU")
-@pytest.mark.parametrize("du_silu", [True, False])
-def test_cute_attention_in_the_layer_matches_triton_attention(du_silu):
-    """With the CuTe attention backward the layer hands its fp32 dQ accumulator to the SiLU' pass as the q
-    columns of d(uvqk) (no bf16 dQ): the output and every gradient match the layer over the Triton attention
-    kernels on a batch of long, empty and length-1 sequences."""
-    import dataclasses
-
-    from autotune.runtime.layer import Step, hstu_layer, plan_layer
-    from kernel_templates.cute import default_cute_bwd_config, default_cute_fwd_config
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the CuTe kernels are built for sm90")
-    heads, d, hidden = 2, 128, 256
-    plan = plan_layer(torch.bfloat16, heads, d, 2048, 0.1, 1e-5, 0.0, "default", du_silu=du_silu)
-    configs = {"hstu_attention_fwd": default_cute_fwd_config(d, d), "hstu_attention_bwd": default_cute_bwd_config(d, d)}
-    cute = {kind: Step(kind, "cute", c, "default") for kind, c in configs.items()}
-    cute_plan = dataclasses.replace(plan, steps=tuple(cute.get(s.kind, s) for s in plan.steps))
-    assert plan.step("hstu_attention_bwd").backend == "triton"
-    lengths = [0, 1, 700, 2048, 33, 1500]
-    x, off, dout = _batch("cuda", hidden, lengths=lengths, seed=4)
-    x, dout = x.bfloat16(), dout.bfloat16()
-    g = torch.Generator().manual_seed(5)
-    shapes = {"ln1_w": (hidden,), "ln1_b": (hidden,), "w_uvqk": (4 * heads * d, hidden), "b_uvqk": (4 * heads * d,),
-              "ln2_w": (heads * d,), "ln2_b": (heads * d,), "w_o": (hidden, heads * d), "b_o": (hidden,)}  # fmt: skip
-    params = {k: (torch.randn(s, generator=g) / s[-1] ** 0.5).cuda().requires_grad_(True) for k, s in shapes.items()}
-    seed = torch.zeros(1, dtype=torch.int64, device="cuda")
-    results = []
-    for p in (plan, cute_plan):
-        xg = x.clone().requires_grad_(True)
-        out = hstu_layer(xg, params, off, p, seed)
-        results.append((out.detach(), torch.autograd.grad(out, [xg, *params.values()], dout)))
-    (want, want_grads), (got, got_grads) = results
-    _close(got, want, "out", "cuda")
-    for name, a, b in zip(["x", *params], got_grads, want_grads, strict=True):
-        assert torch.isfinite(a).all(), name
-        _close(a, b, f"d{name}", "cuda")
-
-
 def test_layer_flags_are_checked():
     from autotune.runtime.layer import plan_layer
 
     with pytest.raises(ValueError, match="du_silu must be a bool"):
         get_config("tiny", layer="fused", du_silu="yes")
-    with pytest.raises(ValueError, match="dq_fp32 must be a bool"):
-        get_config("tiny", layer="fused", dq_fp32="yes")
-    for name in ("recompute_ln", "zero_copy", "du_silu", "dq_fp32"):
+    for name in ("recompute_ln", "zero_copy", "du_silu"):
         with pytest.raises(ValueError, match=f"{name} must be a bool"):
             plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "default", **{name: 1})
 

@@ -11,9 +11,7 @@ Why one function instead of chaining autograd ops:
   du, dq, dk, dv straight into one preallocated d(uvqk) buffer (no ``cat`` of split's backward);
   with the pre-activation kept (``du_silu``), u's SiLU' runs inside the LN * u + dropout backward, which
   has its rows in registers, and the projection's SiLU' pass covers v, q, k only, writing d pre over the
-  d(uvqk) buffer in place (no second (L, 4 H d) buffer); with the CuTe attention backward (``dq_fp32``)
-  dQ stays its fp32 accumulator, which the SiLU' pass reads as d(uvqk)'s q columns (no bf16 conversion
-  pass, no bf16 dQ written and read back);
+  d(uvqk) buffer in place (no second (L, 4 H d) buffer);
 - the residual's gradient is added inside the input LayerNorm's backward kernel (no separate add);
 - what the backward needs of the projection is explicit (``keep``): "pre+uvqk" keeps the
   pre-activation and SiLU's output (forward: the GEMM + SiLU kernel stores both; backward: no
@@ -85,7 +83,6 @@ class LayerPlan:
     recompute_ln: bool
     zero_copy: bool
     du_silu: bool  # with zero_copy and a kept pre-activation: u's SiLU' inside the LN * u + dropout backward
-    dq_fp32: bool  # with zero_copy and the CuTe attention backward: its fp32 dQ goes to the SiLU' pass as it is
     steps: tuple[Step, ...]
 
     def step(self, kind: str) -> Step:
@@ -112,7 +109,6 @@ def plan_layer(
     recompute_ln: bool = False,
     zero_copy: bool = True,
     du_silu: bool = True,
-    dq_fp32: bool = True,
 ) -> LayerPlan:
     """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
     if keep not in KEEP:
@@ -121,11 +117,10 @@ def plan_layer(
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")
-    flag_args = (("recompute_ln", recompute_ln), ("zero_copy", zero_copy), ("du_silu", du_silu), ("dq_fp32", dq_fp32))
-    for name, flag in flag_args:
+    for name, flag in (("recompute_ln", recompute_ln), ("zero_copy", zero_copy), ("du_silu", du_silu)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool, got {flag!r}")
-    flags = (keep, recompute_ln, zero_copy, du_silu, dq_fp32)
+    flags = (keep, recompute_ln, zero_copy, du_silu)
     key = (dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, source, distribution, *flags)
     plan = _PLANS.get(key)
     if plan is None:
@@ -225,12 +220,6 @@ class HSTULayerFunction(torch.autograd.Function):
          ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, seq_offsets, seed) = ctx.saved_tensors  # fmt: skip
         dout = dout.contiguous()
         dout_c = dout.to(plan.dtype)
-        L, hd = x.shape[0], plan.heads * plan.head_dim
-        s_att, att_args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
-        dq_fp32 = plan.zero_copy and plan.dq_fp32 and s_att.backend == "cute"
-        # The attention backward's fp32 dQ accumulator is zero-filled on a side stream under the output
-        # projection's GEMMs, which leave the memory bandwidth a fill needs idle.
-        dq_acc = _zeros_aside((L, plan.heads, plan.head_dim), x.device) if dq_fp32 else None
         # Output projection: plain GEMMs (cuBLAS); the residual's gradient is dout itself.
         dy = dout_c @ w_o
         dw_o = dout_c.t() @ y
@@ -240,6 +229,7 @@ class HSTULayerFunction(torch.autograd.Function):
             xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
         if uvqk is None:  # keep == "pre": SiLU recomputed from the kept pre-activation
             uvqk = torch.nn.functional.silu(pre)
+        L, hd = x.shape[0], plan.heads * plan.head_dim
         d_uvqk = torch.empty((L, 4 * hd), dtype=uvqk.dtype, device=uvqk.device)
         du, dq, dk, dv = _views(d_uvqk, plan.heads, plan.head_dim)
         u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
@@ -258,47 +248,17 @@ class HSTULayerFunction(torch.autograd.Function):
             dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2),
             **more,
         )  # fmt: skip
-        s = s_att
+        s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
         d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
-        dy_silu = d_uvqk
-        if dq_acc is not None:
-            # dQ stays the kernel's fp32 accumulator: the SiLU' pass reads it as d(uvqk)'s q columns.
-            torch.cuda.current_stream(x.device).wait_event(dq_acc[1])
-            dq = s.launch(d_attn3, q, k, v, *att_args, s.config, out=(None, dk, dv), dq_fp32=True, dq_acc=dq_acc[0])[0]
-            dy_silu = (d_uvqk[:, : 2 * hd], dq.view(L, hd), d_uvqk[:, 3 * hd :])
-        else:
-            s.launch(d_attn3, q, k, v, *att_args, s.config, out=(dq, dk, dv))
+        s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
         if not plan.zero_copy:
-            dy_silu = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
+            d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
         s = cfg("gemm_silu_bwd")
         more = {"done_cols": hd, "done_db": res[4]} if silu_u else {}
-        if not isinstance(dy_silu, torch.Tensor):  # pieces: d pre goes into d(uvqk), u's columns done or not
-            more["d_pre"] = d_uvqk
-        dxn, dw_uvqk, db_uvqk = s.launch(dy_silu, xn, w_uvqk, b_uvqk, config=s.config, pre=pre, **more)
+        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre, **more)
         s = cfg("layer_norm_bwd")
         dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
-
-
-_SIDE: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _zeros_aside(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
-    """A float32 zero tensor filled on a side stream, and the event its fill records: the caller's stream waits
-    for the event before the first use, so the fill runs beside the work queued in between (CUDA-graph capture
-    included: the side stream forks from and joins the capturing stream). The tensor is freed on the caller's
-    stream after that wait, so the allocator cannot hand its memory out while the fill runs."""
-    main = torch.cuda.current_stream(device)
-    side = _SIDE.get(device)
-    if side is None:
-        side = _SIDE[device] = torch.cuda.Stream(device)
-    t = torch.empty(shape, dtype=torch.float32, device=device)
-    side.wait_stream(main)  # the allocation (and anything the memory was used for) is ordered before the fill
-    with torch.cuda.stream(side):
-        t.zero_()
-        done = torch.cuda.Event()
-        done.record(side)
-    return t, done
 
 
 class LayerNormFunction(torch.autograd.Function):

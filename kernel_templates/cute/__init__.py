@@ -112,18 +112,17 @@ def hstu_attention_cute_fwd_validated(
 
 def hstu_attention_cute_bwd_validated(
     do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen, config,
-    out=None, dq_fp32=False, dq_acc=None,
+    out=None,
 ):  # fmt: skip
     """``hstu_attention_cute_bwd`` as dispatch launches it: like every runtime launcher it takes inputs its
     caller (``autotune.runtime.ops``, the fused layer) has validated, so the call does not check them a second
-    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices; ``dq_fp32``: dQ comes
-    back as the kernel's fp32 accumulator, ``out[0]`` None; ``dq_acc``: that accumulator, zero-filled by the
-    caller). The launcher copies inputs the TMA loads cannot read with ``.contiguous()``, which keeps a
-    misaligned contiguous view as it is: an input not on a 16-byte boundary is cloned here."""
+    time. ``out=(dq, dk, dv)`` receives the gradients (the fused layer's d(uvqk) slices). The launcher copies
+    inputs the TMA loads cannot read with ``.contiguous()``, which keeps a misaligned contiguous view as it is:
+    an input not on a 16-byte boundary is cloned here."""
     do, q, k, v = (t if t.data_ptr() % 16 == 0 else tma_ready(t) for t in (do, q, k, v))
     return hstu_attention_cute_bwd(
         do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
-        scaling_seqlen, config=config, out=out, validate=False, dq_fp32=dq_fp32, dq_acc=dq_acc,
+        scaling_seqlen, config=config, out=out, validate=False,
     )  # fmt: skip
 
 

@@ -129,19 +129,12 @@ def hstu_attention_cute_bwd(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     validate: bool = True,
     check_offsets: bool = False,
-    dq_fp32: bool = False,
-    dq_acc: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of jagged HSTU attention in the inputs' dtype (argument order of the Triton launcher).
 
-    dQ accumulates in fp32 (the kernel scales each partial by alpha/S) and is converted once; with
-    ``dq_fp32`` it is returned as that fp32 (L, H, Dqk) accumulator instead, for a caller whose next pass
-    reads dQ anyway (the fused layer's SiLU' pass), which saves the conversion's round trip. ``dq_acc``: that
-    accumulator given by the caller, zero-filled (the fused layer zeroes it on a side stream under GEMMs that
-    leave memory bandwidth idle); the kernel adds into it, so anything but zeros there ends up in dQ.
-    ``out=(dq, dk, dv)`` receives the results (``out[0]`` None with ``dq_fp32``); every row of every
-    sequence is written (the offsets cover [0, L), as HSTU.md requires). ``validate`` checks shapes,
-    dtypes and devices without a host sync;
+    dQ accumulates in fp32 (the kernel scales each partial by alpha/S) and is converted once.
+    ``out=(dq, dk, dv)`` receives the results; every row of every sequence is written (the offsets cover
+    [0, L), as HSTU.md requires). ``validate`` checks shapes, dtypes and devices without a host sync;
     ``check_offsets`` also reads the offsets and targets on the host (one sync) to check them against L
     and ``max_seq_len``.
     """
@@ -150,16 +143,7 @@ def hstu_attention_cute_bwd(
             do, q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets,
         )  # fmt: skip
-    if dq_fp32 and out is not None and out[0] is not None:
-        raise ValueError("out[0] must be None with dq_fp32=True: dQ is returned as the fp32 accumulator")
     L, H, dqk = q.shape
-    if dq_acc is not None and (
-        not isinstance(dq_acc, torch.Tensor) or tuple(dq_acc.shape) != (L, H, dqk) or dq_acc.dtype != torch.float32
-        or dq_acc.device != q.device or not dq_acc.is_contiguous()
-    ):  # fmt: skip
-        t = dq_acc
-        got = f"{t.dtype} {tuple(t.shape)} strides {t.stride()} on {t.device}" if isinstance(t, torch.Tensor) else t
-        raise ValueError(f"dq_acc must be a contiguous float32 ({L}, {H}, {dqk}) tensor on {q.device}, got {got}")
     dv_dim = v.shape[2]
     config = config or default_cute_bwd_config(dqk, dv_dim)
     signature = call_signature(q, v, num_targets, contextual_seq_len, max_attn_len)
@@ -169,19 +153,13 @@ def hstu_attention_cute_bwd(
     batch = seq_offsets.shape[0] - 1
     dq_out, dk, dv = out if out is not None else (None, torch.empty_like(k), torch.empty_like(v))
     if L == 0 or batch == 0 or max_seq_len == 0:
-        if dq_fp32:
-            dq_zero = torch.zeros_like(q, dtype=torch.float32) if dq_acc is None else dq_acc.zero_()
-        else:
-            dq_zero = torch.zeros_like(q)
-        return (dq_zero if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
+        return (torch.zeros_like(q) if dq_out is None else dq_out.zero_()), dk.zero_(), dv.zero_()
     q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
     dk_buf, dv_buf = _tma_ready(dk), _tma_ready(dv)
     offsets, targets, inv_scale, num_n_blocks = jagged_args(
         seq_offsets, num_targets, max_seq_len, scaling_seqlen, config.block_n
     )
-    if dq_acc is not None:  # zeroed by the caller; a persistent launch still needs its tile counter at zero
-        counter = torch.zeros(1, dtype=torch.int32, device=q.device) if config.persistent else offsets
-    elif config.persistent:  # one zero-fill for the fp32 dQ accumulator and, behind it, the tile counter
+    if config.persistent:  # one zero-fill for the fp32 dQ accumulator and, behind it, the tile counter
         flat = torch.zeros(L * H * dqk + 4, dtype=torch.float32, device=q.device)
         dq_acc = flat[: L * H * dqk].view(L, H, dqk)
         counter = flat[L * H * dqk :].view(torch.int32)[:1]
@@ -196,9 +174,7 @@ def hstu_attention_cute_bwd(
         compiled.fn(*tensors, *scalars)
     else:
         _launch_dlpack(compiled, tensors, scalars)
-    if dq_fp32:
-        dq_out = dq_acc
-    elif dq_out is None:
+    if dq_out is None:
         dq_out = dq_acc.to(q.dtype)
     else:
         dq_out.copy_(dq_acc)

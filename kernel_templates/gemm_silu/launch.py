@@ -30,11 +30,8 @@ def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, **more: torch.Tensor |
 
 def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
-    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``);
-    dy may be a tuple of column pieces (``triton_bwd.dy_pieces``)."""
-    pieces = dy if isinstance(dy, (tuple, list)) else None
-    named = {f"dy[{i}]": p for i, p in enumerate(pieces)} if pieces else {"dy": dy}
-    _gemm_operands(x, weight, **named, bias=bias, pre=pre)
+    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
+    _gemm_operands(x, weight, dy=dy, bias=bias, pre=pre)
     if pre is None and bias is not None and bias.dtype != x.dtype:  # the recompute GEMM adds it in its epilogue
         raise ValueError(f"bias must be {x.dtype} like x to recompute the pre-activation, got {bias.dtype}")
     if out is None:
@@ -68,13 +65,7 @@ def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     """The torch backward (``torch_impl.gemm_silu_bwd_torch``) after ``check_bwd_args`` and the shape checks."""
     check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
     n = _triton._validate(dy, x, weight, bias, kw.get("pre"))[1]
-    buf = kw.pop("d_pre", None)  # scratch the caller gives up: this backend computes d_pre out of place
-    if buf is None and kw.get("done_cols") and not isinstance(dy, torch.Tensor):
-        raise ValueError("d_pre must be given with done_cols when dy comes in column pieces")
-    done_dtype = buf.dtype if buf is not None else (dy.dtype if isinstance(dy, torch.Tensor) else x.dtype)
-    _triton.check_done_cols(kw.get("done_cols", 0), kw.get("done_db"), n, bias, x.device, done_dtype, x.dtype)
-    if not isinstance(dy, torch.Tensor):  # column pieces: side by side, in fp32 (the backward's first cast)
-        dy = torch.cat([p.float() for p in dy], dim=1)
+    _triton.check_done_cols(kw.get("done_cols", 0), kw.get("done_db"), n, bias, dy.device, dy.dtype, x.dtype)
     return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)
 
 

@@ -65,6 +65,7 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
         (["--eval-timeout", "-1"], "--eval-timeout must be a positive"),
         (["--eval-timeout", "nan"], "--eval-timeout must be a positive"),
         (["--plugin", "nonexistent_plugin_module"], "--plugin nonexistent_plugin_module: cannot import"),
+        (["--warm-starts", "nearest"], "--warm-starts must be one of all, own, got 'nearest'"),
     ],
 )
 def test_bad_arguments(capsys, args, message):

@@ -226,6 +226,51 @@ def test_a_new_law_warm_starts_from_the_same_buckets_winners_on_the_other_laws(t
     assert own[0] == by_law["jagged"] and by_law["uniform"] in own and len(own) == len({str(s) for s in own})
 
 
+def test_own_warm_starts_are_the_buckets_last_winner_alone(tmp_path):
+    """``scope="own"`` (``--warm-starts own``, a re-measure): the bucket's own last winner and nothing of its
+    neighbours, other laws or head counts; none where the bucket has no entry; an unknown scope is refused."""
+    import shutil
+
+    from autotune.tuning.artifact_io import artifact_winners, warm_starts_for
+
+    path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
+    path.parent.mkdir(parents=True)
+    shutil.copy(art.artifact_path("h100", "hstu_attention_fwd"), path)
+    entries = art.load_artifact(path, check_stale=False).entries
+    own_entry = next(
+        e for e in entries if (e["dqk"], e["num_heads"], e["bucket"], e["distribution"]) == (256, 4, 4096, "jagged")
+    )
+    jagged = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 4, 4096, "jagged")
+    winners = artifact_winners([jagged], tmp_path)
+    every = warm_starts_for(jagged, winners)
+    assert len(every) > 1  # the artifact holds neighbours and other laws, so "all" measures more
+    assert warm_starts_for(jagged, winners, "own") == [(own_entry["backend"], own_entry["config"])]
+    fresh = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 4, 4096, "sparse")
+    winners_fresh = artifact_winners([fresh], tmp_path)
+    winners_fresh.pop(fresh.family, None)
+    assert warm_starts_for(fresh, winners_fresh, "own") == [] and warm_starts_for(fresh, winners_fresh)
+    with pytest.raises(ValueError, match="scope must be one of"):
+        warm_starts_for(jagged, winners, "nearest")
+
+
+def test_a_remeasure_with_own_warm_starts_times_the_default_and_the_last_winner(tmp_path, monkeypatch):
+    """End to end: after a template edit, ``--trials 1 --warm-starts own`` measures the default and the
+    bucket's last winner (one warm start), keeps the winner, and the choice is one of the farm's knobs."""
+    from autotune.tuning.farm import FARM_KNOBS
+    from autotune.tuning.tuner import study_name
+
+    task = _fake_task()
+    (first,) = run_tasks([task], _opts(tmp_path))
+    monkeypatch.setattr(art, "current_template_hash", lambda kernel, backend="triton": "edited")
+    (again,) = run_tasks([task], _opts(tmp_path, n_trials=1, sampler="random", warm_starts="own"))
+    assert again.config == first.config and again.trials == 2
+    storage = make_storage(None, task.gpu, tmp_path)
+    trials = optuna.load_study(study_name=study_name(task, ["fake"]), storage=storage).get_trials()
+    assert [t.user_attrs.get("source") for t in trials] == ["default", "warm-start"]
+    assert trials[1].params["fake.mode"] == first.config["mode"]
+    assert "warm_starts" in FARM_KNOBS
+
+
 def test_a_new_head_count_starts_from_the_nearest_head_counts_winner(tmp_path):
     """A study at a head count with no entry measures the same bucket's winners at other head counts,
     nearest first (what dispatch served such calls before), after its own family's and other laws'."""

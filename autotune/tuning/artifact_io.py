@@ -106,12 +106,23 @@ def completed_hints(values: dict[str, Any], choices: dict[str, tuple], cap: int 
     return [{**values, **dict(zip(missing, c, strict=True))} for c in combos]
 
 
-def warm_starts_for(task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]]) -> list[tuple[str, dict]]:
+WARM_START_SCOPES = ("all", "own")
+
+
+def warm_starts_for(
+    task: Task, winners: dict[tuple, dict[int, tuple[str, dict]]], scope: str = "all"
+) -> list[tuple[str, dict]]:
     """The bucket's own last winner (a re-tune starts from it), its neighbours' winners, the same
     bucket's winners on the other length laws, then its winners at other head counts (nearest first).
     A study of a skewed law or a new head count then measures what dispatch ran on such calls before
-    it (the nearest entry), so its entry is at least as fast there."""
+    it (the nearest entry), so its entry is at least as fast there. ``scope="own"`` keeps the bucket's
+    own last winner only: a re-measure after a change that leaves the device code as it was (the default
+    and that winner, compared again), which costs a fraction of the compiles and timings on long buckets."""
+    if scope not in WARM_START_SCOPES:
+        raise ValueError(f"scope must be one of {WARM_START_SCOPES}, got {scope!r}")
     fam = winners.get(task.family, {})
+    if scope == "own":
+        return [fam[task.bucket]] if task.bucket in fam else []
     hints = [fam.get(b) for b in (task.bucket, *neighbours(task.bucket))]
     for other in DISTRIBUTIONS:
         if other != task.distribution:

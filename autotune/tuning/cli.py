@@ -263,6 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         verify=args.verify,
         compare_rounds=args.compare_rounds,
         compare_max_rounds=args.compare_max_rounds,
+        warm_starts=args.warm_starts,
     )
     mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
     console.print(
@@ -636,6 +637,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=18,
         help="rounds a close comparison (a gain inside the spread of the first rounds) extends to",
+    )
+    run.add_argument(
+        "--warm-starts",
+        default="all",
+        help="configs measured before the sampler's: all = the bucket's last winner, its neighbours' and the "
+        "other laws' and head counts' winners (default); own = the bucket's last winner only (with --trials 1: "
+        "a re-measure of the default and the last winner after a change that leaves the device code as it was)",
     )
     run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
     run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")

@@ -12,6 +12,7 @@ import math
 import tempfile
 from pathlib import Path
 
+from autotune.tuning.artifact_io import WARM_START_SCOPES
 from autotune.tuning.cli import CLIError
 
 
@@ -65,6 +66,8 @@ def check_run_numbers(args: argparse.Namespace) -> None:
         raise CLIError(
             f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
         )
+    if args.warm_starts not in WARM_START_SCOPES:
+        raise CLIError(f"--warm-starts must be one of {', '.join(WARM_START_SCOPES)}, got {args.warm_starts!r}")
 
 
 def check_run_outputs(args: argparse.Namespace, gpu: str) -> None:

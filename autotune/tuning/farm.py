@@ -93,6 +93,7 @@ FARM_KNOBS = (
     "max_verify",
     "compare_rounds",
     "compare_max_rounds",
+    "warm_starts",
     "interpret",
     "plugins",
     "eval_timeout_s",  # a config that times out under one limit is timed under another
@@ -393,7 +394,7 @@ def _warm_starts(farm: optuna.Study, task: Task, opts: TuneOptions) -> list[tupl
         if entry.get("config") and "task" in t.user_attrs:
             other = Task.from_dict(t.user_attrs["task"])
             winners.setdefault(other.family, {})[other.bucket] = (entry["backend"], dict(entry["config"]))
-    return warm_starts_for(task, winners)
+    return warm_starts_for(task, winners, opts.warm_starts)
 
 
 def _summary(r: TaskResult) -> dict[str, Any]:

@@ -85,6 +85,9 @@ class TuneOptions:
     max_verify: int = 4  # candidates re-checked before falling back to the default
     compare_rounds: int = 6  # interleaved winner/default timing rounds
     compare_max_rounds: int = 18  # rounds an inconclusive comparison (a gain inside the spread) extends to
+    # Configs measured before the sampler's (``artifact_io.warm_starts_for``): "all" or "own" (the bucket's last
+    # winner only, for a re-measure).
+    warm_starts: str = "all"
     setup_retries: int = 3
     setup_backoff_s: float = 1.0
     # A farm's name, set by its workers: a task study then belongs to one farm, so two farms (commands of
@@ -773,7 +776,7 @@ def run_tasks(
                 deadline = time.time() + max(0.0, start + time_budget_s - time.time()) / (len(tasks) - i)
             reporter.task_start(task, i, len(tasks), opts.n_trials)
             try:
-                warm = warm_starts_for(task, winners)
+                warm = warm_starts_for(task, winners, opts.warm_starts)
                 r = tune_task(task, opts, worker, storages[task.gpu], deadline, warm, reporter)
             except InfraError as e:
                 r = TaskResult(task, error=f"infrastructure: {e}")

@@ -153,6 +153,19 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 
 
 def build_task_list(args: argparse.Namespace, gpu: str) -> list:
+    """The run's tasks (grid, model graph or artifact entries), then its ``--shard`` share of them."""
+    from autotune.tuning.tasks import shard
+
+    tasks = _all_tasks(args, gpu)
+    if getattr(args, "shard", None) is None:
+        return tasks
+    try:
+        return shard(tasks, args.shard)
+    except ValueError as e:
+        raise CLIError(f"--{e}") from None
+
+
+def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
     from autotune.tuning.tasks import MASKS, build_tasks, parse_dims
 
     if getattr(args, "from_model", None) or getattr(args, "from_onnx", None):
@@ -184,8 +197,12 @@ def build_task_list(args: argparse.Namespace, gpu: str) -> list:
             sample = compact(read_length_sample(args.lengths))
         except ValueError as e:
             raise CLIError(str(e)) from None
-        if "jagged" not in dists:
+        if "jagged" not in dists and not getattr(args, "from_artifact", False):
             raise CLIError("--lengths tunes the jagged entries: keep 'jagged' in --distributions")
+    if getattr(args, "from_artifact", False):
+        from autotune.tuning.cli_graph import artifact_task_list
+
+        return artifact_task_list(args, gpu, sample)
     try:
         return build_tasks(
             _kernels(args.kernel), gpu, args.dtype, dims, args.heads, buckets, dists, masks, args.batch, args.seq_cap,

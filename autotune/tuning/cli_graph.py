@@ -35,6 +35,19 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         help="tune the ops of torch.export of a model preset or module:factory (see `autotune tasks`)",
     )
     src.add_argument("--from-onnx", metavar="FILE", help="tune the ops of an ONNX file written by models.export")
+    src.add_argument(
+        "--from-artifact",
+        action="store_true",
+        help="the tasks are the entries of each --kernel's artifact for --gpu under --artifacts, stale or not "
+        "(a re-measure after a source edit: with --trials 1 --warm-starts own)",
+    )
+    run.add_argument(
+        "--shard",
+        metavar="K/N",
+        default=None,
+        help="run the K-th of N shares of the tasks (whole families each): one device call's part of a long run, "
+        "each into its own --artifacts copy, joined by `autotune merge`",
+    )
     run.add_argument(
         "--lengths",
         metavar="FILE",
@@ -42,6 +55,22 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         "batches from them (with --from-*: also the length distribution and, listed as batches, the batch size "
         "where the graph does not fix them; without it the model's own length law is used)",
     )
+
+
+def artifact_task_list(args: argparse.Namespace, gpu: str, sample: tuple[int, ...] | None) -> list:
+    """The tasks of ``autotune run --from-artifact``: the entries of each kernel's artifact (the grid options but
+    --kernel must stay unset: the entries decide the shapes, laws and buckets)."""
+    from autotune.tuning.tasks import tasks_from_artifact
+
+    changed = [o for o in (*GRID_OPTIONS, "dtype") if o in args.given and o != "kernel"]
+    if changed:
+        flags = ", ".join("--" + o for o in changed)
+        raise CLIError(f"{flags} cannot be combined with --from-artifact: the artifact's entries decide the tasks")
+    _nonempty("--kernel", str(args.kernel))
+    try:
+        return tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _add_graph_source(p: argparse.ArgumentParser) -> None:

@@ -193,3 +193,53 @@ def build_tasks(
         for bucket in sorted(buckets)
     ]
     return list(dict.fromkeys(tasks))
+
+
+def tasks_from_artifact(
+    kernels: list[str],
+    gpu: str,
+    root: Any,
+    batch: int,
+    seq_cap: int | None = None,
+    sample: tuple[int, ...] | None = None,
+) -> list[Task]:
+    """One task per entry of each kernel's artifact for ``gpu`` under ``root`` (a stale one too: after a source
+    edit the same entries are measured again), in ``build_tasks``' order. An entry tuned on a lengths sample
+    needs that ``sample`` back (``--lengths``): its digest is checked, since other lengths are another task."""
+    from autotune.runtime import artifacts as art
+    from autotune.runtime.lengths import describe
+
+    tasks = []
+    for kernel in kernels:
+        path = art.artifact_path(gpu, kernel, root)
+        if not path.exists():
+            raise ValueError(f"no artifact {path} to take the tasks from")
+        for e in art.load_artifact(path, check_stale=False).entries:
+            lengths = e.get("lengths")
+            t = Task(
+                kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["bucket"], e["distribution"],
+                e["mask"], batch, seq_cap, 0, sample if lengths is not None else None,
+            )  # fmt: skip
+            if lengths is not None and (sample is None or describe(sample)["sha256_16"] != lengths.get("sha256_16")):
+                raise ValueError(
+                    f"{path}: the entry {t.label()} was tuned on a lengths sample"
+                    f" (sha256 {lengths.get('sha256_16', '?')}); pass that sample with --lengths"
+                )
+            tasks.append(t)
+    order = {k: i for i, k in enumerate(kernels)}
+    tasks.sort(key=lambda t: (order[t.kernel], t.dqk, t.dv, t.num_heads, t.mask, t.distribution, t.bucket))
+    return list(dict.fromkeys(tasks))
+
+
+def shard(tasks: list[Task], spec: str) -> list[Task]:
+    """Tasks ``K``, ``K + N``, ... (1-based) of ``spec`` = "K/N": one device call's share of a long re-measure.
+    Whole families stay together where they can (a family's buckets warm-start each other in order)."""
+    try:
+        k, n = (int(p) for p in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must be K/N with integers 1 <= K <= N, got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"shard must be K/N with integers 1 <= K <= N, got {spec!r}")
+    families = list(dict.fromkeys(t.family for t in tasks))
+    mine = set(families[k - 1 :: n])
+    return [t for t in tasks if t.family in mine]

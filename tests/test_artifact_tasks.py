@@ -1,0 +1,95 @@
+"""``autotune run --from-artifact`` / ``--shard``: re-measuring exactly the entries an artifact holds, in shares."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from autotune.runtime import artifacts as art
+from autotune.runtime.lengths import describe
+from autotune.tuning.cli import main
+from autotune.tuning.tasks import shard, tasks_from_artifact
+
+
+def _copy(tmp_path, gpu="h100", kernel="hstu_attention_bwd"):
+    path = art.artifact_path(gpu, kernel, tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(art.artifact_path(gpu, kernel), path)
+    return path
+
+
+def _key(e_or_t) -> tuple:
+    get = e_or_t.get if isinstance(e_or_t, dict) else lambda k: getattr(e_or_t, k)
+    return tuple(get(k) for k in ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask"))
+
+
+def test_one_task_per_entry_of_a_stale_artifact_too(tmp_path, monkeypatch):
+    path = _copy(tmp_path)
+    entries = art.load_artifact(path, check_stale=False).entries
+    monkeypatch.setattr(art, "current_template_hash", lambda kernel, backend="triton": "edited")
+    with pytest.raises(art.ArtifactError, match="stale"):
+        art.load_artifact(path)
+    tasks = tasks_from_artifact(["hstu_attention_bwd"], "h100", tmp_path, batch=32)
+    assert sorted(_key(t) for t in tasks) == sorted(_key(e) for e in entries)
+    assert len(tasks) == len(entries) and all(t.gpu == "h100" and t.batch == 32 for t in tasks)
+    for a, b in zip(tasks, tasks[1:], strict=False):  # a family's buckets in ascending order, one run
+        if a.family == b.family:
+            assert a.bucket < b.bucket
+    with pytest.raises(ValueError, match="no artifact"):
+        tasks_from_artifact(["hstu_attention_fwd"], "h100", tmp_path, batch=32)
+
+
+def test_an_entry_tuned_on_a_lengths_sample_needs_that_sample(tmp_path):
+    path = _copy(tmp_path)
+    doc = json.loads(path.read_text())
+    sample = (5, 9, 40, 300, 1000, 77)
+    jagged = next(e for e in doc["entries"] if e["distribution"] == "jagged")
+    jagged["lengths"] = {**describe(sample), "batch_fill": 0.5}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="was tuned on a lengths sample .*pass that sample with --lengths"):
+        tasks_from_artifact(["hstu_attention_bwd"], "h100", tmp_path, batch=32)
+    with pytest.raises(ValueError, match="lengths sample"):
+        tasks_from_artifact(["hstu_attention_bwd"], "h100", tmp_path, batch=32, sample=(1, 2, 3))
+    tasks = tasks_from_artifact(["hstu_attention_bwd"], "h100", tmp_path, batch=32, sample=sample)
+    with_sample = [t for t in tasks if t.sample is not None]
+    assert [_key(t) for t in with_sample] == [_key(jagged)] and with_sample[0].sample == sample
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_shards_cover_every_task_once_and_keep_families_whole(n):
+    tasks = tasks_from_artifact(["hstu_attention_bwd"], "h100", art.DEFAULT_ROOT, batch=32)
+    parts = [shard(tasks, f"{k}/{n}") for k in range(1, n + 1)]
+    assert sorted(map(_key, (t for p in parts for t in p))) == sorted(map(_key, tasks))
+    for i, p in enumerate(parts):
+        others = {t.family for j, q in enumerate(parts) if j != i for t in q}
+        assert not others & {t.family for t in p}
+    for bad in ("0/2", "3/2", "1", "a/b", "1/2/3"):
+        with pytest.raises(ValueError, match="shard must be K/N"):
+            shard(tasks, bad)
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_cli_from_artifact_lists_the_entries_and_refuses_grid_options(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    kernel = "ln_mul_dropout_fwd"
+    path = _copy(tmp_path, kernel=kernel)
+    count = len(art.load_artifact(path, check_stale=False).entries)
+    base = ("run", "--gpu", "h100", "--dry-run", "--artifacts", str(tmp_path), "--kernel", kernel, "--from-artifact")
+    rc, text = _run(capsys, *base)
+    assert rc == 0 and text.count(f"{kernel} bfloat16") == count > 0
+    rc, text = _run(capsys, *base, "--shard", "1/1")
+    assert rc == 0 and text.count(f"{kernel} bfloat16") == count
+    rc, text = _run(capsys, *base, "--dims", "256")
+    assert rc == 2 and "--dims cannot be combined with --from-artifact" in text
+    rc, text = _run(capsys, *base, "--shard", "4/3")
+    assert rc == 2 and "--shard must be K/N" in text
+    with pytest.raises(SystemExit):  # argparse: one task source at a time
+        main([*base, "--from-model", "tiny"])
+    assert "not allowed with argument --from-artifact" in capsys.readouterr().err

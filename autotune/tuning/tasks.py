@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sample_lengths, sequence_lengths
@@ -198,7 +199,7 @@ def build_tasks(
 def tasks_from_artifact(
     kernels: list[str],
     gpu: str,
-    root: Any,
+    root: str | Path,
     batch: int,
     seq_cap: int | None = None,
     sample: tuple[int, ...] | None = None,
@@ -232,8 +233,8 @@ def tasks_from_artifact(
 
 
 def shard(tasks: list[Task], spec: str) -> list[Task]:
-    """Tasks ``K``, ``K + N``, ... (1-based) of ``spec`` = "K/N": one device call's share of a long re-measure.
-    Whole families stay together where they can (a family's buckets warm-start each other in order)."""
+    """The tasks of families ``K``, ``K + N``, ... (1-based, in the list's order) for ``spec`` = "K/N": one
+    device call's share of a long run. Families stay whole (a family's buckets warm-start each other in order)."""
     try:
         k, n = (int(p) for p in spec.split("/"))
     except ValueError:

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +58,22 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
     )
 
 
+def refuse_grid_options(args: argparse.Namespace, options: Sequence[str], source: str, why: str) -> None:
+    """A task source that decides the tasks itself refuses grid options the user set (given at all: a
+    default's value is ignored too)."""
+    changed = [o for o in options if o in args.given]
+    if changed:
+        flags = ", ".join("--" + o for o in changed)
+        raise CLIError(f"{flags} cannot be combined with {source}: {why}")
+
+
 def artifact_task_list(args: argparse.Namespace, gpu: str, sample: tuple[int, ...] | None) -> list:
     """The tasks of ``autotune run --from-artifact``: the entries of each kernel's artifact (the grid options but
     --kernel must stay unset: the entries decide the shapes, laws and buckets)."""
     from autotune.tuning.tasks import tasks_from_artifact
 
-    changed = [o for o in (*GRID_OPTIONS, "dtype") if o in args.given and o != "kernel"]
-    if changed:
-        flags = ", ".join("--" + o for o in changed)
-        raise CLIError(f"{flags} cannot be combined with --from-artifact: the artifact's entries decide the tasks")
+    options = [o for o in (*GRID_OPTIONS, "dtype") if o != "kernel"]
+    refuse_grid_options(args, options, "--from-artifact", "the artifact's entries decide the tasks")
     _nonempty("--kernel", str(args.kernel))
     try:
         return tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
@@ -206,10 +214,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
     """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
-    changed = [o for o in GRID_OPTIONS if o in args.given]  # given at all: a default's value is ignored too
-    if changed:
-        flags = ", ".join("--" + o for o in changed)
-        raise CLIError(f"{flags} cannot be combined with --from-model/--from-onnx: the graph decides the tasks")
+    refuse_grid_options(args, GRID_OPTIONS, "--from-model/--from-onnx", "the graph decides the tasks")
     graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap)
     if not tasks:
         raise CLIError(f"no templated op found in {graph.source}")

@@ -117,4 +117,4 @@ def ln_mul_dropout_bwd_torch(
     weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
     out = kw.pop("out", None)
     res = _torch.ln_mul_dropout_bwd_torch(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
-    return fill_outs(out, res) if len(res) == 4 else (*fill_outs(out, res[:4]), res[4])
+    return (*fill_outs(out, res[:4]), *res[4:])

@@ -85,6 +85,39 @@ def test_backward_matches_reference(device, rows, residual):
         assert _err(db, gb) <= 1e-3 * max(1.0, float(gb.abs().max())) + (0.05 if dtype != torch.float32 else 0)
 
 
+@pytest.mark.parametrize("rows", [0, 1, 37, 130])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_residual_grad_sum_is_its_column_sum(device, rows, backend):
+    """``residual_grad_sum``: a 4th result, residual_grad's fp32 column sum (the fused layer's output-projection
+    bias gradient), from every backend, with or without output buffers; the other results unchanged."""
+    from kernel_templates.layer_norm.launch import layer_norm_bwd as triton_launch
+    from kernel_templates.layer_norm.launch import layer_norm_bwd_torch as torch_launch
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfgs(device)[1]} if backend == "triton" else {}
+    d = 96
+    for dtype in _dtypes(device):
+        x, w, b = _inputs(device, rows, d, dtype, wide=True, seed=3)
+        _, mean, rstd = layer_norm_reference(x, w, b, EPS)
+        gen = torch.Generator().manual_seed(4)
+        dy, rg = (torch.randn(rows, d, generator=gen).to(device, dtype) for _ in range(2))
+        base = launch(dy, x, w, b, mean, rstd, residual_grad=rg, **kw)
+        got = launch(dy, x, w, b, mean, rstd, residual_grad=rg, residual_grad_sum=True, **kw)
+        assert len(base) == 3 and len(got) == 4
+        for g, r in zip(got[:3], base, strict=True):
+            assert torch.equal(g, r)
+        want = rg.double().sum(0)
+        assert got[3].dtype == torch.float32 and got[3].shape == (d,)
+        assert float((got[3].double() - want).abs().max()) <= 1e-4 * max(1.0, rows**0.5)
+        out = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+        got_out = launch(dy, x, w, b, mean, rstd, residual_grad=rg, residual_grad_sum=True, out=out, **kw)
+        assert got_out[0].data_ptr() == out[0].data_ptr() and torch.equal(got_out[3], got[3])
+    with pytest.raises(ValueError, match="residual_grad_sum=True needs residual_grad"):
+        launch(dy, x, w, b, mean, rstd, residual_grad_sum=True, **kw)
+    with pytest.raises(ValueError, match="residual_grad_sum must be a bool"):
+        launch(dy, x, w, b, mean, rstd, residual_grad=rg, residual_grad_sum=1, **kw)
+
+
 def test_backward_writes_into_given_buffers(device):
     _, bcfg = _cfgs(device)
     x, w, b = _inputs(device, 40, 64, torch.float32)

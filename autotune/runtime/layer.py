@@ -223,7 +223,6 @@ class HSTULayerFunction(torch.autograd.Function):
         # Output projection: plain GEMMs (cuBLAS); the residual's gradient is dout itself.
         dy = dout_c @ w_o
         dw_o = dout_c.t() @ y
-        db_o = dout_c.sum(0, dtype=torch.float32)
         if xn is None:
             s = cfg("layer_norm_fwd")
             xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
@@ -257,7 +256,10 @@ class HSTULayerFunction(torch.autograd.Function):
         more = {"done_cols": hd, "done_db": res[4]} if silu_u else {}
         dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre, **more)
         s = cfg("layer_norm_bwd")
-        dx, dw1, db1 = s.launch(dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout)
+        # The output projection's bias gradient is dout's column sum: the LN backward reads dout anyway.
+        dx, dw1, db1, db_o = s.launch(
+            dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout, residual_grad_sum=True
+        )
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
 
 

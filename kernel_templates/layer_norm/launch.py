@@ -45,6 +45,7 @@ def _bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: tor
     if kw.get("residual_grad") is not None:
         same_shape("residual_grad", kw["residual_grad"], tuple(x.shape))
     floating(x.device, dy=dy, residual_grad=kw.get("residual_grad"))
+    _k.check_residual_grad_sum(kw.get("residual_grad_sum", False), kw.get("residual_grad"))
     grad_outs(kw.get("out"), tuple(x.shape), x.device, 1)
     return weight, bias, mean, rstd
 
@@ -56,7 +57,8 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, ep
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
                    rstd: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
-    """(dx, dweight, dbias); dx in x's dtype with ``residual_grad`` (x's shape) added when given."""
+    """(dx, dweight, dbias); dx in x's dtype with ``residual_grad`` (x's shape) added when given; with
+    ``residual_grad_sum`` a 4th result, residual_grad's fp32 column sum."""
     return _k.layer_norm_bwd(dy, x, *_bwd_args(dy, x, weight, bias, mean, rstd, kw), **kw)
 
 
@@ -73,4 +75,5 @@ def layer_norm_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     launcher takes it (dweight and dbias may be None)."""
     args = _bwd_args(dy, x, weight, bias, mean, rstd, kw)
     out = kw.pop("out", None)
-    return fill_outs(out, _ref.layer_norm_bwd_torch(dy, x, *args, **kw))
+    res = _ref.layer_norm_bwd_torch(dy, x, *args, **kw)
+    return (*fill_outs(out, res[:3]), *res[3:])

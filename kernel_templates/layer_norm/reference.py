@@ -36,8 +36,11 @@ def layer_norm_fwd_torch(x, weight, bias, eps, *, config=None, out_dtype=None, o
     return y, mean, rstd
 
 
-def layer_norm_bwd_torch(dy, x, weight, bias, mean, rstd, *, config=None, residual_grad=None, out=None):
-    """The ``torch`` backend: the LayerNorm gradient from the saved statistics, in fp32."""
+def layer_norm_bwd_torch(
+    dy, x, weight, bias, mean, rstd, *, config=None, residual_grad=None, residual_grad_sum=False, out=None
+):
+    """The ``torch`` backend: the LayerNorm gradient from the saved statistics, in fp32 (``residual_grad_sum``:
+    a 4th result, residual_grad's fp32 column sum)."""
     xhat = (x.float() - mean[:, None]) * rstd[:, None]
     g = dy.float()
     dxhat = g * weight.float()
@@ -47,8 +50,9 @@ def layer_norm_bwd_torch(dy, x, weight, bias, mean, rstd, *, config=None, residu
         dx = dx + residual_grad.float()
     dw, db = (g * xhat).sum(0).to(weight.dtype), g.sum(0).to(bias.dtype)
     dx = dx.to(x.dtype)
+    more = (residual_grad.float().sum(0),) if residual_grad_sum else ()
     if out is not None:
         for dst, src in zip(out, (dx, dw, db), strict=True):
             dst.copy_(src)
-        return out
-    return dx, dw, db
+        return (*out, *more)
+    return dx, dw, db, *more

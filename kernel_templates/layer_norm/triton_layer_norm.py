@@ -41,9 +41,9 @@ def _ln_fwd_kernel(
 
 @triton.jit(do_not_specialize=["L", "rows_per_prog"])
 def _ln_bwd_kernel(
-    DY, X, W, Mean, Rstd, RG, DX, DW_part, DB_part, L, D, rows_per_prog,
+    DY, X, W, Mean, Rstd, RG, DX, DW_part, DB_part, RGS_part, L, D, rows_per_prog,
     stride_dy, stride_x, stride_rg, stride_dx,
-    HAS_RG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_RG: tl.constexpr, RG_SUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
@@ -51,6 +51,7 @@ def _ln_bwd_kernel(
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
     db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    rgs = tl.zeros((BLOCK_D,), dtype=tl.float32)
     row_start = pid * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, L)
     for start in range(row_start, row_end, BLOCK_R):
@@ -68,12 +69,25 @@ def _ln_bwd_kernel(
         c2 = tl.sum(dxhat, axis=1) / D
         dx = (dxhat - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         if HAS_RG:
-            dx += tl.load(RG + r64 * stride_rg + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+            rg = tl.load(RG + r64 * stride_rg + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+            dx += rg
+            if RG_SUM:
+                rgs += tl.sum(rg, axis=0)
         tl.store(DX + r64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=m2)
         dw += tl.sum(dy * xhat, axis=0)
         db += tl.sum(dy, axis=0)
     tl.store(DW_part + pid * D + cols, dw, mask=col_ok)
     tl.store(DB_part + pid * D + cols, db, mask=col_ok)
+    if RG_SUM:
+        tl.store(RGS_part + pid * D + cols, rgs, mask=col_ok)
+
+
+def check_residual_grad_sum(residual_grad_sum: object, residual_grad: torch.Tensor | None) -> None:
+    """``residual_grad_sum`` is a bool, and True only with a ``residual_grad`` to sum."""
+    if not isinstance(residual_grad_sum, bool):
+        raise ValueError(f"residual_grad_sum must be a bool, got {residual_grad_sum!r}")
+    if residual_grad_sum and residual_grad is None:
+        raise ValueError("residual_grad_sum=True needs residual_grad (the gradient whose column sum it returns)")
 
 
 def _check_2d(name: str, t: torch.Tensor, rows: int, d: int) -> None:
@@ -136,9 +150,12 @@ def layer_norm_bwd(
     *,
     config: LayerNormBwdConfig,
     residual_grad: torch.Tensor | None = None,
+    residual_grad_sum: bool = False,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dweight, dbias); dx in x's dtype with ``residual_grad`` (x's shape) added when given."""
+) -> tuple[torch.Tensor, ...]:
+    """(dx, dweight, dbias); dx in x's dtype with ``residual_grad`` (x's shape) added when given.
+    ``residual_grad_sum``: a 4th result, residual_grad's fp32 column sum, from the rows the kernel reads anyway
+    (the fused layer's output-projection bias gradient, which would otherwise re-read the whole gradient)."""
     L, D = _check_params(x, weight, bias)
     _check_2d("dy", dy, L, D)
     for name, t in (("mean", mean), ("rstd", rstd)):
@@ -146,26 +163,31 @@ def layer_norm_bwd(
             raise ValueError(f"{name} must be float32 of shape ({L},), got {t.dtype} {tuple(t.shape)}")
     if residual_grad is not None:
         _check_2d("residual_grad", residual_grad, L, D)
+    check_residual_grad_sum(residual_grad_sum, residual_grad)
     dx, dw, db = out if out is not None else (torch.empty((L, D), dtype=x.dtype, device=x.device), None, None)
     _check_2d("out[0] (dx)", dx, L, D)
     if L == 0:
         dw_t, db_t = torch.zeros_like(weight), torch.zeros_like(bias)
+        rgs_t = torch.zeros(D, dtype=torch.float32, device=x.device)
     else:
         progs = _programs(L, config, x.device)
         rows_per_prog = triton.cdiv(triton.cdiv(L, progs), config.block_rows) * config.block_rows
         progs = triton.cdiv(L, rows_per_prog)
         dw_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
         db_part = torch.empty((progs, D), dtype=torch.float32, device=x.device)
+        rgs_part = torch.empty((progs, D), dtype=torch.float32, device=x.device) if residual_grad_sum else db_part
         rg = residual_grad if residual_grad is not None else dy
         _ln_bwd_kernel[(progs,)](
-            dy, x, weight, mean, rstd, rg, dx, dw_part, db_part, L, D, rows_per_prog,
+            dy, x, weight, mean, rstd, rg, dx, dw_part, db_part, rgs_part, L, D, rows_per_prog,
             dy.stride(0), x.stride(0), rg.stride(0), dx.stride(0),
-            HAS_RG=residual_grad is not None, BLOCK_R=config.block_rows, BLOCK_D=block_d(D),
+            HAS_RG=residual_grad is not None, RG_SUM=residual_grad_sum, BLOCK_R=config.block_rows, BLOCK_D=block_d(D),
             num_warps=config.num_warps,
         )  # fmt: skip
         dw_t, db_t = dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(bias.dtype)
+        rgs_t = rgs_part.sum(0) if residual_grad_sum else None
+    more = (rgs_t,) if residual_grad_sum else ()
     if dw is not None:
         dw.copy_(dw_t)
         db.copy_(db_t)
-        return dx, dw, db
-    return dx, dw_t, db_t
+        return dx, dw, db, *more
+    return dx, dw_t, db_t, *more

@@ -110,6 +110,23 @@ def test_inference_mode_call_with_async_validation(device):
     assert (out.float() - ref).abs().max() <= (3e-2 if device == "cuda" else 1e-4) * ref.abs().max()
 
 
+def test_inference_mode_call_with_targets_and_async_validation(device):
+    """Targets made under inference mode have no version counter: the "async" check of a call with them (the
+    default mode) must still run, every call, instead of failing on the counter the offsets-check cache reads."""
+    with torch.inference_mode():
+        off = offsets_from_lengths([4, 6], device)
+        nt = torch.tensor([1, 2], device=device)
+        q, k, v = _qkv(device, 10, grad=False)
+        for _ in range(2):
+            out = ops.hstu_attention(q, k, v, off, 8, num_targets=nt, contextual_seq_len=1, source="default")
+        bad = torch.tensor([1, 7], device=device)  # 7 targets in a sequence of 6: still reported
+        if device == "cpu":
+            with pytest.raises(ValueError, match=r"num_targets\[1\] = 7"):
+                ops.hstu_attention(q, k, v, off, 8, num_targets=bad, source="default")
+    ref = hstu_attention_reference(q.float(), k.float(), v.float(), off, 8, 1 / math.sqrt(32), nt, 1)
+    assert (out.float() - ref).abs().max() <= (3e-2 if device == "cuda" else 1e-4) * ref.abs().max()
+
+
 def test_custom_op_checks_its_inputs_unless_told_not_to(device):
     fb, fc, bb, bc = ops._choose(torch.float32, 32, 32, 2, 32, None, "default", "causal", None)
     off = offsets_from_lengths([7, 13, 0, 9], device)

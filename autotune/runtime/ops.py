@@ -106,11 +106,13 @@ _CHECKED = TensorMemo()
 def check_call_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
     """The offsets check of one op call; the reference reads the offsets on the host anyway, so its
     "async" is "full" (a ValueError at the call). An "async" check of an unchanged offsets tensor
-    already checked with the same unchanged targets, rows and ``max_seq_len`` is skipped."""
+    already checked with the same unchanged targets, rows and ``max_seq_len`` is skipped (never for targets
+    made under inference mode, which have no version counter)."""
     mode = validate_mode(validate)
     if backend == "reference" and mode == "async":
         mode = "full"
-    if mode != "async":
+    # Targets made under inference mode have no version counter to prove them unchanged: checked every call.
+    if mode != "async" or (num_targets is not None and num_targets.is_inference()):
         check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
         return
     key = (None if num_targets is None else num_targets._version, rows, max_seq_len)

@@ -245,12 +245,15 @@ def attention_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) with an explicit backend/config; recomputes S from q, k.
 
-    The autograd backward passes ``validate="none"``: its forward checked the same offsets.
+    The autograd backward passes ``validate="none"``: its forward checked the same offsets. The gradients are
+    contiguous, as the fake impl says: the launchers' follow q, k and v's strides in some modes and not in others,
+    and a compiled backward of permuted views failed the stride check of the fake's strides.
     """
-    return _bwd_impl(
+    grads = _bwd_impl(
         do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
         backend, config, validate, fit=True,
     )  # fmt: skip
+    return tuple(g.contiguous() for g in grads)
 
 
 def _bwd_impl(
@@ -285,7 +288,7 @@ def _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_le
 
 @attention_bwd.register_fake
 def _(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, backend, config, validate=""):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))  # contiguous, as the op returns them
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -138,6 +138,22 @@ def test_custom_op_checks_its_inputs_unless_told_not_to(device):
         torch.ops.hstu.attention_fwd(q, k, v, off, nt, 32, 0.2, 0, 0, None, fb, fc, bb, bc, "full")
 
 
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+@pytest.mark.parametrize("backend", ["default", "reference"])
+def test_custom_ops_called_directly_refuse_a_non_finite_alpha(device, alpha, backend):
+    """The public call refuses a NaN or infinite alpha; the custom ops called directly (as a trace runs them) must
+    too, unless told not to check, instead of returning NaN outputs and gradients."""
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    fb, fc, bb, bc = ops._choose(dt, 32, 32, 2, 32, None, backend, "causal", None)
+    off = offsets_from_lengths([7, 13, 0, 9], device)
+    q, k, v = (t.detach() for t in _qkv(device, 29))
+    for mode in ("async", "full"):
+        with pytest.raises(ValueError, match="alpha must be finite"):
+            torch.ops.hstu.attention_fwd(q, k, v, off, None, 32, alpha, 0, 0, None, fb, fc, bb, bc, mode)
+        with pytest.raises(ValueError, match="alpha must be finite"):
+            torch.ops.hstu.attention_bwd(torch.ones_like(v), q, k, v, off, None, 32, alpha, 0, 0, None, bb, bc, mode)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

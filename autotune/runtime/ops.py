@@ -177,6 +177,8 @@ def attention_fwd(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=backend != "reference",
         )  # fmt: skip
+        if not math.isfinite(alpha):  # a NaN or infinite alpha made every output NaN
+            check_alpha(alpha)
     backend, config, max_seq_len, scaling_seqlen = _fit_launch(
         FWD, backend, config, q, v, seq_offsets, max_seq_len, scaling_seqlen
     )
@@ -264,6 +266,8 @@ def _bwd_impl(
     check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if validate_mode(validate) != "none":  # the autograd backward passes "none": its forward checked these
         _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend)
+        if not math.isfinite(alpha):
+            check_alpha(alpha)
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     if fit:

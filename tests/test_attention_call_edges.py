@@ -100,6 +100,25 @@ def test_reference_source_keeps_its_double_backward():
     assert (g2 - gq).abs().max() > 1e-6  # the second-order term is there
 
 
+def test_forward_mode_ad_raises_unless_the_reference_runs(device):
+    """The kernels have no jvp: dual inputs that need no grad ran them on the primals and returned no tangent (a
+    silent zero derivative). They must raise; the reference source's jvp is the reference's own."""
+    import torch.autograd.forward_ad as fwad
+
+    off = offsets_from_lengths([4, 6], device)
+    q, k, v = _qkv(device, 10, grad=False)
+    dt = torch.randn_like(q)
+    with fwad.dual_level():
+        for source in ("default", "tuned"):
+            with pytest.raises(NotImplementedError, match="forward-mode AD"):
+                ops.hstu_attention(fwad.make_dual(q, dt), k, v, off, 8, source=source)
+            with pytest.raises(NotImplementedError, match="forward-mode AD"):  # a padded head dim too
+                ops.hstu_attention(q[..., :16], k[..., :16], fwad.make_dual(v, dt), off, 8, source=source)
+        got = fwad.unpack_dual(ops.hstu_attention(fwad.make_dual(q, dt), k, v, off, 8, source="reference"))
+        ref = fwad.unpack_dual(hstu_attention_reference(fwad.make_dual(q, dt), k, v, off, 8, 1 / math.sqrt(32)))
+    torch.testing.assert_close(got.tangent, ref.tangent)
+
+
 def test_inference_mode_call_with_async_validation(device):
     with torch.inference_mode():
         off = offsets_from_lengths([4, 6], device)

@@ -22,6 +22,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from autotune.runtime import dispatch
 from autotune.runtime.buckets import DISTRIBUTIONS
@@ -403,6 +404,8 @@ def hstu_attention(
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if forward_ad._current_level >= 0 and source != "reference":  # inside a dual level only: no cost otherwise
+        _refuse_tangents(q, k, v)
     if distribution is not None and distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
     if alpha is not None and (type(alpha) is not float or not math.isfinite(alpha)):
@@ -452,6 +455,15 @@ def hstu_attention(
             return _fwd_impl(*args[:10], fwd_backend, fwd_config, mode)  # nothing to differentiate
         return _AttentionFunction.apply(*args)
     return attention_fwd(*args)
+
+
+def _refuse_tangents(*tensors: torch.Tensor) -> None:
+    """A ``NotImplementedError`` for dual tensors (forward-mode AD): the kernels have no jvp, and a call whose
+    inputs need no grad ran them on the primals and returned an output with no tangent (a zero derivative)."""
+    if any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(
+            "hstu_attention: the kernels have no forward-mode AD (jvp); use source='reference' for it"
+        )
 
 
 def _static_int(x: object) -> int:

@@ -100,6 +100,25 @@ def test_reference_source_keeps_its_double_backward():
     assert (g2 - gq).abs().max() > 1e-6  # the second-order term is there
 
 
+def test_forward_mode_ad_raises_unless_the_reference_runs(device):
+    """The kernels have no jvp: dual inputs that need no grad ran them on the primals and returned no tangent (a
+    silent zero derivative). They must raise; the reference source's jvp is the reference's own."""
+    import torch.autograd.forward_ad as fwad
+
+    off = offsets_from_lengths([4, 6], device)
+    q, k, v = _qkv(device, 10, grad=False)
+    dt = torch.randn_like(q)
+    with fwad.dual_level():
+        for source in ("default", "tuned"):
+            with pytest.raises(NotImplementedError, match="forward-mode AD"):
+                ops.hstu_attention(fwad.make_dual(q, dt), k, v, off, 8, source=source)
+            with pytest.raises(NotImplementedError, match="forward-mode AD"):  # a padded head dim too
+                ops.hstu_attention(q[..., :16], k[..., :16], fwad.make_dual(v, dt), off, 8, source=source)
+        got = fwad.unpack_dual(ops.hstu_attention(fwad.make_dual(q, dt), k, v, off, 8, source="reference"))
+        ref = fwad.unpack_dual(hstu_attention_reference(fwad.make_dual(q, dt), k, v, off, 8, 1 / math.sqrt(32)))
+    torch.testing.assert_close(got.tangent, ref.tangent)
+
+
 def test_inference_mode_call_with_async_validation(device):
     with torch.inference_mode():
         off = offsets_from_lengths([4, 6], device)
@@ -107,6 +126,23 @@ def test_inference_mode_call_with_async_validation(device):
         for _ in range(2):
             out = ops.hstu_attention(q, k, v, off, 8, source="default")
     ref = hstu_attention_reference(q.float(), k.float(), v.float(), off, 8, 1 / math.sqrt(32))
+    assert (out.float() - ref).abs().max() <= (3e-2 if device == "cuda" else 1e-4) * ref.abs().max()
+
+
+def test_inference_mode_call_with_targets_and_async_validation(device):
+    """Targets made under inference mode have no version counter: the "async" check of a call with them (the
+    default mode) must still run, every call, instead of failing on the counter the offsets-check cache reads."""
+    with torch.inference_mode():
+        off = offsets_from_lengths([4, 6], device)
+        nt = torch.tensor([1, 2], device=device)
+        q, k, v = _qkv(device, 10, grad=False)
+        for _ in range(2):
+            out = ops.hstu_attention(q, k, v, off, 8, num_targets=nt, contextual_seq_len=1, source="default")
+        bad = torch.tensor([1, 7], device=device)  # 7 targets in a sequence of 6: still reported
+        if device == "cpu":
+            with pytest.raises(ValueError, match=r"num_targets\[1\] = 7"):
+                ops.hstu_attention(q, k, v, off, 8, num_targets=bad, source="default")
+    ref = hstu_attention_reference(q.float(), k.float(), v.float(), off, 8, 1 / math.sqrt(32), nt, 1)
     assert (out.float() - ref).abs().max() <= (3e-2 if device == "cuda" else 1e-4) * ref.abs().max()
 
 
@@ -119,6 +155,22 @@ def test_custom_op_checks_its_inputs_unless_told_not_to(device):
     with pytest.raises(ValueError, match=r"num_targets must have shape \(4,\)"):
         nt = torch.tensor([1], device=device)
         torch.ops.hstu.attention_fwd(q, k, v, off, nt, 32, 0.2, 0, 0, None, fb, fc, bb, bc, "full")
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+@pytest.mark.parametrize("backend", ["default", "reference"])
+def test_custom_ops_called_directly_refuse_a_non_finite_alpha(device, alpha, backend):
+    """The public call refuses a NaN or infinite alpha; the custom ops called directly (as a trace runs them) must
+    too, unless told not to check, instead of returning NaN outputs and gradients."""
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    fb, fc, bb, bc = ops._choose(dt, 32, 32, 2, 32, None, backend, "causal", None)
+    off = offsets_from_lengths([7, 13, 0, 9], device)
+    q, k, v = (t.detach() for t in _qkv(device, 29))
+    for mode in ("async", "full"):
+        with pytest.raises(ValueError, match="alpha must be finite"):
+            torch.ops.hstu.attention_fwd(q, k, v, off, None, 32, alpha, 0, 0, None, fb, fc, bb, bc, mode)
+        with pytest.raises(ValueError, match="alpha must be finite"):
+            torch.ops.hstu.attention_bwd(torch.ones_like(v), q, k, v, off, None, 32, alpha, 0, 0, None, bb, bc, mode)
 
 
 @pytest.mark.parametrize(

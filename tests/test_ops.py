@@ -45,6 +45,20 @@ def test_opcheck_bwd(device):
     torch.library.opcheck(torch.ops.hstu.attention_bwd.default, args)
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_opcheck_bwd_on_transposed_inputs(device, backend):
+    """q, k and v that are (H, L, D) tensors transposed: the backward op's gradients must have the strides of its
+    fake impl. They followed q's permuted strides in the fake and not always in the op (the Triton dQ accumulator
+    and the reference's dK, dV are contiguous), so a compiled backward of such views failed its stride check."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 29, 32, generator=gen).to(device).transpose(0, 1) for _ in range(3))
+    off = torch.tensor([0, 7, 20, 20, 29], device=device)
+    do = torch.randn(29, 2, 32, generator=gen).to(device)
+    cfg = BWD_CFG if backend == "triton" else "{}"
+    args = (do, q, k, v, off, None, 32, 0.25, 0, 0, None, backend, cfg)
+    torch.library.opcheck(torch.ops.hstu.attention_bwd.default, args)
+
+
 @pytest.mark.parametrize("source", ["default", "reference"])
 def test_module_matches_reference(device, source):
     q, k, v, off = _inputs(device)

@@ -22,6 +22,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from autotune.runtime import dispatch
 from autotune.runtime.buckets import DISTRIBUTIONS
@@ -106,11 +107,13 @@ _CHECKED = TensorMemo()
 def check_call_offsets(backend: str, validate: str, seq_offsets, num_targets, rows: int, max_seq_len: int) -> None:
     """The offsets check of one op call; the reference reads the offsets on the host anyway, so its
     "async" is "full" (a ValueError at the call). An "async" check of an unchanged offsets tensor
-    already checked with the same unchanged targets, rows and ``max_seq_len`` is skipped."""
+    already checked with the same unchanged targets, rows and ``max_seq_len`` is skipped (never for targets
+    made under inference mode, which have no version counter)."""
     mode = validate_mode(validate)
     if backend == "reference" and mode == "async":
         mode = "full"
-    if mode != "async":
+    # Targets made under inference mode have no version counter to prove them unchanged: checked every call.
+    if mode != "async" or (num_targets is not None and num_targets.is_inference()):
         check_offsets(mode, seq_offsets, num_targets, rows, max_seq_len)
         return
     key = (None if num_targets is None else num_targets._version, rows, max_seq_len)
@@ -175,6 +178,8 @@ def attention_fwd(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=backend != "reference",
         )  # fmt: skip
+        if not math.isfinite(alpha):  # a NaN or infinite alpha made every output NaN
+            check_alpha(alpha)
     backend, config, max_seq_len, scaling_seqlen = _fit_launch(
         FWD, backend, config, q, v, seq_offsets, max_seq_len, scaling_seqlen
     )
@@ -243,12 +248,15 @@ def attention_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) with an explicit backend/config; recomputes S from q, k.
 
-    The autograd backward passes ``validate="none"``: its forward checked the same offsets.
+    The autograd backward passes ``validate="none"``: its forward checked the same offsets. The gradients are
+    contiguous, as the fake impl says: the launchers' follow q, k and v's strides in some modes and not in others,
+    and a compiled backward of permuted views failed the stride check of the fake's strides.
     """
-    return _bwd_impl(
+    grads = _bwd_impl(
         do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen,
         backend, config, validate, fit=True,
     )  # fmt: skip
+    return tuple(g.contiguous() for g in grads)
 
 
 def _bwd_impl(
@@ -259,6 +267,8 @@ def _bwd_impl(
     check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if validate_mode(validate) != "none":  # the autograd backward passes "none": its forward checked these
         _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend)
+        if not math.isfinite(alpha):
+            check_alpha(alpha)
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     if fit:
@@ -283,7 +293,7 @@ def _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_le
 
 @attention_bwd.register_fake
 def _(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx, win, scaling, backend, config, validate=""):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))  # contiguous, as the op returns them
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -394,6 +404,8 @@ def hstu_attention(
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if forward_ad._current_level >= 0 and source != "reference":  # inside a dual level only: no cost otherwise
+        _refuse_tangents(q, k, v)
     if distribution is not None and distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
     if alpha is not None and (type(alpha) is not float or not math.isfinite(alpha)):
@@ -443,6 +455,15 @@ def hstu_attention(
             return _fwd_impl(*args[:10], fwd_backend, fwd_config, mode)  # nothing to differentiate
         return _AttentionFunction.apply(*args)
     return attention_fwd(*args)
+
+
+def _refuse_tangents(*tensors: torch.Tensor) -> None:
+    """A ``NotImplementedError`` for dual tensors (forward-mode AD): the kernels have no jvp, and a call whose
+    inputs need no grad ran them on the primals and returned an output with no tangent (a zero derivative)."""
+    if any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(
+            "hstu_attention: the kernels have no forward-mode AD (jvp); use source='reference' for it"
+        )
 
 
 def _static_int(x: object) -> int:

@@ -271,3 +271,25 @@ def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
     with pytest.raises(ValueError, match="head_dim must be one of"):
         plan_layer(torch.float32, cfg.num_heads, 48, 32, 0.1, cfg.eps, 0.0, "default")
     assert hstu_layer(x, params, off, plan, seed).shape == x.shape
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ({"dtype": torch.float64}, "dtype must be one of"),
+        ({"dtype": torch.int32}, "dtype must be one of"),
+        ({"alpha": float("nan")}, "alpha must be finite"),
+        ({"alpha": float("inf")}, "alpha must be finite"),
+        ({"alpha": "0.1"}, "alpha must be a number"),
+        ({"head_dim": 32.0}, "head_dim must be one of"),
+    ],
+)
+def test_plan_refuses_what_the_kernels_would_compute_wrongly(override, match):
+    """A float64 plan ran the kernels and returned wrong outputs and gradients (errors of order 1), and a NaN or
+    infinite alpha NaN outputs, without a word: the attention call refuses both, so the layer's plan does too."""
+    from autotune.runtime.layer import plan_layer
+
+    args = {"dtype": torch.float32, "heads": 2, "head_dim": 32, "max_seq_len": 32, "alpha": 0.1, "eps": 1e-5,
+            "dropout": 0.0, "source": "default", **override}  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        plan_layer(**args)

@@ -150,3 +150,22 @@ def test_done_cols_are_checked():
             launch(dy, x, w, b, done_cols=16, done_db=torch.zeros(16, dtype=torch.float64))
         with pytest.raises(ValueError, match="dy must be torch.float32 like x with done_cols"):
             launch(dy.double(), x, w, b, done_cols=16, done_db=torch.zeros(16))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_launchers_refuse_an_output_over_an_input(device, backend):
+    """The Triton backend wrote dx into ``out[0]`` before reading x for dW = d_pre^T x: with ``out[0]`` over x the
+    weight gradient came back wrong (errors of order 10) without a word. An output sharing memory with an input is
+    refused by name, by both backends' launchers (one set of rules)."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    dy, x, w, b = _inputs(device, 8)
+    with pytest.raises(ValueError, match=r"out\[0\] shares memory with the input x"):
+        launch(dy, x, w, b, out=(x, torch.empty_like(w), torch.empty_like(b)), **kw)
+    with pytest.raises(ValueError, match=r"out\[1\] shares memory with the input weight"):
+        launch(dy, x, w, b, out=(torch.empty_like(x), w, torch.empty_like(b)), **kw)
+    with pytest.raises(ValueError, match=r"out\[2\] shares memory with the input bias"):
+        launch(dy, x, w, b, out=(torch.empty_like(x), torch.empty_like(w), b), **kw)

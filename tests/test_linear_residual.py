@@ -80,3 +80,23 @@ def test_the_result_is_in_the_residuals_dtype_and_out_on_its_device(mode):
     torch.testing.assert_close(got, (r.float() + F.linear(y, w, b)).half())
     with pytest.raises(ValueError, match="out must be a torch.float16 \\(5, 4\\) tensor on cpu"):
         launch(y, w, b, r, config=cfg, out=torch.empty(5, 4, dtype=torch.float16, device="meta"))
+
+
+@pytest.mark.parametrize("mode", ["linear_add", "addmm"])
+def test_launcher_refuses_an_out_over_its_gemm_operands(mode):
+    """``addmm(out=y)`` read y after writing it and returned wrong values without a word (errors of order 10):
+    an ``out`` sharing memory with y or the weight is refused by name; ``out=residual`` (an in-place
+    residual add) stays right in both modes."""
+    from kernel_templates.linear_residual.launch import linear_residual as launch
+
+    cfg = LinearResidualConfig(mode)
+    gen = torch.Generator().manual_seed(0)
+    y, w, b, r = (torch.randn(*s, generator=gen) for s in ((6, 8), (8, 8), (8,), (6, 8)))
+    want = r + F.linear(y, w, b)
+    y2, w2 = y.clone(), w.clone()
+    for name, args, out in (("y", (y2, w, b), y2), ("weight", (y, w2, b), w2[:6])):  # w2[:6]: the residual's shape
+        with pytest.raises(ValueError, match=f"out shares memory with the input {name}"):
+            launch(*args, r, config=cfg, out=out)
+    r2 = r.clone()
+    torch.testing.assert_close(launch(y, w, b, r2, config=cfg, out=r2), want)
+    torch.testing.assert_close(r2, want)

@@ -34,7 +34,7 @@ import torch
 
 from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
-from kernel_templates.hstu_attention.input_check import fit_grid, launch_lengths, validate_mode
+from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format
 from kernel_templates.launch_checks import dropout_p, finite_eps
 
@@ -52,6 +52,7 @@ LAYER_KERNELS = (
 
 
 KEEP = ("pre+uvqk", "pre", "uvqk")
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,14 @@ def plan_layer(
     """The kernels one layer call runs (cached per shape key; deterministic, never times anything)."""
     if keep not in KEEP:
         raise ValueError(f"keep must be one of {KEEP}, got {keep!r}")
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    # The kernels compute in fp16, bf16 or fp32: a float64 plan ran them and returned wrong outputs and
+    # gradients without a word (the attention call refuses other dtypes; the layer's kernels trust the plan).
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype must be one of {COMPUTE_DTYPES} (the compute dtype), got {dtype!r}")
+    # As hstu_attention checks it: a NaN or infinite alpha made every output NaN, a string reached the kernels.
+    check_alpha(alpha)
+    alpha = float(alpha)
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")

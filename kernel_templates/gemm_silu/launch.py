@@ -3,7 +3,8 @@ backends (same signatures, keyword arguments passed through).
 
 The backends write dx and dW with ``torch.mm(..., out=)``, which resizes a buffer of the wrong shape (with a
 warning) instead of refusing it, and at zero rows return a given dx buffer of any shape as it is; an integer
-``pre`` is read as truncated values. These checks make each a ``ValueError`` naming the argument.
+``pre`` is read as truncated values; an ``out`` buffer over an input (dx over x) is read after it is written.
+These checks make each a ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
         if not isinstance(out[2], torch.Tensor) or tuple(out[2].shape) != (n,):
             raise ValueError(f"out[2] must be a ({n},) tensor, got {getattr(out[2], 'shape', out[2])!r}")
         floating(x.device, **{"out[2]": out[2]})
+    # dx is written before dW = d_pre^T x is read from x (Triton backend): an out[0] over x came back wrong
+    # without a word; so does any output over an operand read after it is written.
+    outputs_apart(
+        {"dy": dy, "x": x, "weight": weight, "bias": bias, "pre": pre},
+        {"out[0]": out[0], "out[1]": out[1], "out[2]": out[2]},
+    )
 
 
 def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -66,6 +66,9 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
         (["--eval-timeout", "nan"], "--eval-timeout must be a positive"),
         (["--plugin", "nonexistent_plugin_module"], "--plugin nonexistent_plugin_module: cannot import"),
         (["--warm-starts", "nearest"], "--warm-starts must be one of all, own, got 'nearest'"),
+        # The samplers seed NumPy's RandomState: these were a ValueError traceback inside the first task.
+        (["--seed", "-1"], "--seed must be an integer in [0, 2**32 - 1], got -1"),
+        (["--seed", str(2**32)], "--seed must be an integer in [0, 2**32 - 1]"),
     ],
 )
 def test_bad_arguments(capsys, args, message):

@@ -196,6 +196,27 @@ def test_merge_refuses_to_drop_entries_of_another_environment_and_interpreter_fi
     assert rc == 0 and art.load_artifact(target).entries == []
 
 
+def test_merge_refuses_an_unknown_kernel_and_a_file_that_contradicts_itself(capsys, tmp_path):
+    """A file of no registered kernel was a ValueError traceback after the target folders were made, outside the
+    root for a kernel named '../../x'; a file whose ``gpu`` and ``environment.gpu_name`` disagree was merged into a
+    file that ``autotune.load`` then rejected (with every entry already in it)."""
+    import json
+
+    data = json.loads(art.artifact_path("h100", "hstu_attention_fwd").read_text())
+    root = tmp_path / "sub" / "artifacts"
+    for kernel in ("nope", "../../escape/x"):
+        hashes = {b: art.current_template_hash(kernel, b) for b in data["template_hash"]}  # current: not stale
+        f = tmp_path / "bad.json"
+        f.write_text(json.dumps({**data, "kernel": kernel, "template_hash": hashes}))
+        rc, text = _run(capsys, "merge", str(f), "--artifacts", str(root))
+        assert rc == 2 and "is no registered kernel" in text and "Traceback" not in text
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["bad.json"]
+    f = tmp_path / "contra.json"
+    f.write_text(json.dumps({**data, "gpu": "h200"}))  # the environment still names an H100
+    rc, text = _run(capsys, "merge", str(f), "--artifacts", str(root))
+    assert rc == 2 and "contradicts itself" in text and not root.exists()
+
+
 def test_show_prints_file_text_as_text(capsys, tmp_path):
     """``show`` gives the verdict ``load`` gives: rich markup in a file's strings (its creation time, its
     library versions) is printed as written, not parsed (a "[/x]" made the table raise)."""

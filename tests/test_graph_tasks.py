@@ -336,3 +336,21 @@ def test_a_malformed_onnx_attention_node_is_named(capsys, tmp_path, attrs, input
     rc = main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", attrs, inputs, lengths)])
     err = capsys.readouterr().err
     assert rc == 2 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("lengths", "match"),
+    [("5", "must be a list of sequence lengths, got int"), ("[float('inf')]", "hold inf"),
+     ("[3, -5]", "hold -5"), ("[40000]", "hold 40000"), ("[3.7]", "hold 3.7"), ("[True]", "hold True")],
+)  # fmt: skip
+def test_a_factorys_lengths_are_checked_as_a_lengths_file_is(tmp_path, monkeypatch, lengths, match):
+    """``int()`` of each was a TypeError / OverflowError traceback for a scalar or inf, truncated 3.7 to 3, and
+    kept negative and huge lengths as the model's length sample."""
+    name = f"lengths_factory_{abs(hash(lengths))}"
+    body = "import types, numpy, torch\n\n\ndef factory(lengths={}):\n"
+    body += "    return types.SimpleNamespace(module=torch.nn.Linear(1, 1), args=(), lengths=lengths)\n"
+    (tmp_path / f"{name}.py").write_text(body.format(lengths) + "\n\ndef ok():\n    return factory(numpy.arange(4))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gt.GraphTaskError, match=match):
+        gt.resolve_model(f"{name}:factory", "float32", False)
+    assert gt.resolve_model(f"{name}:ok", "float32", False)[4] == [0, 1, 2, 3]

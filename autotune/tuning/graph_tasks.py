@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import operator
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -345,7 +346,7 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
         raise GraphTaskError(f"--from-model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
     if hasattr(made, "module"):
         sample = getattr(made, "lengths", None)
-        sample = [int(n) for n in sample] if sample is not None else None
+        sample = _factory_lengths(spec, sample) if sample is not None else None
         return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}", sample
     from torch import nn
 
@@ -356,6 +357,30 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
         )
     module, args, *rest = made
     return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}", None
+
+
+def _factory_lengths(spec: str, raw: Any) -> list[int]:
+    """A factory's ``lengths`` as ints, by a lengths file's rules (integers 0..MAX_LENGTH; NumPy's and
+    one-element integer tensors' taken): ``int()`` of each raised a traceback on a scalar or inf and truncated
+    floats, and negative or huge lengths were kept."""
+    try:
+        values = list(raw)
+    except TypeError:
+        raise GraphTaskError(
+            f"--from-model {spec!r}: its lengths must be a list of sequence lengths, got {type(raw).__name__}"
+        ) from None
+    out = []
+    for n in values:
+        try:
+            length = None if isinstance(n, bool) else operator.index(n)
+        except TypeError:
+            length = None
+        if length is None or not 0 <= length <= MAX_LENGTH:
+            raise GraphTaskError(
+                f"--from-model {spec!r}: its lengths hold {n!r:.40}, not an integer length in 0..{MAX_LENGTH}"
+            )
+        out.append(length)
+    return out
 
 
 def config_length_sample(config: dict[str, Any]) -> list[int] | None:

@@ -66,6 +66,9 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
         (["--eval-timeout", "nan"], "--eval-timeout must be a positive"),
         (["--plugin", "nonexistent_plugin_module"], "--plugin nonexistent_plugin_module: cannot import"),
         (["--warm-starts", "nearest"], "--warm-starts must be one of all, own, got 'nearest'"),
+        # The samplers seed NumPy's RandomState: these were a ValueError traceback inside the first task.
+        (["--seed", "-1"], "--seed must be an integer in [0, 2**32 - 1], got -1"),
+        (["--seed", str(2**32)], "--seed must be an integer in [0, 2**32 - 1]"),
     ],
 )
 def test_bad_arguments(capsys, args, message):
@@ -191,6 +194,27 @@ def test_merge_refuses_to_drop_entries_of_another_environment_and_interpreter_fi
     assert len(art.load_artifact(target).entries) == n
     rc, text = _run(capsys, "merge", str(other), "--artifacts", str(root), "--replace")
     assert rc == 0 and art.load_artifact(target).entries == []
+
+
+def test_merge_refuses_an_unknown_kernel_and_a_file_that_contradicts_itself(capsys, tmp_path):
+    """A file of no registered kernel was a ValueError traceback after the target folders were made, outside the
+    root for a kernel named '../../x'; a file whose ``gpu`` and ``environment.gpu_name`` disagree was merged into a
+    file that ``autotune.load`` then rejected (with every entry already in it)."""
+    import json
+
+    data = json.loads(art.artifact_path("h100", "hstu_attention_fwd").read_text())
+    root = tmp_path / "sub" / "artifacts"
+    for kernel in ("nope", "../../escape/x"):
+        hashes = {b: art.current_template_hash(kernel, b) for b in data["template_hash"]}  # current: not stale
+        f = tmp_path / "bad.json"
+        f.write_text(json.dumps({**data, "kernel": kernel, "template_hash": hashes}))
+        rc, text = _run(capsys, "merge", str(f), "--artifacts", str(root))
+        assert rc == 2 and "is no registered kernel" in text and "Traceback" not in text
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["bad.json"]
+    f = tmp_path / "contra.json"
+    f.write_text(json.dumps({**data, "gpu": "h200"}))  # the environment still names an H100
+    rc, text = _run(capsys, "merge", str(f), "--artifacts", str(root))
+    assert rc == 2 and "contradicts itself" in text and not root.exists()
 
 
 def test_show_prints_file_text_as_text(capsys, tmp_path):

@@ -291,3 +291,66 @@ def test_a_model_on_the_fused_layer_is_named_with_what_traces(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(gt.GraphTaskError, match=r"fused_model:factory: torch.export could not trace .*layer='unfused'"):
         gt.ops_from_model("fused_model:factory", training=False)
+
+
+def _onnx_file(path, attrs, inputs=("q", "k", "v", "off"), lengths=None):
+    """A one-node ONNX file of an hstu.JaggedAttention call (typed inputs, no function body)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from autotune.runtime.onnx_hstu import DOMAIN, NAME
+
+    def typed(name, elem, dims):
+        return helper.make_tensor_value_info(name, elem, dims)
+
+    ins = [typed(n, TensorProto.FLOAT, ["L", 4, 64]) for n in "qkv"] + [typed("off", TensorProto.INT64, [33])]
+    node = helper.make_node(NAME, list(inputs), ["o"], domain=DOMAIN, **attrs)
+    graph = helper.make_graph([node], "g", ins, [typed("o", TensorProto.FLOAT, ["L", 4, 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
+    if lengths is not None:
+        helper.set_model_props(model, {"hstu.lengths": lengths})
+    onnx.save(model, str(path))
+    return str(path)
+
+
+GOOD_ATTRS = {"max_seq_len": 256, "contextual_seq_len": 0, "max_attn_len": 0}
+
+
+@pytest.mark.parametrize(
+    "attrs, inputs, lengths, message",
+    [
+        ({}, ("q", "k", "v", "off"), None, "o: the hstu.JaggedAttention node has no attribute max_seq_len"),
+        ({**GOOD_ATTRS, "max_seq_len": -5}, ("q", "k", "v", "off"), None, "max_seq_len must be an integer >= 1"),
+        (GOOD_ATTRS, (), None, "takes q, k, v, seq_offsets"),
+        (GOOD_ATTRS, ("q", "k"), None, "takes q, k, v, seq_offsets"),
+        (GOOD_ATTRS, ("q", "k", "v", "off"), "[true, 5]", "hstu.lengths metadata is not a list of lengths"),
+        (GOOD_ATTRS, ("q", "k", "v", "off"), "[99999999]", "hstu.lengths metadata is not a list of lengths"),
+    ],
+    ids=["no-attributes", "negative-max-seq-len", "no-inputs", "two-inputs", "bool-length", "huge-length"],
+)
+def test_a_malformed_onnx_attention_node_is_named(capsys, tmp_path, attrs, inputs, lengths, message):
+    """A node without its attributes or inputs was a KeyError / IndexError traceback; metadata lengths a
+    lengths file refuses (a bool, past the largest bucket) were taken as the model's length sample."""
+    assert main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", GOOD_ATTRS)]) == 0
+    capsys.readouterr()
+    rc = main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", attrs, inputs, lengths)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("lengths", "match"),
+    [("5", "must be a list of sequence lengths, got int"), ("[float('inf')]", "hold inf"),
+     ("[3, -5]", "hold -5"), ("[40000]", "hold 40000"), ("[3.7]", "hold 3.7"), ("[True]", "hold True")],
+)  # fmt: skip
+def test_a_factorys_lengths_are_checked_as_a_lengths_file_is(tmp_path, monkeypatch, lengths, match):
+    """``int()`` of each was a TypeError / OverflowError traceback for a scalar or inf, truncated 3.7 to 3, and
+    kept negative and huge lengths as the model's length sample."""
+    name = f"lengths_factory_{abs(hash(lengths))}"
+    body = "import types, numpy, torch\n\n\ndef factory(lengths={}):\n"
+    body += "    return types.SimpleNamespace(module=torch.nn.Linear(1, 1), args=(), lengths=lengths)\n"
+    (tmp_path / f"{name}.py").write_text(body.format(lengths) + "\n\ndef ok():\n    return factory(numpy.arange(4))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gt.GraphTaskError, match=match):
+        gt.resolve_model(f"{name}:factory", "float32", False)
+    assert gt.resolve_model(f"{name}:ok", "float32", False)[4] == [0, 1, 2, 3]

@@ -411,6 +411,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     file must be valid and current (its templates unchanged) and, for a GPU folder, made on a GPU (not
     the Triton interpreter). A target tuned in another timing environment would lose its entries
     (``artifact_io.merge_entries``): refused unless ``--replace``."""
+    from autotune import spec
     from autotune.runtime import artifacts as art
     from autotune.tuning.artifact_io import (
         EnvironmentMismatch,
@@ -420,12 +421,21 @@ def cmd_merge(args: argparse.Namespace) -> int:
     )
 
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
+    load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels' artifacts merge too
     loaded = []
     for f in args.files:  # every file is checked before any target is touched
         try:
             a = art.load_artifact(f)
         except art.ArtifactError as e:
             raise CLIError(f"cannot merge {f}: {e}") from None
+        if a.kernel not in spec.kernels():  # it names the target file: '../x' would leave the root
+            raise CLIError(
+                f"cannot merge {f}: kernel {a.kernel!r:.60} is no registered kernel (known: "
+                f"{', '.join(spec.kernels())}; a plugin's kernel needs AUTOTUNE_PLUGINS=module)"
+            )
+        contradiction = art.check_origin(a, None, a.gpu, None)[0]
+        if contradiction:  # dispatch would reject the merged file, and every entry already in it
+            raise CLIError(f"cannot merge {f}: {contradiction}")
         if a.gpu.lower() in GPUS and interpreter_made(a.environment):
             raise CLIError(
                 f"cannot merge {f} into {root / a.gpu}: it was made under the Triton interpreter / on a CPU "

@@ -66,6 +66,8 @@ def check_run_numbers(args: argparse.Namespace) -> None:
         raise CLIError(
             f"--compare-max-rounds ({args.compare_max_rounds}) must be >= --compare-rounds ({args.compare_rounds})"
         )
+    if not 0 <= args.seed < 2**32:  # Optuna's samplers seed NumPy's RandomState: it raised inside the first task
+        raise CLIError(f"--seed must be an integer in [0, 2**32 - 1], got {args.seed}")
     if args.warm_starts not in WARM_START_SCOPES:
         raise CLIError(f"--warm-starts must be one of {', '.join(WARM_START_SCOPES)}, got {args.warm_starts!r}")
 

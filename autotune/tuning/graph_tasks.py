@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import operator
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from autotune.runtime.graph import (  # noqa: F401 - re-exported: the tuner's gr
     value_of,
     walk_nodes,
 )
-from autotune.runtime.lengths import LengthsFile, compact
+from autotune.runtime.lengths import MAX_LENGTH, LengthsFile, compact
 from autotune.tuning.tasks import Task
 
 GEMM = "gemm_silu"
@@ -345,7 +346,7 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
         raise GraphTaskError(f"--from-model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
     if hasattr(made, "module"):
         sample = getattr(made, "lengths", None)
-        sample = [int(n) for n in sample] if sample is not None else None
+        sample = _factory_lengths(spec, sample) if sample is not None else None
         return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}", sample
     from torch import nn
 
@@ -356,6 +357,30 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
         )
     module, args, *rest = made
     return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}", None
+
+
+def _factory_lengths(spec: str, raw: Any) -> list[int]:
+    """A factory's ``lengths`` as ints, by a lengths file's rules (integers 0..MAX_LENGTH; NumPy's and
+    one-element integer tensors' taken): ``int()`` of each raised a traceback on a scalar or inf and truncated
+    floats, and negative or huge lengths were kept."""
+    try:
+        values = list(raw)
+    except TypeError:
+        raise GraphTaskError(
+            f"--from-model {spec!r}: its lengths must be a list of sequence lengths, got {type(raw).__name__}"
+        ) from None
+    out = []
+    for n in values:
+        try:
+            length = None if isinstance(n, bool) else operator.index(n)
+        except TypeError:
+            length = None
+        if length is None or not 0 <= length <= MAX_LENGTH:
+            raise GraphTaskError(
+                f"--from-model {spec!r}: its lengths hold {n!r:.40}, not an integer length in 0..{MAX_LENGTH}"
+            )
+        out.append(length)
+    return out
 
 
 def config_length_sample(config: dict[str, Any]) -> list[int] | None:
@@ -479,7 +504,7 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
     except Exception as e:  # noqa: BLE001 - protobuf raises several types for a bad file
         raise GraphTaskError(f"--from-onnx {path}: not a readable ONNX model ({e})") from None
     shapes = _onnx_shapes(model)
-    missing = [n.input[0] for n in model.graph.node if n.domain == DOMAIN and n.input[0] not in shapes]
+    missing = [n.input[0] for n in model.graph.node if n.domain == DOMAIN and n.input and n.input[0] not in shapes]
     if missing:
         model = onnx.shape_inference.infer_shapes(model)
         shapes = _onnx_shapes(model)
@@ -509,8 +534,10 @@ def _onnx_length_sample(meta: dict[str, str], path: Path) -> list[int] | None:
             sample = json.loads(meta["hstu.lengths"])
         except json.JSONDecodeError:
             sample = None
-        if not isinstance(sample, list) or not all(isinstance(n, int) and n >= 0 for n in sample):
-            raise GraphTaskError(f"--from-onnx {path}: its hstu.lengths metadata is not a list of lengths")
+        if not isinstance(sample, list) or not all(_is_length(n) for n in sample):  # a lengths file's rules
+            raise GraphTaskError(
+                f"--from-onnx {path}: its hstu.lengths metadata is not a list of lengths (integers 0..{MAX_LENGTH})"
+            )
         return sample
     try:
         config = json.loads(meta["hstu.config"]) if "hstu.config" in meta else None
@@ -531,12 +558,29 @@ def _onnx_length_sample(meta: dict[str, str], path: Path) -> list[int] | None:
     return config_length_sample(config)
 
 
+def _is_length(n: Any) -> bool:
+    """A sequence length as a lengths file holds one: an integer (no bool) in [0, MAX_LENGTH]."""
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LENGTH
+
+
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}
+# Integer attributes every hstu.JaggedAttention node carries (``onnx_hstu``), with their smallest value.
+_ONNX_INT_ATTRS = {"max_seq_len": 1, "contextual_seq_len": 0, "max_attn_len": 0}
 
 
 def _onnx_attention_op(node: Any, attrs: dict[str, Any], shapes: dict) -> GraphOp:
-    """A GraphOp of one ``hstu.JaggedAttention`` node."""
-    name = node.output[0]
+    """A GraphOp of one ``hstu.JaggedAttention`` node; ``GraphTaskError`` naming the node for a malformed one
+    (a KeyError / IndexError traceback before)."""
+    name = node.output[0] if node.output else (node.name or f"{node.domain}.{node.op_type}")
+    if len(node.input) < 4 or not node.output:
+        what = f"{node.domain}.{node.op_type}"
+        raise GraphTaskError(f"{name}: a {what} node takes q, k, v, seq_offsets and has an output")
+    for attr, low in _ONNX_INT_ATTRS.items():
+        value = attrs.get(attr)
+        if attr not in attrs:
+            raise GraphTaskError(f"{name}: the {node.domain}.{node.op_type} node has no attribute {attr}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise GraphTaskError(f"{name}: attribute {attr} must be an integer >= {low}, got {value!r:.60}")
     q, v, off = (shapes.get(node.input[i]) for i in (0, 2, 3))
     if q is None or v is None or len(q[1]) != 3 or not isinstance(q[1][2], int) or not isinstance(v[1][2], int):
         raise GraphTaskError(f"{name}: the shapes of q/v are unknown; run onnx shape inference on the file first")

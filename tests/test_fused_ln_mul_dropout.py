@@ -227,3 +227,17 @@ def test_silu_pre_carries_du_through_silu_grad(device, rows, backend):
     assert (wide[:, :96] == 7).all() and (wide[:, 192:] == 7).all()
     with pytest.raises(ValueError, match="silu_pre"):
         launch(go, x, u, w, b, mean, rstd, 0.2, seed, silu_pre=pre[:, :50], **kw)
+
+
+def test_public_call_refuses_seeds_outside_int64_and_floats(device):
+    """A Python seed becomes the int64 the kernels draw from: 2**64 raised an overflow that did not name it, and
+    a float seed was truncated by int() (2.7 drew seed 2's mask)."""
+    x, u, w, b = _inputs(device, rows=5, d=48)
+    for bad in (2**63, -(2**63) - 1, 2**64):
+        with pytest.raises(ValueError, match="seed must fit in int64"):
+            fused_ln_mul_dropout(x, u, w, b, 1e-5, 0.2, True, seed=bad)
+    for bad in (2.7, "3", object()):
+        with pytest.raises(ValueError, match="seed must be an int"):
+            fused_ln_mul_dropout(x, u, w, b, 1e-5, 0.2, True, seed=bad)
+    for edge in (-(2**63), 2**63 - 1):
+        assert torch.isfinite(fused_ln_mul_dropout(x, u, w, b, 1e-5, 0.2, True, seed=edge)).all()

@@ -7,6 +7,8 @@ nodes instead of tracing into the launcher. Autograd saves the seed tensor, neve
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from kernel_templates.launch_checks import dropout_p
@@ -100,7 +102,7 @@ def fused_ln_mul_dropout(
             raise ValueError(f"seed must be an int or a one-element integer tensor, got {got}")
         seed_t = seed.reshape(1).to(device=x.device, dtype=torch.int64)
     else:
-        seed_t = torch.tensor([int(seed)], dtype=torch.int64, device=x.device)
+        seed_t = torch.tensor([_int64_seed(seed)], dtype=torch.int64, device=x.device)
     d = x.shape[-1]
     x2, u2 = x.reshape(-1, d), u.reshape(-1, d)
     if x2.stride(-1) != 1:
@@ -109,3 +111,14 @@ def fused_ln_mul_dropout(
         u2 = u2.contiguous()
     out, _, _ = ln_mul_dropout_fwd_op(x2, u2, weight, bias, float(eps), p, seed_t)
     return out.view(x.shape)
+
+
+def _int64_seed(seed: object) -> int:
+    """``seed`` as the int64 the kernels draw from: an int (not a float, which int() would truncate) in range."""
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise ValueError(f"seed must be an int or a one-element integer tensor, got {seed!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"seed must fit in int64 ([-2**63, 2**63)), got {value}")
+    return value

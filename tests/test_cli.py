@@ -230,3 +230,12 @@ def test_show_prints_file_text_as_text(capsys, tmp_path):
     target.write_text(json.dumps(data))
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path))
     assert rc == 0 and "created [/bogus]" in text and "torch [/x] [red]" in text
+
+
+def test_show_names_an_unknown_kernel(capsys, tmp_path):
+    """``show --kernel`` with a name no spec registers is a usage error naming it (it printed "no artifacts" and
+    exited 1, as for an empty folder); a known kernel without a file still reports the empty folder."""
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--kernel", "nope", "--artifacts", str(tmp_path))
+    assert rc == 2 and "unknown kernel(s) nope" in text
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--kernel", "fwd", "--artifacts", str(tmp_path))
+    assert rc == 1 and "no artifacts under" in text

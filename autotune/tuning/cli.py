@@ -494,6 +494,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     kernels = set(_kernels(args.kernel)) if args.kernel else None
     paths = [p for g in gpus for p in sorted((root / g).glob("*.json")) if not kernels or p.stem in kernels]
     if not paths:
+        from autotune import spec
+
+        load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels are known too
+        unknown = sorted(kernels - set(spec.kernels())) if kernels else []
+        if unknown:  # a typo, not an empty folder
+            raise CLIError(f"--kernel: unknown kernel(s) {', '.join(unknown)}; known: {', '.join(spec.kernels())}")
         console.print(f"no artifacts under {root} for {', '.join(gpus)}")
         return 1
     running = running_environment()

@@ -33,6 +33,16 @@ def peak_tflops(gpu: str | None) -> float | None:
         return DEFAULT_PEAK_TFLOPS if gpu in ("h100", "h200") else None
 
 
+def model_flops_utilization(tflops: float, peak: float | None, gpus: int) -> float | None:
+    """MFU of ``tflops`` achieved by ``gpus`` GPUs together, each of ``peak`` dense TFLOP/s (None without a peak):
+    a data-parallel run's FLOPs are the world's, so its peak is the world's too."""
+    if peak is None or peak <= 0:
+        return None
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive int, got {gpus!r}")
+    return tflops / (peak * gpus)
+
+
 def detect_gpu_name(device: torch.device) -> str | None:
     """Registry key of the device's GPU, or None on CPU / an unknown GPU."""
     if device.type != "cuda":

@@ -29,7 +29,7 @@ from . import distributed
 from .config import PRESETS, ModelConfig, get_config, parse_overrides
 from .data import JaggedBatch, make_loader
 from .hstu import HSTURankingModel
-from .metrics import detect_gpu_name, peak_tflops, step_flops
+from .metrics import detect_gpu_name, model_flops_utilization, peak_tflops, step_flops
 
 
 def autocast_context(device: torch.device, dtype: str, cache: bool = True) -> contextlib.AbstractContextManager:
@@ -381,7 +381,7 @@ def _report(
         "attention_tflop_per_step": tally.flops["attention"] / steps / 1e12,
         "gemm_tflop_per_step": tally.flops["gemm"] / steps / 1e12,
         "peak_tflops": peak,
-        "mfu": tflops / peak if peak else None,
+        "mfu": model_flops_utilization(tflops, peak, r.dist_info.world),  # tflops and FLOPs are the world's
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "dense_params": r.model.dense_params(),
         "total_params": sum(p.numel() for p in r.model.parameters()),

@@ -269,3 +269,15 @@ def test_graph_step_pads_an_empty_batch(tmp_path):
     loss.backward()
     assert padded.num_tokens == 33 and loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_mfu_counts_every_gpu_of_a_data_parallel_run():
+    """A data-parallel run's TFLOP/s are the world's, so its MFU divides by the world's peak (4 H100s at 2,475
+    TFLOP/s together were reported as 250% MFU)."""
+    from models.metrics import model_flops_utilization
+
+    assert model_flops_utilization(989.0, 989.0, 1) == pytest.approx(1.0)
+    assert model_flops_utilization(1236.7, 989.0, 4) == pytest.approx(1236.7 / 3956.0)
+    assert model_flops_utilization(100.0, None, 2) is None
+    with pytest.raises(ValueError, match="gpus must be a positive int"):
+        model_flops_utilization(100.0, 989.0, 0)

@@ -249,7 +249,7 @@ def attention_bwd(
     """(dq, dk, dv) with an explicit backend/config; recomputes S from q, k.
 
     The autograd backward passes ``validate="none"``: its forward checked the same offsets. The gradients are
-    contiguous, as the fake impl says: the launchers' follow q, k and v's strides in some modes and not in others,
+    contiguous, as the fake impl says: the launchers follow q, k and v's strides in some modes and not in others,
     and a compiled backward of permuted views failed the stride check of the fake's strides.
     """
     grads = _bwd_impl(

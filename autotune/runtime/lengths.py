@@ -164,7 +164,7 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
         raw, counts, batches = _read_text(path, where)
         total = len(raw) if counts is None else sum(counts)
     for n in raw:
-        _check_length(n, where)
+        check_length(n, where)
     raw = _subsample(raw) if counts is None else _expand(raw, counts)
     if not any(raw):  # checked on the sample kept: a subsample of zeros would tune on no real length
         kept = f" (the {len(raw)} lengths kept of its {total}, evenly strided)" if total > len(raw) else ""
@@ -174,7 +174,7 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
     return LengthsFile(raw, batches)
 
 
-def _check_length(n: Any, where: str) -> None:
+def check_length(n: Any, where: str) -> None:
     """A non-negative integer no longer than the largest bucket, else a ``LengthsError`` naming it."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise LengthsError(f"{where}: length {_show(n)} is not an integer")
@@ -211,7 +211,7 @@ def _read_npy(path: Path, where: str) -> tuple[list[Any], int]:
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise LengthsError(f"{where}: expected a 1-D integer array, got {arr.dtype} of shape {arr.shape}")
     if len(arr) and (arr.min() < 0 or arr.max() > MAX_LENGTH):
-        _check_length(int(arr[((arr < 0) | (arr > MAX_LENGTH)).argmax()]), where)  # the first bad one
+        check_length(int(arr[((arr < 0) | (arr > MAX_LENGTH)).argmax()]), where)  # the first bad one
     return (arr[_strided(len(arr))] if len(arr) > MAX_SAMPLE else arr).tolist(), len(arr)
 
 

@@ -53,7 +53,7 @@ from autotune.runtime.graph import (  # noqa: F401 - re-exported: the tuner's gr
     value_of,
     walk_nodes,
 )
-from autotune.runtime.lengths import MAX_LENGTH, LengthsFile, compact
+from autotune.runtime.lengths import MAX_LENGTH, LengthsError, LengthsFile, check_length, compact
 from autotune.tuning.tasks import Task
 
 GEMM = "gemm_silu"
@@ -372,10 +372,10 @@ def _factory_lengths(spec: str, raw: Any) -> list[int]:
     out = []
     for n in values:
         try:
-            length = None if isinstance(n, bool) else operator.index(n)
+            length = None if isinstance(n, bool) else operator.index(n)  # NumPy ints and integer tensors as int
         except TypeError:
             length = None
-        if length is None or not 0 <= length <= MAX_LENGTH:
+        if not _is_length(length):
             raise GraphTaskError(
                 f"--from-model {spec!r}: its lengths hold {n!r:.40}, not an integer length in 0..{MAX_LENGTH}"
             )
@@ -559,8 +559,12 @@ def _onnx_length_sample(meta: dict[str, str], path: Path) -> list[int] | None:
 
 
 def _is_length(n: Any) -> bool:
-    """A sequence length as a lengths file holds one: an integer (no bool) in [0, MAX_LENGTH]."""
-    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LENGTH
+    """A sequence length as a lengths file holds one (``lengths.check_length``: an int, no bool, in 0..MAX_LENGTH)."""
+    try:
+        check_length(n, "")
+    except LengthsError:
+        return False
+    return True
 
 
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}

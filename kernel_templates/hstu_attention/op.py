@@ -108,6 +108,8 @@ def validate_hstu_inputs(
         raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
     if v.shape[:2] != q.shape[:2]:
         raise ValueError(f"v must have shape (L, H, Dv) = ({q.shape[0]}, {q.shape[1]}, Dv), got {tuple(v.shape)}")
+    if q.shape[1] < 1:  # an empty launch grid (or dispatch's num_heads error, naming no argument)
+        raise ValueError(f"q, k and v must have at least one head (L, H, D with H >= 1), got q {tuple(q.shape)}")
     for name, d in (("q/k head dim (Dqk)", q.shape[2]), ("v head dim (Dv)", v.shape[2])):
         if check_head_dims and d not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")

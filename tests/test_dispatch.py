@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -151,6 +153,87 @@ def test_own_dtype_entries_win_over_the_other_16bit_dtype(tmp_path):
     assert _block_m(dispatch.select(FWD, "float16", 64, 64, 4, 8192, "uniform")) == 64
     with pytest.warns(dispatch.DispatchWarning, match="nearest tuned bucket 8192"):  # fp16 bucket 4096: own dtype
         assert _block_m(dispatch.select(FWD, "float16", 64, 64, 4, 4096, "uniform")) == 64
+
+
+def test_an_fp16_call_prefers_the_verified_bf16_entry_of_its_bucket(tmp_path):
+    """Two bf16 entries of one bucket compete for an fp16 call without a distribution hint: the uniform one (the
+    lookup's first choice) was never re-checked in fp16, the jagged one was. The lookup picked the uniform one,
+    refused it, and served the verified one as "nearest" with an empty warning; it is the bucket's tuned entry.
+    bf16 calls keep the uniform one."""
+    fp16 = ["many-short/causal/bfloat16", "many-short/causal/float16"]
+    extra = [_entry(8192, 16), _entry(8192, 32, distribution="jagged", verified=fp16)]
+    dispatch.load(write_artifacts(tmp_path, extra=extra), gpu="h100")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        half = dispatch.select(FWD, "float16", 64, 64, 4, 8192)
+        bf16 = dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192)
+    assert (_block_m(half), half.source, half.bucket) == (32, "tuned", 8192)
+    assert (_block_m(bf16), bf16.source) == (16, "tuned")
+
+
+def test_a_bf16_entry_verified_in_fp16_under_one_mask_serves_no_other(tmp_path):
+    """``verified`` cases are "case/mask/dtype": an entry re-checked in fp16 only under the causal mask served fp16
+    window calls (its fp16 window kernel never checked). An fp16 window call takes an entry re-checked in fp16
+    under the window mask (here the next bucket's, as nearest), else the default."""
+    causal_only = ["many-short/causal/bfloat16", "many-short/causal/float16"]
+    window = [*causal_only, "many-short/window/float16"]
+    extra = [_entry(8192, 16, verified=causal_only), _entry(8192, 32, mask="window")]
+    dispatch.load(write_artifacts(tmp_path, extra=extra), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="unseen head dim"):
+        assert dispatch.select(FWD, "float16", 64, 64, 4, 8192, "uniform", mask="window").source == "default"
+    assert _block_m(dispatch.select(FWD, "float16", 64, 64, 4, 8192, "uniform")) == 16  # causal: verified
+    dispatch.load(write_artifacts(tmp_path, extra=[*extra, _entry(16384, 64, verified=window)]), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="nearest tuned bucket 16384"):
+        near = dispatch.select(FWD, "float16", 64, 64, 4, 8192, "uniform", mask="window")
+    assert (_block_m(near), near.source) == (64, "nearest")
+    assert _block_m(dispatch.select(FWD, "bfloat16", 64, 64, 4, 8192, "uniform", mask="window")) == 32
+    assert dispatch.verified_for({"verified": window}, "float16", "window")
+    assert not dispatch.verified_for({"verified": causal_only}, "float16", "window")
+    assert dispatch.verified_for({"verified": causal_only}, "float16")  # no mask: any mask
+
+
+# Every choice of the committed attention artifacts over this grid of calls, as a digest: dispatch changes must
+# leave bf16 choices as they are. Re-pin (the assertion prints the new digest) only with new artifact files.
+PINNED_BF16_CHOICES = {
+    "h100": "4878d36ec65bde8697c8f92c42ebfd976529b9a5125e64131dc8ea17859e32fa",
+    "h200": "6ca0a1bd40f6380961ba85c98a2c95969db5c304d2360aa41300cf4fbfbd95ac",
+}
+_GRID_LENGTHS = (100, 1024, 3000, 4096, 8192, 16384, 32768, 50000)
+_GRID_FILLS = (None, 1.0, 0.3, 0.05)
+
+
+def _committed_choices(monkeypatch, gpu: str, dtype: str) -> list[tuple]:
+    """(call, choice) over the grid, with the committed files loaded as on their GPU (every backend runnable)."""
+    from autotune.runtime import gpus
+
+    env = json.loads((REPO / "artifacts" / gpu / f"{FWD}.json").read_text())["environment"]
+    monkeypatch.setattr(gpus, "environment", lambda: dict(env))
+    available = lambda name, kind: True  # noqa: E731 - CuTe entries are chosen as on the GPU
+    available.cache_clear = lambda: None
+    monkeypatch.setattr(dispatch, "backend_available", available)
+    dispatch.reset()
+    assert not dispatch.load(REPO / "artifacts", gpu=gpu)["problems"]
+    hints = [*((d, None) for d in ("uniform", "jagged", "sparse")), *((None, f) for f in _GRID_FILLS)]
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.DispatchWarning)
+        for kind, d, heads, n, mask in itertools.product(
+            (FWD, BWD), (64, 128, 256), (1, 2, 4, 8), _GRID_LENGTHS, ("causal", "targets", "window")
+        ):
+            for dist, fill in hints:
+                c = dispatch.select(kind, dtype, d, d, heads, n, dist, "tuned", mask, fill)
+                out.append(((kind, d, heads, n, mask, dist, fill), (c.backend, c.config, c.source, c.bucket)))
+    return out
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_bf16_choices_of_the_committed_artifacts_are_pinned(monkeypatch, gpu):
+    """A digest of every bf16 choice over a grid of calls (heads, lengths, masks, distributions, fills). The
+    committed entries are all re-checked in fp16 under every mask, so fp16 calls get the same choices."""
+    bf16 = _committed_choices(monkeypatch, gpu, "bfloat16")
+    digest = hashlib.sha256(json.dumps(bf16).encode()).hexdigest()
+    assert digest == PINNED_BF16_CHOICES[gpu], f"bf16 dispatch of artifacts/{gpu} changed: digest {digest}"
+    assert _committed_choices(monkeypatch, gpu, "float16") == bf16
 
 
 def _add_raw_entry(root: Path, entry: dict, kind: str = FWD) -> None:

@@ -215,6 +215,46 @@ def test_head_dims_the_kernels_lack_run_zero_padded(dqk, dv, dtype, device):
                 )
 
 
+# (q, k, v shapes of a degenerate call, a regex its ValueError must match: the argument named)
+DEGENERATE_SHAPES = {
+    "zero heads": (((29, 0, 32),) * 3, r"q, k and v must have at least one head .*got q \(29, 0, 32\)"),
+    "zero heads, padded dim": (((29, 0, 48),) * 3, r"q, k and v must have at least one head"),
+    "k heads differ": (((29, 2, 32), (29, 3, 32), (29, 2, 32)), r"k must have q's shape"),
+    "v heads differ": (((29, 2, 32), (29, 2, 32), (29, 3, 32)), r"v must have shape \(L, H, Dv\)"),
+    "zero Dqk": (((29, 2, 0), (29, 2, 0), (29, 2, 32)), r"q/k head dim \(Dqk\) must be"),
+    "zero Dv": (((29, 2, 32), (29, 2, 32), (29, 2, 0)), r"v head dim \(Dv\) must be"),
+    "q strided last dim": (((29, 2, 64), (29, 2, 32), (29, 2, 32)), r"q must be contiguous in its last dim"),
+    "v strided last dim": (((29, 2, 32), (29, 2, 32), (29, 2, 64)), r"v must be contiguous in its last dim"),
+}
+
+
+@pytest.mark.parametrize("call", ["default", "reference", "fwd op", "bwd op", "reference op", "template"])
+@pytest.mark.parametrize("case", list(DEGENERATE_SHAPES))
+def test_degenerate_shapes_name_the_argument_at_every_entry(case, call):
+    """Zero heads passed every check: the public call failed in dispatch ("num_heads must be an int >= 1", no
+    argument named), the reference op and the template launched on an empty grid. Each degenerate shape is a
+    ValueError naming q, k or v at every entry point."""
+    from kernel_templates.hstu_attention.op import hstu_attention as template
+
+    (qs, ks, vs), match = DEGENERATE_SHAPES[case]
+    q, k, v = (torch.randn(s) for s in (qs, ks, vs))
+    q, v = (t[..., ::2] if t.shape[-1] == 64 else t for t in (q, v))  # a strided last dim of 32
+    off = torch.tensor(GOOD_OFFSETS)
+    cfg = {n: dispatch.select(n, q.dtype, D, D, H, MAX_LEN, None, "default").config for n in (ops.FWD, ops.BWD)}
+    backend = "reference" if call == "reference op" else "triton"
+    do = torch.randn(q.shape[0], q.shape[1], v.shape[2])
+    with pytest.raises(ValueError, match=match):
+        if call in ("default", "reference"):
+            ops.hstu_attention(q, k, v, off, MAX_LEN, source=call)
+        elif call in ("fwd op", "reference op"):
+            fwd = (backend, cfg[ops.FWD], backend, cfg[ops.BWD])
+            torch.ops.hstu.attention_fwd(q, k, v, off, None, MAX_LEN, 0.25, 0, 0, None, *fwd)
+        elif call == "bwd op":
+            torch.ops.hstu.attention_bwd(do, q, k, v, off, None, MAX_LEN, 0.25, 0, 0, None, backend, cfg[ops.BWD])
+        else:
+            template(q, k, v, off, MAX_LEN)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dqk", "dv"), [(96, 96), (48, 200)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

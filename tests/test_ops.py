@@ -88,6 +88,43 @@ def test_backward_call_gives_the_autograd_gradients(device, source):
         ops.backward_call(q * 2, do)
 
 
+@pytest.mark.parametrize("dims", [(48, 48), (96, 96), (48, 64), (64, 96)])
+def test_backward_call_of_a_zero_padded_head_dim(device, dims):
+    """A head dim the call zero-pads (48, 96): ``backward_call`` refused the sliced output ("must be the output
+    of an eager hstu_attention call"); it gives autograd's gradients, of the caller's shapes."""
+    dqk, dv = dims
+    gen = torch.Generator().manual_seed(2)
+    off = torch.tensor([0, 7, 20, 20, 29], device=device)
+    q, k = (torch.randn(29, 2, dqk, generator=gen).to(device).requires_grad_(True) for _ in range(2))
+    v = torch.randn(29, 2, dv, generator=gen).to(device).requires_grad_(True)
+    out = ops.hstu_attention(q, k, v, off, 32, source="default")
+    do = torch.randn(out.shape, generator=gen).to(device)
+    direct = ops.backward_call(out, do)()
+    out.backward(do)
+    for g, t in zip(direct, (q, k, v), strict=True):
+        assert g.shape == t.shape
+        torch.testing.assert_close(g, t.grad, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [32, 48])
+def test_backward_call_checks_do(device, dim):
+    """The backward node trusts ``do``: a short one (rows or head dim) ran, read out of bounds, and another dtype
+    failed inside the kernel. Each is a ValueError naming ``do`` when the callable is made."""
+    q, k, v, off = _inputs(device, d=dim)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = ops.hstu_attention(q, k, v, off, 32, source="default")
+    bad = {
+        "do must be a torch.Tensor": "do",
+        "do must have shape": torch.randn(20, 2, dim, device=device),
+        "do must have shape ": torch.randn(29, 2, 16, device=device),
+        "do must have out's dtype": torch.randn(29, 2, dim, device=device, dtype=torch.float64),
+        "do must be on out's device": torch.randn(29, 2, dim, device="meta"),
+    }
+    for message, do in bad.items():
+        with pytest.raises(ValueError, match=message):
+            ops.backward_call(out, do)
+
+
 def test_mixed_dtypes_rejected(device):
     q, k, v, off = _inputs(device)
     with pytest.raises(ValueError, match="share a dtype"):

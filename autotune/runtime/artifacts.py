@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -139,10 +140,13 @@ class Artifact:
         distribution: str | None = None,
         num_heads: int | None = None,
         mask: str | None = None,
+        among: Callable[[dict[str, Any]], bool] | None = None,
     ) -> dict[str, Any] | None:
         """The entry for these shapes, or None. ``distribution``, ``num_heads`` and ``mask`` must match
         when given (entries are keyed by them: a config tuned for 4 causal heads is not the exact answer
-        for 8 windowed ones). Unset, 'uniform' is preferred, then 'causal', then the first recorded one."""
+        for 8 windowed ones). Unset, 'uniform' is preferred, then 'causal', then the first recorded one.
+        ``among``: only entries it accepts answer (dispatch's entries verified for another dtype), so the
+        preference order runs over those rather than picking one that is then refused."""
         hits = [
             e
             for e in self.entries
@@ -150,6 +154,7 @@ class Artifact:
             if distribution is None or e["distribution"] == distribution
             if num_heads is None or e["num_heads"] == num_heads
             if mask is None or e["mask"] == mask
+            if among is None or among(e)
         ]
         if not hits:
             return None

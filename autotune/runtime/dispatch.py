@@ -535,26 +535,32 @@ def entry_fill(entry: Any) -> float:
 SIBLING_DTYPES = {"bfloat16": "float16", "float16": "bfloat16"}
 
 
-def verified_for(entry: Any, dtype: str) -> bool:
-    """Whether the full re-check ran ``entry``'s config in ``dtype`` and it passed (``verified`` lists
-    the passing cases as "case/mask/dtype")."""
-    return any(str(case).rsplit("/", 1)[-1] == dtype for case in _get(entry, "verified") or ())
+def verified_for(entry: Any, dtype: str, mask: str | None = None) -> bool:
+    """Whether the full re-check ran ``entry``'s config in ``dtype`` (under ``mask`` when given) and it passed
+    (``verified`` lists the passing cases as "case/mask/dtype"): a config re-checked in fp16 only under the
+    causal mask says nothing about its fp16 window or target kernels."""
+    for case in _get(entry, "verified") or ():
+        parts = str(case).rsplit("/", 2)
+        if parts[-1] == dtype and (mask is None or (len(parts) == 3 and parts[1] == mask)):
+            return True
+    return False
 
 
-def _serving_dtype(entries: list[Any], dtype: str, dqk: int, dv: int) -> str:
+def _serving_dtype(entries: list[Any], dtype: str, dqk: int, dv: int, mask: str) -> str:
     """The dtype whose entries serve a call: its own when the artifact has entries of these head
-    dims in it; else the other 16-bit dtype's when one of them was re-checked in the call's dtype.
+    dims in it; else the other 16-bit dtype's when one of them was re-checked in the call's dtype and mask.
 
     bf16 and fp16 run the same tiles at the same tensor-core rate, so a config tuned in one is as
     fast in the other; what has to be shown is that it is correct there, which the full re-check
-    (every mask in bf16 and fp16) records. Entries re-checked only in their own dtype never serve
-    the other one: the call keeps its own dtype and falls back to the default.
+    (every mask in bf16 and fp16) records. Entries not re-checked in the call's dtype and mask never serve
+    it: the call keeps its own dtype and falls back to the default.
     """
 
     sibling = SIBLING_DTYPES.get(dtype)
     if sibling is None or any(_has_dims(e, dtype, dqk, dv) for e in entries):
         return dtype
-    return sibling if any(_has_dims(e, sibling, dqk, dv) and verified_for(e, dtype) for e in entries) else dtype
+    served = any(_has_dims(e, sibling, dqk, dv) and verified_for(e, dtype, mask) for e in entries)
+    return sibling if served else dtype
 
 
 def _has_dims(e: Any, dtype: str, dqk: int, dv: int) -> bool:
@@ -636,8 +642,10 @@ def _resolve(
         _warn_once(f"{problem}; using the heuristic default config")
         return default_choice(kind, dqk, dv, dtype, num_heads)
     artifact = _STATE.artifacts[kind]
-    serve = _serving_dtype(_entries(artifact), dtype, dqk, dv)
-    pool = [e for e in _entries(artifact) if serve == dtype or verified_for(e, dtype)]
+    serve = _serving_dtype(_entries(artifact), dtype, dqk, dv, mask)
+    # The other dtype's entries serve only where re-checked in the call's dtype and mask; its own, all of them.
+    usable = None if serve == dtype else functools.partial(verified_for, dtype=dtype, mask=mask)
+    pool = [e for e in _entries(artifact) if usable is None or usable(e)]
     bucket = bucket_for(max_seq_len)
     if max_seq_len > LARGEST_BUCKET:
         _warn_once(
@@ -645,9 +653,7 @@ def _resolve(
             "bucket's config, which was never tuned or timed at these lengths",
             key=f"{kind}: above the largest bucket",
         )
-    entry = artifact.lookup(serve, dqk, dv, bucket, distribution, num_heads, mask)
-    if entry is not None and not any(e is entry for e in pool):
-        entry = None
+    entry = artifact.lookup(serve, dqk, dv, bucket, distribution, num_heads, mask, among=usable)
     if entry is not None and distribution is None:
         entry = _by_fill(pool, entry, fbin)
     fit = {"dtype": serve, "dqk": dqk, "dv": dv, "num_heads": num_heads, "bucket": bucket}  # the config must fit

@@ -35,6 +35,7 @@ from kernel_templates.hstu_attention.input_check import (
     validate_mode,
 )
 from kernel_templates.hstu_attention.op import (
+    check_grad,
     first_order_only,
     kernel_targets,
     validate_hstu_grad,
@@ -494,11 +495,18 @@ def _padded_call(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len,
         alpha = 1.0 / math.sqrt(dqk)
     q, k = (torch.nn.functional.pad(t, (0, pqk - dqk)) for t in (q, k))
     v = torch.nn.functional.pad(v, (0, pv - dv))
-    out = hstu_attention(
+    padded = hstu_attention(
         q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling,
         source=source, distribution=dist, validate=mode,
     )  # fmt: skip
-    return out[..., :dv].contiguous()
+    out = padded[..., :dv].contiguous()
+    if out.grad_fn is not None and padded.grad_fn is not None:  # what backward_call needs to find the kernels
+        out.grad_fn.metadata[_PADDED] = (padded.grad_fn, dqk, dv, pv)
+    return out
+
+
+# Metadata key on the output node of a zero-padded call: (the attention node, Dqk, Dv, padded Dv).
+_PADDED = "hstu_attention.padded"
 
 
 def _eager(*tensors: torch.Tensor) -> bool:
@@ -532,16 +540,32 @@ class _AttentionFunction(torch.autograd.Function):
 def backward_call(out: torch.Tensor, do: torch.Tensor):
     """A callable running the backward of ``out`` (an eager ``hstu_attention`` output) for ``do`` directly,
     not through the autograd engine: the kernels a ``backward()`` launches for this call, in the caller's
-    thread and stream, so a benchmark can capture them in a CUDA graph. Returns (dq, dk, dv)."""
-    node = out.grad_fn
+    thread and stream, so a benchmark can capture them in a CUDA graph. Returns (dq, dk, dv) of the caller's
+    shapes: for a zero-padded head dim, ``do`` is padded and the gradients sliced, as autograd does.
+
+    ``do`` is checked here, by name (the backward node trusts it: a short one was read out of bounds)."""
+    node = out.grad_fn if isinstance(out, torch.Tensor) else None
+    padded = None if node is None else node.metadata.get(_PADDED)
+    if padded is not None:
+        node = padded[0]
     if node is None or not isinstance(node, _AttentionFunction._backward_cls):
         raise ValueError("out must be the output of an eager hstu_attention call that requires grad")
+    check_grad(do, out.shape, out.dtype, out.device, "out's")
+    if padded is None:
 
-    def run():
-        with torch.no_grad():  # as the engine runs a backward without create_graph
-            return node.apply(do)[:3]
+        def run():
+            with torch.no_grad():  # as the engine runs a backward without create_graph
+                return node.apply(do)[:3]
 
-    return run
+        return run
+    _, dqk, dv, pv = padded
+
+    def run_padded():
+        with torch.no_grad():
+            dq, dk, dv_ = node.apply(torch.nn.functional.pad(do, (0, pv - dv)))[:3]
+        return dq[..., :dqk], dk[..., :dqk], dv_[..., :dv]
+
+    return run_padded
 
 
 class HSTUAttention(nn.Module):

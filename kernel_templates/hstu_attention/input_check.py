@@ -152,7 +152,7 @@ def shapes_look_valid(
     if not isinstance(seq_offsets, torch.Tensor):
         return False
     qs, vs, dev, dt = q.shape, v.shape, q.device, q.dtype
-    if len(qs) != 3 or k.shape != qs or len(vs) != 3 or vs[0] != qs[0] or vs[1] != qs[1]:
+    if len(qs) != 3 or qs[1] < 1 or k.shape != qs or len(vs) != 3 or vs[0] != qs[0] or vs[1] != qs[1]:
         return False
     if dt not in _FLOATS or k.dtype != dt or v.dtype != dt:
         return False

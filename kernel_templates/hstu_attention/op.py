@@ -108,6 +108,8 @@ def validate_hstu_inputs(
         raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
     if v.shape[:2] != q.shape[:2]:
         raise ValueError(f"v must have shape (L, H, Dv) = ({q.shape[0]}, {q.shape[1]}, Dv), got {tuple(v.shape)}")
+    if q.shape[1] < 1:  # an empty launch grid (or dispatch's num_heads error, naming no argument)
+        raise ValueError(f"q, k and v must have at least one head (L, H, D with H >= 1), got q {tuple(q.shape)}")
     for name, d in (("q/k head dim (Dqk)", q.shape[2]), ("v head dim (Dv)", v.shape[2])):
         if check_head_dims and d not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS}, got {d}")
@@ -145,14 +147,20 @@ def validate_hstu_inputs(
 def validate_hstu_grad(do: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> None:
     """Raise ``ValueError`` naming ``do`` when the output gradient does not match the validated q and v:
     shape (L, H, Dv), q's dtype and q's device."""
+    check_grad(do, (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, "q's")
+
+
+def check_grad(do: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, of: str) -> None:
+    """``do`` is a tensor of ``shape``, ``dtype`` and ``device`` (``of``'s, in the message), else a ``ValueError``
+    naming it: the backward kernels trust do's shape (a short one is read out of bounds)."""
     if not isinstance(do, torch.Tensor):
         raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
-    if do.shape != (q.shape[0], q.shape[1], v.shape[2]):
-        raise ValueError(f"do must have shape {(q.shape[0], q.shape[1], v.shape[2])}, got {tuple(do.shape)}")
-    if do.dtype != q.dtype:
-        raise ValueError(f"do must have q's dtype {q.dtype}, got {do.dtype}")
-    if do.device != q.device:
-        raise ValueError(f"do must be on q's device {q.device}, got {do.device}")
+    if do.shape != shape:
+        raise ValueError(f"do must have shape {tuple(shape)}, got {tuple(do.shape)}")
+    if do.dtype != dtype:
+        raise ValueError(f"do must have {of} dtype {dtype}, got {do.dtype}")
+    if do.device != device:
+        raise ValueError(f"do must be on {of} device {device}, got {do.device}")
 
 
 class HSTUAttentionFunction(torch.autograd.Function):

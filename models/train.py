@@ -487,11 +487,11 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
     if cfg.graph_tokens and not cfg.cuda_graph:
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or default_dtype(device))
-    if args.json and not _writable_file_path(Path(args.json)):
+    if args.json and not writable_file_path(Path(args.json)):
         raise ValueError(f"--json {args.json}: not a writable file path")
 
 
-def _writable_file_path(path: Path) -> bool:
+def writable_file_path(path: Path) -> bool:
     """Whether ``path`` can be written after its missing folders are made: not a folder, and its nearest
     existing ancestor (where ``mkdir(parents=True)`` starts) a writable folder, not a file."""
     if path.is_dir():

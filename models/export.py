@@ -92,7 +92,13 @@ class ExportSpec:
 
 
 def dynamic_shapes(cfg: ModelConfig) -> tuple[Any, ...]:
-    """Rows dynamic in [1, batch * max_seq_len]; the offsets' length (B+1) static."""
+    """Rows dynamic in [1, batch * max_seq_len]; the offsets' length (B+1) static. ``ExportError`` naming the
+    options when that range is one row (torch.export refuses a Dim with min == max by an AssertionError)."""
+    if cfg.batch_size * cfg.max_seq_len < 2:
+        raise ExportError(
+            f"batch_size {cfg.batch_size} x max_seq_len {cfg.max_seq_len} is one row: the exported rows dimension "
+            "needs at least 2 (set batch_size or max_seq_len >= 2)"
+        )
     rows = torch.export.Dim(ROWS, min=1, max=cfg.batch_size * cfg.max_seq_len)
     return ({0: rows}, {0: rows}, None)
 

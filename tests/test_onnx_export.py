@@ -336,6 +336,17 @@ def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--opset", "20"], "written for opset 18"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--gpu", "h999"], "--gpu 'h999': not a known GPU"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--json", "{tmp}"], "--json"),
+        (
+            [
+                "--preset",
+                "tiny",
+                "--out",
+                "{tmp}/m.onnx",
+                *("--set", "batch_size=1", "--set", "max_seq_len=1"),
+                *("--set", "min_seq_len=1"),
+            ],
+            "batch_size 1 x max_seq_len 1 is one row",
+        ),  # fmt: skip
     ],
 )
 def test_bad_exporter_input_is_a_clear_error(tmp_path, capsys, argv, message):

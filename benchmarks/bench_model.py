@@ -29,7 +29,7 @@ from rich.table import Table  # noqa: E402
 
 from autotune.runtime import dispatch  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
-from models.train import check_precision, default_dtype, parse_overrides, run  # noqa: E402
+from models.train import check_kernels, check_precision, default_dtype, parse_overrides, run  # noqa: E402
 
 
 def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any, int, int]]:
@@ -47,6 +47,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any,
         if cfg.cuda_graph and device.type != "cuda":
             raise ValueError(f"--kernels {variant!r}: CUDA graphs need a CUDA device, got --device {device}")
         check_precision(cfg, args.dtype or default_dtype(device))
+        check_kernels(cfg, device)
         steps = args.reference_steps if source == "reference" else args.steps
         warmup = min(args.warmup, 1) if source == "reference" else args.warmup
         if steps < 1 or warmup < 0:

@@ -115,6 +115,13 @@ def row_stats(rows: int, device: torch.device, **named: torch.Tensor) -> list[to
     return out
 
 
+def dense_if_empty(t: Any) -> Any:
+    """A tensor of no elements as a fresh contiguous one (anything else as it is): its strides address nothing,
+    yet autograd hands the gradient of an empty output as an expanded (0, 0)-strided view, which the kernels'
+    launchers refused ("must have contiguous columns") instead of returning empty and zero gradients."""
+    return t.new_empty(t.shape) if isinstance(t, torch.Tensor) and t.numel() == 0 else t
+
+
 def same_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {getattr(t, 'shape', t)!r}")

@@ -92,7 +92,13 @@ class ExportSpec:
 
 
 def dynamic_shapes(cfg: ModelConfig) -> tuple[Any, ...]:
-    """Rows dynamic in [1, batch * max_seq_len]; the offsets' length (B+1) static."""
+    """Rows dynamic in [1, batch * max_seq_len]; the offsets' length (B+1) static. ``ExportError`` naming the
+    options when that range is one row (torch.export refuses a Dim with min == max by an AssertionError)."""
+    if cfg.batch_size * cfg.max_seq_len < 2:
+        raise ExportError(
+            f"batch_size {cfg.batch_size} x max_seq_len {cfg.max_seq_len} is one row: the exported rows dimension "
+            "needs at least 2 (set batch_size or max_seq_len >= 2)"
+        )
     rows = torch.export.Dim(ROWS, min=1, max=cfg.batch_size * cfg.max_seq_len)
     return ({0: rows}, {0: rows}, None)
 
@@ -108,13 +114,15 @@ def resolve_config(preset: str, overrides: dict[str, Any] | None = None) -> Mode
 
 
 def _exported_layer(cfg: ModelConfig) -> tuple[ModelConfig, str | None]:
-    """The config the graph is traced with: the unfused layer in the default precision.
+    """The config the graph is traced with: the unfused layer in the default precision, no CUDA graph.
 
-    The fused layer, its bf16 precision and recompute are ways to train the same layer (same parameters, same
-    function), built on autograd functions that launch kernels, which ``torch.export`` cannot trace; the exported
-    graph holds the layer as standard ops around ``hstu.JaggedAttention``. A note says so when it differs.
+    The fused layer, its bf16 precision, recompute and copies (``zero_copy=False``) are ways to train the same
+    layer (same parameters, same function), built on autograd functions that launch kernels, which
+    ``torch.export`` cannot trace; the exported graph holds the layer as standard ops around
+    ``hstu.JaggedAttention``. ``cuda_graph`` replays training steps, not part of the function either. A note
+    says so when it differs.
     """
-    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none"}
+    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none", "zero_copy": True, "cuda_graph": False}
     changed = {k: getattr(cfg, k) for k, v in wanted.items() if getattr(cfg, k) != v}
     if not changed:
         return cfg, None
@@ -425,9 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summary and error table here")
     args = p.parse_args(argv)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" etc.
+    from .train import writable_file_path
+
     try:
-        if args.json and Path(args.json).is_dir():
-            raise ExportError(f"--json {args.json}: a directory, not a file path")
+        if args.json and not writable_file_path(Path(args.json)):  # checked before the export, not after it
+            why = "a directory, not a file path" if Path(args.json).is_dir() else "not a writable file path"
+            raise ExportError(f"--json {args.json}: {why}")
         result, module, cfg = export_onnx(
             args.preset,
             args.out,

@@ -191,11 +191,22 @@ def check_device(device: torch.device) -> None:
         raise ValueError(f"device {str(device)!r}: this host has {torch.cuda.device_count()} CUDA device(s)")
 
 
+def check_kernels(cfg: ModelConfig, device: torch.device) -> None:
+    """Kernels 'default' and 'tuned' are Triton / CuTe GPU kernels: on the CPU only the Triton interpreter runs
+    them. Without it the first step failed deep inside dispatch, after the set-up."""
+    if cfg.kernels != "reference" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(
+            f"--kernels {cfg.kernels} runs Triton/CuTe GPU kernels, which need a CUDA device or TRITON_INTERPRET=1 "
+            "on the CPU: pass --kernels reference (PyTorch attention) to train on the CPU"
+        )
+
+
 def _prepare(
     cfg: ModelConfig, device: torch.device, dtype: str | None, artifacts: str, gpu: str | None, allow_same_arch: bool
 ) -> _Run:
     """Device and process group, the tuned artifacts (``kernels="tuned"``), model, Adam and the step form."""
     check_device(device)
+    check_kernels(cfg, device)
     if cfg.cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph needs a CUDA device, got device {str(device)!r}")
     dist_info = distributed.setup(device.type)
@@ -487,11 +498,12 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
     if cfg.graph_tokens and not cfg.cuda_graph:
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or default_dtype(device))
-    if args.json and not _writable_file_path(Path(args.json)):
+    check_kernels(cfg, torch.device(device))
+    if args.json and not writable_file_path(Path(args.json)):
         raise ValueError(f"--json {args.json}: not a writable file path")
 
 
-def _writable_file_path(path: Path) -> bool:
+def writable_file_path(path: Path) -> bool:
     """Whether ``path`` can be written after its missing folders are made: not a folder, and its nearest
     existing ancestor (where ``mkdir(parents=True)`` starts) a writable folder, not a file."""
     if path.is_dir():

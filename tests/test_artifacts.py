@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import warnings
 
 import pytest
@@ -289,3 +291,85 @@ def test_merge_replaces_a_file_of_another_kernel_under_the_kernels_name(tmp_path
         merge_entries("hstu_attention_fwd", "h100", [_entry()], tmp_path, src.environment)  # same timing env
     merged = art.load_artifact(path)
     assert merged.kernel == "hstu_attention_fwd" and [e["config"] for e in merged.entries] == [_entry()["config"]]
+
+
+def test_a_template_hash_key_no_spec_declares_is_refused_without_reading_its_path(tmp_path):
+    """A ``template_hash`` key names a backend, never a path: '../<dir>' hashed the ``.py`` files there (and '/'
+    walked the whole filesystem). It hashes no file, and a key no spec declares for the kernel is an ArtifactError,
+    so load warns and skips the file."""
+    import os
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "x.py").write_text("secret = 1\n")
+    escape = os.path.relpath(evil, art.REPO_ROOT / "kernel_templates")
+    nothing = art.current_template_hash("no_such_kernel", "triton")  # a pair no spec declares hashes no file
+    assert art.current_template_hash("hstu_attention_fwd", escape) == nothing
+    for key in (escape, "nope"):
+        data = _artifact().to_dict()
+        data["template_hash"][key] = "0" * 64
+        path = tmp_path / "h100" / "hstu_attention_fwd.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(data))
+        with pytest.raises(art.ArtifactError, match="template_hash key .* is not a backend of hstu_attention_fwd"):
+            art.load_artifact(path, check_stale=False)
+        verdict = art.assess_artifact(path, "h100")
+        assert not verdict.usable and "template_hash key" in verdict.reason
+        with pytest.warns(RuntimeWarning, match="template_hash key"):
+            assert art.load_artifact_or_none(path) is None
+
+
+class _Blocked(BaseException):
+    """Raised by the alarm: a BaseException, so no ``except OSError`` / ``except Exception`` on the way hides it."""
+
+
+@contextlib.contextmanager
+def _fails_instead_of_hanging(seconds: int = 20):
+    """A read that blocks (a FIFO with no writer) raises ``_Blocked`` here instead of hanging the suite."""
+
+    def expire(*_):
+        raise _Blocked(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_fifo_or_huge_artifact_is_refused_without_reading_it(tmp_path, capsys):
+    """A FIFO named <kernel>.json hung ``load_artifact`` and ``autotune show`` (a read with no writer never
+    returns); a file of GBs was read whole. Both are an ArtifactError naming the path, read nothing."""
+    import os
+
+    from autotune.runtime import bundle
+    from autotune.tuning.cli import main
+
+    folder = tmp_path / "h100"
+    folder.mkdir()
+    fifo = folder / "hstu_attention_fwd.json"
+    os.mkfifo(fifo)
+    big = folder / "hstu_attention_bwd.json"
+    with open(big, "wb") as f:
+        f.truncate(art.MAX_ARTIFACT_BYTES + 1)  # sparse: no disk used
+    with _fails_instead_of_hanging():
+        with pytest.raises(art.ArtifactError, match="not a regular file") as e:
+            art.read_regular_file(fifo)
+        assert str(fifo) in str(e.value)
+        with pytest.raises(art.ArtifactError, match="larger than an artifact may be") as e:
+            art.load_artifact(big)
+        assert str(big) in str(e.value)
+        assert not art.assess_artifact(fifo, "h100").usable
+        assert main(["show", "--gpu", "h100", "--artifacts", str(tmp_path)]) == 1
+        out = capsys.readouterr().out
+        assert "not a regular file" in out and "larger than an artifact" in out
+        os.mkfifo(tmp_path / bundle.MANIFEST)
+        problems = bundle.verify_bundle(tmp_path)
+    assert len(problems) == 1 and "not a regular file" in problems[0], problems
+    small = tmp_path / "small.json"
+    small.write_bytes(b"[1, 2, 3]")
+    assert art.read_regular_file(small, 9) == b"[1, 2, 3]"
+    with pytest.raises(art.ArtifactError, match="larger than"):
+        art.read_regular_file(small, 8)

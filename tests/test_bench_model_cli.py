@@ -33,6 +33,17 @@ def test_bad_variants_are_usage_errors_before_anything_runs(argv, match, monkeyp
     assert e.value.code == 2 and match in capsys.readouterr().err
 
 
+def test_gpu_kernels_on_a_cpu_without_the_interpreter_are_refused_before_anything_runs(monkeypatch, capsys):
+    """A 'default' variant on a CPU without TRITON_INTERPRET=1 ran the reference variant first, then failed in
+    dispatch with a traceback."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(bench_model, "run", lambda *a, **kw: pytest.fail("a variant ran before every one was checked"))
+    with pytest.raises(SystemExit) as e:
+        bench_model.main([*BASE, "--kernels", "reference", "default"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--kernels default runs Triton/CuTe GPU kernels" in err, err
+
+
 def test_repeated_set_options_all_apply_and_a_diverged_variant_keeps_the_others(tmp_path, monkeypatch):
     seen = []
 

@@ -241,3 +241,28 @@ def test_public_call_refuses_seeds_outside_int64_and_floats(device):
             fused_ln_mul_dropout(x, u, w, b, 1e-5, 0.2, True, seed=bad)
     for edge in (-(2**63), 2**63 - 1):
         assert torch.isfinite(fused_ln_mul_dropout(x, u, w, b, 1e-5, 0.2, True, seed=edge)).all()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_zero_rows_give_empty_grads_and_zero_parameter_grads(device, backend):
+    """No rows: empty dx and du, zero dweight and dbias, whatever strides the empty inputs have (an expanded
+    (0, 0)-strided x or silu_pre was refused as "must have contiguous columns"), and through the autograd op."""
+    from kernel_templates.fused_ln_mul_dropout import launch
+
+    d = 64
+    fwd = launch.ln_mul_dropout_fwd if backend == "triton" else launch.ln_mul_dropout_fwd_torch
+    bwd = launch.ln_mul_dropout_bwd if backend == "triton" else launch.ln_mul_dropout_bwd_torch
+    empty = torch.zeros((), device=device).expand(0, d)
+    w, b = torch.randn(d, device=device), torch.randn(d, device=device)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+    out, mean, rstd = fwd(empty, empty, w, b, 1e-5, 0.1, seed)
+    assert out.shape == (0, d) and mean.shape == rstd.shape == (0,)
+    bufs = (torch.empty(0, d, device=device), torch.empty(0, d, device=device), torch.full_like(w, 7.0), b + 7)
+    dx, du, dw, db, dbu = bwd(empty, empty, empty, w, b, mean, rstd, 0.1, seed, out=bufs, silu_pre=empty)
+    assert dx.shape == du.shape == (0, d) and dw is bufs[2] and not dw.any() and not db.any() and not dbu.any()
+    if backend == "torch":
+        return
+    x, u = (torch.randn(0, d, device=device, requires_grad=True) for _ in range(2))
+    wr, br = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    fused_ln_mul_dropout(x, u, wr, br, p=0.1, seed=1).sum().backward()
+    assert x.grad.shape == u.grad.shape == (0, d) and not wr.grad.any() and not br.grad.any()

@@ -232,3 +232,37 @@ def test_integer_tensors_and_mismatched_grad_buffers_are_refused(device):
             layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=out)
     with pytest.raises(ValueError, match="out must be a tuple of 3"):
         layer_norm_bwd(x, x, w, b, mean, rstd, config=bcfg, out=(dx, torch.empty_like(w)))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_zero_rows_give_an_empty_dx_and_zero_parameter_grads(device, backend):
+    """x of shape (0, D): autograd hands the backward the gradient of the empty output as an expanded (0, 0)-strided
+    view, which the Triton launcher refused ("dy must have contiguous columns"). Every launcher and the runtime
+    LayerNorm now give dx of shape (0, D) and zero dweight and dbias of shape (D,), also into ``out`` buffers."""
+    from autotune.runtime.layer import layer_norm, plan_layer
+    from kernel_templates.layer_norm import launch
+
+    d = 64
+    fwd = launch.layer_norm_fwd if backend == "triton" else launch.layer_norm_fwd_torch
+    bwd = launch.layer_norm_bwd if backend == "triton" else launch.layer_norm_bwd_torch
+    kw = {"config": LayerNormBwdConfig()} if backend == "triton" else {}
+    fkw = {"config": LayerNormFwdConfig()} if backend == "triton" else {}
+    empty = torch.zeros((), device=device).expand(0, d)  # strides (0, 0), as autograd's gradient of an empty output
+    w, b = torch.randn(d, device=device), torch.randn(d, device=device)
+    y, mean, rstd = fwd(empty, w, b, EPS, **fkw)
+    assert y.shape == (0, d) and mean.shape == rstd.shape == (0,)
+    for args in ((empty, torch.empty(0, d, device=device)), (torch.empty(0, d, device=device), empty)):
+        dx, dw, db = bwd(*args, w, b, mean, rstd, **kw)
+        assert dx.shape == (0, d) and dw.shape == db.shape == (d,) and not dw.any() and not db.any()
+        out = (torch.empty(0, d, device=device), torch.full((d,), 7.0, device=device), torch.full_like(b, 7.0))
+        got = bwd(*args, w, b, mean, rstd, residual_grad=empty, residual_grad_sum=True, out=out, **kw)
+        assert got[1] is out[1] and not out[1].any() and not out[2].any() and not got[3].any()
+    if backend == "torch":
+        return
+    for dtype in (torch.float32, torch.float16):
+        plan = plan_layer(dtype, 2, 32, 16, 1.0, EPS, 0.0, source="default")
+        x = torch.randn(0, d, device=device, dtype=dtype, requires_grad=True)
+        wr, br = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        layer_norm(x, wr, br, EPS, plan).float().sum().backward()
+        assert x.grad.shape == (0, d) and x.grad.dtype == dtype
+        assert wr.grad.shape == br.grad.shape == (d,) and not wr.grad.any() and not br.grad.any()

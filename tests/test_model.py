@@ -248,6 +248,19 @@ def test_train_cli_refuses_unusable_device_and_json_path_up_front(tmp_path, caps
     assert not (tmp_path / "file").is_dir()
 
 
+@pytest.mark.parametrize("argv", [[], ["--kernels", "tuned"], ["--layer", "fused"]])
+def test_gpu_kernels_on_a_cpu_without_the_interpreter_are_a_usage_error(argv, capsys, monkeypatch):
+    """The preset's 'default' kernels on a CPU without TRITON_INTERPRET=1 failed in dispatch after the set-up,
+    a deep traceback: a usage error naming --kernels and the value that runs on a CPU, before anything is built."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: --kernels" in err and "--kernels reference" in err, err
+    with pytest.raises(ValueError, match="--kernels default runs Triton/CuTe GPU kernels"):
+        run(get_config("tiny"), steps=1, warmup=0, device="cpu", progress=False)
+
+
 def test_graph_step_pads_an_empty_batch(tmp_path):
     """A CUDA-graph step pads an empty batch to one granule (``granularity`` rows), one row more than any other
     batch pads: ``padding_slots`` holds it also when granularity - 1 is a multiple of max_seq_len (33 rows need 2

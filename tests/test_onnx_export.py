@@ -98,6 +98,44 @@ def test_a_model_trained_with_the_fused_layer_exports_as_the_same_function(tmp_p
     assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4 + 1e-4 * np.abs(want).max()
 
 
+def test_every_valid_training_config_exports_through_the_cli(tmp_path, capsys):
+    """zero_copy=False and cuda_graph=True raised a ValueError traceback: the traced config kept zero_copy=False
+    with the unfused layer, and the oracle (kernels='reference') kept cuda_graph=True, both invalid configs. Every
+    valid combination of the training-time options now gives a traced config and an oracle config; the
+    CLI exports the combination that failed."""
+    import itertools
+
+    from models.config import LAYER_IMPLS, PRECISIONS, RECOMPUTE
+
+    combos = itertools.product(LAYER_IMPLS, PRECISIONS, RECOMPUTE, (True, False), (True, False), ("default", "tuned"))
+    valid = 0
+    for layer, precision, recompute, zero_copy, cuda_graph, kernels in combos:
+        over = dict(layer=layer, precision=precision, recompute=recompute, zero_copy=zero_copy, cuda_graph=cuda_graph)
+        try:
+            cfg = export.resolve_config("tiny", {**over, "kernels": kernels})
+        except export.ExportError:
+            continue
+        valid += 1
+        traced, _ = export._exported_layer(cfg)
+        assert traced.replace(kernels="reference").layer == "unfused"  # the oracle compare_with_torch builds
+    assert valid > 20
+    sets = ["layer=fused", "zero_copy=false", "cuda_graph=true"]
+    argv = ["--preset", "tiny", "--out", str(tmp_path / "m.onnx"), "--check-batches", "1"]
+    assert export.main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
+    out = capsys.readouterr().out
+    assert "zero_copy=False, cuda_graph=True" in out and (tmp_path / "m.onnx").is_file()
+
+
+def test_an_unwritable_json_path_is_refused_before_the_export(tmp_path, capsys):
+    """--json under a regular file was written only after the whole export, and failed there with a traceback."""
+    (tmp_path / "file").write_text("")
+    argv = ["--preset", "tiny", "--out", str(tmp_path / "m.onnx"), "--json", str(tmp_path / "file" / "r.json")]
+    assert export.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "models.export: error: --json" in err and "not a writable file path" in err
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):
     """The file's IR version is what its content needs, not the installed onnx package's newest.
 
@@ -298,6 +336,17 @@ def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--opset", "20"], "written for opset 18"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--gpu", "h999"], "--gpu 'h999': not a known GPU"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--json", "{tmp}"], "--json"),
+        (
+            [
+                "--preset",
+                "tiny",
+                "--out",
+                "{tmp}/m.onnx",
+                *("--set", "batch_size=1", "--set", "max_seq_len=1"),
+                *("--set", "min_seq_len=1"),
+            ],
+            "batch_size 1 x max_seq_len 1 is one row",
+        ),  # fmt: skip
     ],
 )
 def test_bad_exporter_input_is_a_clear_error(tmp_path, capsys, argv, message):

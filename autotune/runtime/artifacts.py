@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -33,6 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO_ROOT / "artifacts"
 DTYPES = ("bfloat16", "float16", "float32")
 MASKS = ("causal", "targets", "context", "context+targets", "window")  # == autotune.tuning.tasks.MASKS (import-free)
+MAX_ARTIFACT_BYTES = 64 * 1024 * 1024  # ~100x the largest tuned file; a bigger one is not an artifact
 # Versions whose drift is worth a warning (configs may no longer be the fastest), not a rejection.
 VERSION_KEYS = ("torch", "triton", "cutlass_dsl", "cuda", "driver", "sm_count")
 
@@ -93,14 +95,12 @@ class ArtifactError(ValueError):
 def current_template_hash(kernel: str, backend: str = "triton") -> str:
     """sha256 over the (path, content) of the template sources of (kernel, backend), as its op spec lists them.
 
-    Backends without a spec hash every ``.py`` under ``kernel_templates/<backend>/``.
+    A pair no op spec declares hashes no file (a hash no tuned artifact records, so its entries read as stale):
+    the names come from artifact files and never become paths (a backend '../..' hashed whatever lay there).
     """
     from autotune.spec import sources
 
-    files = sources(kernel, backend) or None
-    if files is None:
-        base = REPO_ROOT / "kernel_templates" / backend
-        files = tuple(str(p.relative_to(REPO_ROOT)) for p in sorted(base.rglob("*.py"))) if base.is_dir() else ()
+    files = sources(kernel, backend)
     h = hashlib.sha256()
     for rel in sorted(files):
         p = Path(rel) if Path(rel).is_absolute() else REPO_ROOT / rel
@@ -350,9 +350,15 @@ def validate_artifact(
     for k in ENV_KEYS:  # compared with the running process's values: plain strings (sm_count: int)
         types = (int, type(None)) if k == "sm_count" else (str, type(None))
         _check_type(data["environment"][k], types, f"{source}: environment.{k}")
-    for backend, h in data["template_hash"].items():
-        _check_type(h, (str,), f"{source}: template_hash.{backend}")
     kernel = data["kernel"]
+    declared = _declared_backends(kernel) if check_configs else None
+    for backend, h in data["template_hash"].items():
+        if declared is not None and backend not in declared:
+            raise ArtifactError(
+                f"{source}: template_hash key {backend!r:.60} is not a backend of {kernel} "
+                f"(declared: {', '.join(declared)})"
+            )
+        _check_type(h, (str,), f"{source}: template_hash.{backend:.60}")
     seen = set()
     for i, entry in enumerate(data["entries"]):
         where = f"{source}: entries[{i}]"
@@ -401,13 +407,36 @@ def stale_reason(artifact: Artifact, source: str = "artifact") -> str | None:
     )
 
 
-def load_artifact(path: str | Path, check_stale: bool = True, check_configs: bool = True) -> Artifact:
-    """Read and validate an artifact; ``ArtifactError`` for missing, corrupt, invalid or stale files."""
-    path = Path(path)
+def read_regular_file(path: str | Path, max_bytes: int = MAX_ARTIFACT_BYTES) -> bytes:
+    """The bytes of ``path``, or ``ArtifactError`` naming it: a FIFO or device would block or never end a
+    read, and a file of GBs would be read whole into memory. Opened non-blocking (a FIFO with no writer
+    cannot hang the open) and checked on the open descriptor, so a swap after the check is no way around it."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ArtifactError(f"{path}: cannot read artifact ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(
+                f"{path}: not a regular file (a directory, FIFO, device or socket); an artifact is a JSON file"
+            )
+        if st.st_size > max_bytes:
+            raise ArtifactError(f"{path}: {st.st_size} bytes, larger than an artifact may be ({max_bytes} bytes)")
+        try:
+            data = f.read(max_bytes + 1)  # the file may grow after fstat
+        except OSError as e:
+            raise ArtifactError(f"{path}: cannot read artifact ({e.strerror or e})") from None
+    if len(data) > max_bytes:
+        raise ArtifactError(f"{path}: larger than an artifact may be ({max_bytes} bytes)")
+    return data
+
+
+def load_artifact(path: str | Path, check_stale: bool = True, check_configs: bool = True) -> Artifact:
+    """Read and validate an artifact; ``ArtifactError`` for missing, corrupt, invalid, oversized, non-regular
+    or stale files."""
+    path = Path(path)
+    raw = read_regular_file(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

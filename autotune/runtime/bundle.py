@@ -43,7 +43,7 @@ def packaged_artifacts_root() -> Path:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(art.read_regular_file(path)).hexdigest()
 
 
 def _versions() -> dict[str, str | None]:
@@ -134,8 +134,8 @@ def verify_bundle(path: str | Path) -> list[str]:
     unlisted file); [] when sound. Listed paths must stay inside the bundle folder."""
     path = Path(path)
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested past the parser
+        manifest = json.loads(art.read_regular_file(path / MANIFEST))
+    except (ValueError, RecursionError) as e:  # ArtifactError is a ValueError; RecursionError: JSON nested too deep
         return [f"{path / MANIFEST}: cannot read the manifest ({e})"]
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return [f"{path / MANIFEST}: not an {FORMAT} manifest"]
@@ -173,7 +173,7 @@ def verify_bundle(path: str | Path) -> list[str]:
         else:
             try:
                 same = _sha256(f) == digest
-            except OSError as e:
+            except art.ArtifactError as e:
                 problems.append(f"{rel}: cannot read ({e})")
                 continue
             if not same:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    dense_if_empty,
     dropout_p,
     fill_outs,
     finite_eps,
@@ -85,6 +86,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                        p: float, seed: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
     """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
+    x, u = dense_if_empty(x), dense_if_empty(u)
     weight, bias, eps, p = _fwd_args(x, u, weight, bias, eps, p, seed, kw)
     return _k.ln_mul_dropout_fwd(x, u, weight, bias, eps, p, seed, **kw)
 
@@ -95,6 +97,9 @@ def ln_mul_dropout_bwd(
 ) -> tuple:  # fmt: skip
     """(dx, du, dweight, dbias); the dropout mask is redrawn from ``seed``. With ``silu_pre`` (u = silu(silu_pre)):
     du through SiLU' and a fifth output, its fp32 column sums (``triton_ln_mul_dropout.ln_mul_dropout_bwd``)."""
+    do, x, u = dense_if_empty(do), dense_if_empty(x), dense_if_empty(u)
+    if "silu_pre" in kw:
+        kw["silu_pre"] = dense_if_empty(kw["silu_pre"])
     weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
     return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
 

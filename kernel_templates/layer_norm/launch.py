@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    dense_if_empty,
     fill_outs,
     finite_eps,
     floating,
@@ -52,13 +53,18 @@ def _bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: tor
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
     """(y, mean, rstd): y = LN(x) in ``out_dtype`` (default x's, or ``out``'s), statistics fp32 of shape (rows,)."""
+    x = dense_if_empty(x)
     return _k.layer_norm_fwd(x, *_fwd_args(x, weight, bias, eps, kw), **kw)
 
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
                    rstd: torch.Tensor, **kw: Any) -> tuple:  # fmt: skip
     """(dx, dweight, dbias); dx in x's dtype with ``residual_grad`` (x's shape) added when given; with
-    ``residual_grad_sum`` a 4th result, residual_grad's fp32 column sum."""
+    ``residual_grad_sum`` a 4th result, residual_grad's fp32 column sum. No rows: an empty dx, zero dweight and
+    dbias (whatever strides the empty inputs have)."""
+    dy, x = dense_if_empty(dy), dense_if_empty(x)
+    if "residual_grad" in kw:
+        kw["residual_grad"] = dense_if_empty(kw["residual_grad"])
     return _k.layer_norm_bwd(dy, x, *_bwd_args(dy, x, weight, bias, mean, rstd, kw), **kw)
 
 

@@ -244,15 +244,23 @@ def tasks_from_artifact(
     return list(dict.fromkeys(tasks))
 
 
-def shard(tasks: list[Task], spec: str) -> list[Task]:
-    """The tasks of families ``K``, ``K + N``, ... (1-based, in the list's order) for ``spec`` = "K/N": one
-    device call's share of a long run. Families stay whole (a family's buckets warm-start each other in order)."""
-    try:
-        k, n = (int(p) for p in spec.split("/"))
-    except ValueError:
-        raise ValueError(f"shard must be K/N with integers 1 <= K <= N, got {spec!r}") from None
+_SHARD = re.compile(r"([0-9]+)/([0-9]+)")
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """(K, N) of a shard spec "K/N": ASCII digits only, 1 <= K <= N (shards are 1-based), no spaces or signs."""
+    m = _SHARD.fullmatch(spec)
+    k, n = (int(m[1]), int(m[2])) if m else (0, 0)
     if not 1 <= k <= n:
         raise ValueError(f"shard must be K/N with integers 1 <= K <= N, got {spec!r}")
+    return k, n
+
+
+def shard(tasks: list[Task], spec: str) -> list[Task]:
+    """The tasks of families ``K``, ``K + N``, ... (1-based, in the list's order) for ``spec`` = "K/N": one
+    device call's share of a long run. Families stay whole (a family's buckets warm-start each other in order),
+    so a shard past the family count is empty."""
+    k, n = parse_shard(spec)
     families = list(dict.fromkeys(t.family for t in tasks))
     mine = set(families[k - 1 :: n])
     return [t for t in tasks if t.family in mine]

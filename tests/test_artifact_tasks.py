@@ -65,7 +65,8 @@ def test_shards_cover_every_task_once_and_keep_families_whole(n):
     for i, p in enumerate(parts):
         others = {t.family for j, q in enumerate(parts) if j != i for t in q}
         assert not others & {t.family for t in p}
-    for bad in ("0/2", "3/2", "1", "a/b", "1/2/3"):
+    # Shards are 1-based; int() let " 1/2", "+1/2", "1_0/20" and non-ASCII digits through.
+    for bad in ("0/2", "3/2", "1/0", "1", "a/b", "1/2/3", " 1/2", "1/2 ", "+1/2", "-1/2", "1/-2", "1_0/20", "\uff11/2"):
         with pytest.raises(ValueError, match="shard must be K/N"):
             shard(tasks, bad)
 
@@ -93,3 +94,19 @@ def test_cli_from_artifact_lists_the_entries_and_refuses_grid_options(capsys, mo
     with pytest.raises(SystemExit):  # argparse: one task source at a time
         main([*base, "--from-model", "tiny"])
     assert "not allowed with argument --from-artifact" in capsys.readouterr().err
+
+
+def test_cli_an_empty_shard_is_nothing_to_do(capsys, tmp_path):
+    """A shard past the family count (one family here, 8 shards) was a run of 0 tasks that still made its
+    --artifacts folder (with --backends: a usage error, since no kernel declared the backend)."""
+    base = ("run", "--gpu", "h100", "--interpret", "--kernel", "fwd", "--distributions", "uniform")
+    root = tmp_path / "artifacts"
+    rc, text = _run(capsys, *base, "--artifacts", str(root), "--backends", "triton", "--shard", "5/8")
+    assert (
+        rc == 0
+        and text.strip() == "autotune: --shard 5/8 holds no tasks (fewer task families than shards); nothing to do"
+    )
+    assert not root.exists()
+    for bad in (" 1/2", "1/0", "0/2", "1/2/3", "a/b", "-1/2"):
+        rc, text = _run(capsys, *base, f"--shard={bad}")
+        assert rc == 2 and text.strip().startswith("autotune: error: --shard must be K/N"), (bad, text)

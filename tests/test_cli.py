@@ -69,11 +69,48 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
         # The samplers seed NumPy's RandomState: these were a ValueError traceback inside the first task.
         (["--seed", "-1"], "--seed must be an integer in [0, 2**32 - 1], got -1"),
         (["--seed", str(2**32)], "--seed must be an integer in [0, 2**32 - 1]"),
+        # A huge batch drew its lengths for minutes (then could not launch): bounded by the grid's y limit.
+        (["--batch", str(10**9)], "--batch must be an integer in [1, 65535], got 1000000000"),
+        (["--batch", "65536"], "--batch must be an integer in [1, 65535]"),
+        (["--batch", "0"], "--batch must be an integer in [1, 65535], got 0"),
+        (["--batch", "-3"], "--batch must be an integer in [1, 65535], got -3"),
+        (["--heads", str(10**9)], "--heads must be an integer in [1, 32768]"),
+        (["--heads", "0"], "--heads must be an integer in [1, 32768]"),
+        (["--trials", "-1"], "--trials must be an integer >= 1"),
+        (["--workers", "0"], "--workers must be an integer >= 1"),
+        (["--seq-cap", "-5"], "--seq-cap must be an integer >= 1"),  # was a ValueError traceback
+        (["--seq-cap", "0"], "--seq-cap must be an integer >= 1"),  # was silently no cap
+        (["--dims", "0"], "--dims: bad head dims '0'"),  # was 'no feasible config ... d0/0', no option named
+        (["--dims", "128x-64"], "--dims: bad head dims"),
+        (["--buckets", "0"], "--buckets: bucket '0'"),
+        (["--time-budget", "-1"], "--time-budget: duration must be positive"),
+        (["--from-model", "tiny", "--batch", "0"], "--batch must be an integer in [1, 65535]"),  # skipped the check
+        (["--from-model", "tiny", "--trials", "0"], "--trials must be an integer >= 1"),
     ],
 )
 def test_bad_arguments(capsys, args, message):
     rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run", *args)
-    assert rc == 2 and message in text
+    assert rc == 2 and message in text and len(text.strip().splitlines()) == 1, text
+
+
+def test_batch_and_heads_bounds_hold_at_the_limits(capsys):
+    from autotune.tuning.tasks import MAX_BATCH, MAX_HEADS, Task
+    from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX
+
+    assert MAX_BATCH == GRID_YZ_MAX and MAX_BATCH * MAX_HEADS <= 2**31 - 1  # the grid's y and x limits
+    base = ("run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "32", "--buckets", "256")
+    rc, text = _run(capsys, *base, "--distributions", "uniform", "--batch", str(MAX_BATCH))
+    assert rc == 0, text
+    task = ("hstu_attention_fwd", "h100", "float32", 32, 32)
+    with pytest.raises(ValueError, match="batch must be in"):
+        Task(*task, 1, 256, "uniform", batch=MAX_BATCH + 1)
+    with pytest.raises(ValueError, match="num_heads must be in"):
+        Task(*task, MAX_HEADS + 1, 256, "uniform")
+
+
+def test_tasks_command_bounds_its_batch(capsys):
+    rc, text = _run(capsys, "tasks", "--from-model", "tiny", "--batch", "70000")
+    assert rc == 2 and "--batch must be an integer in [1, 65535], got 70000" in text
 
 
 def test_parse_duration():

@@ -293,3 +293,45 @@ def test_plan_refuses_what_the_kernels_would_compute_wrongly(override, match):
             "dropout": 0.0, "source": "default", **override}  # fmt: skip
     with pytest.raises(ValueError, match=match):
         plan_layer(**args)
+
+
+@pytest.mark.parametrize("view", ["every_other_column", "transposed"])
+def test_layer_ops_on_column_strided_x_match_contiguous(device, view):
+    """``hstu_layer`` and ``layer_norm`` on an x whose columns are strided (a ``[:, ::2]`` slice, a transpose)
+    give the output and gradients of ``x.contiguous()``, the gradient reaching the view's base: the kernels
+    step columns by 1, and such an x was a ValueError from the LayerNorm launcher."""
+    from autotune.runtime.layer import hstu_layer, layer_norm, plan_layer
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
+    torch.manual_seed(0)
+    layer = HSTULayer(cfg).to(device)
+    dt = _dtype(device)
+    plan = plan_layer(dt, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
+    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
+              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
+              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    _, off, _ = _batch(device, cfg.hidden_dim)
+    rows, hidden = int(off[-1]), cfg.hidden_dim
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(*((rows, 2 * hidden) if view == "every_other_column" else (hidden, rows)), generator=gen)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def make(b: torch.Tensor) -> torch.Tensor:
+        return b[:, ::2] if view == "every_other_column" else b.t()
+
+    calls = {
+        "layer_norm": lambda x: layer_norm(x, params["ln1_w"], params["ln1_b"], cfg.eps, plan),
+        "hstu_layer": lambda x: hstu_layer(x, params, off, plan, seed),
+    }
+    for name, call in calls.items():
+        results = []
+        for copy in (False, True):
+            b = base.to(device, dt).clone().requires_grad_(True)
+            x = make(b)
+            assert x.shape == (rows, hidden) and x.stride(1) != 1
+            out = call(x.contiguous() if copy else x)
+            out.float().backward(torch.linspace(-1, 1, out.numel(), device=device).view(out.shape))
+            results.append((out.detach().float(), b.grad))
+        (got, got_grad), (want, want_grad) = results
+        _close(got, want, f"{name} output", device)
+        _close(got_grad, want_grad, f"{name} gradient of x", device)

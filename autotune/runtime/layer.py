@@ -292,9 +292,18 @@ class LayerNormFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+def _unit_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy when its columns are strided (a ``[:, ::2]`` slice, a transpose): the layer's
+    kernels step rows by ``stride(0)`` and columns by 1. Taken before the autograd function, so the copy's
+    gradient flows back to the view."""
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] > 1 and x.stride(1) != 1:
+        return x.contiguous()
+    return x
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:
     """LayerNorm of a 2-D (rows, D) activation through ``plan``'s dispatched kernels, output in ``plan.dtype``."""
-    return LayerNormFunction.apply(x, weight, bias, eps, plan)
+    return LayerNormFunction.apply(_unit_columns(x), weight, bias, eps, plan)
 
 
 def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerPlan) -> None:
@@ -355,6 +364,6 @@ def hstu_layer(
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0
     seq_offsets = seq_offsets.contiguous()  # the kernels index it densely: a strided view read the wrong values
     return HSTULayerFunction.apply(
-        x, p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
+        _unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
         seq_offsets, seed, plan,
     )  # fmt: skip

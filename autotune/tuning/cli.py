@@ -71,9 +71,9 @@ def parse_duration(text: str | None) -> float | None:
     try:
         value = float(t[:-1]) * scale if scale else float(t)
     except ValueError:
-        raise CLIError(f"bad duration {text!r}: use e.g. 90s, 6m, 1.5h") from None
+        raise CLIError(f"--time-budget: bad duration {text!r}: use e.g. 90s, 6m, 1.5h") from None
     if not math.isfinite(value) or value <= 0:
-        raise CLIError(f"duration must be positive and finite, got {text!r}")
+        raise CLIError(f"--time-budget: duration must be positive and finite, got {text!r}")
     return value
 
 
@@ -176,9 +176,12 @@ def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
         _nonempty(option, str(text))
     try:
         buckets = [parse_bucket(b) for b in _nonempty("--buckets", args.buckets)]
+    except ValueError as e:
+        raise CLIError(f"--buckets: {e}") from None
+    try:
         dims = parse_dims(args.dims)
     except ValueError as e:
-        raise CLIError(str(e)) from None
+        raise CLIError(f"--dims: {e}") from None
     dists = _nonempty("--distributions", args.distributions)
     for d in dists:
         if d not in DISTRIBUTIONS:
@@ -187,8 +190,6 @@ def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
     for m in masks:
         if m not in MASKS:
             raise CLIError(f"unknown mask {m!r}; choose from {', '.join(MASKS)}")
-    if args.heads < 1 or args.batch < 1 or args.trials < 1:
-        raise CLIError("--heads, --batch and --trials must be >= 1")
     sample = None
     if getattr(args, "lengths", None):
         from autotune.runtime.lengths import compact, read_length_sample
@@ -241,6 +242,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     load_plugin_modules(args.plugin)
     tasks = build_task_list(args, gpu)
+    if not tasks and args.shard is not None:  # a farm or device-call worker with nothing to do is no error
+        print(f"autotune: --shard {args.shard} holds no tasks (fewer task families than shards); nothing to do")
+        return 0
     declared: set[str] = set()
     for k in sorted({t.kernel for t in tasks}):
         try:
@@ -565,6 +569,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_heatmap(args)
     _fill_defaults(args)
     args.trials, args.seq_cap = 1, None
+    from autotune.tuning.cli_checks import check_task_numbers
+
+    check_task_numbers(args)
     gpu = resolve_gpu(args.gpu, False, False, "bench measures on the GPU")
     import torch
 

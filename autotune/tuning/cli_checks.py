@@ -54,8 +54,30 @@ def positive_seconds(option: str, value: float | None) -> None:
         raise CLIError(f"{option} must be a positive number of seconds, got {value}")
 
 
+def int_in(option: str, value: int, low: int, high: int | None = None) -> None:
+    """A usage error naming ``option`` unless ``low <= value`` (and ``value <= high`` when given)."""
+    if value < low or (high is not None and value > high):
+        span = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise CLIError(f"{option} must be an integer {span}, got {value}")
+
+
+def check_task_numbers(args: argparse.Namespace) -> None:
+    """The task-shaping numbers of ``run`` and ``bench``: a batch past ``MAX_BATCH`` drew its lengths for
+    minutes, then could not launch; a negative ``--seq-cap`` was a traceback and 0 meant no cap."""
+    from autotune.tuning.tasks import MAX_BATCH, MAX_HEADS
+
+    int_in("--batch", args.batch, 1, MAX_BATCH)
+    int_in("--heads", args.heads, 1, MAX_HEADS)
+    if args.seq_cap is not None:
+        int_in("--seq-cap", args.seq_cap, 1)
+
+
 def check_run_numbers(args: argparse.Namespace) -> None:
     """Usage errors for numbers ``autotune run`` cannot work with."""
+    check_task_numbers(args)
+    int_in("--trials", args.trials, 1)
+    if args.workers is not None:
+        int_in("--workers", args.workers, 1)
     if args.backends is not None and not args.backends:
         raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
     if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:

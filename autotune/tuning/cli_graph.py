@@ -197,8 +197,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from autotune.tuning.graph_tasks import tasks_to_json
 
     gpu, note = _tasks_gpu(args.gpu)
-    if args.batch < 1:
-        raise CLIError("--batch must be >= 1")
+    from autotune.tuning.cli_checks import int_in
+    from autotune.tuning.tasks import MAX_BATCH
+
+    int_in("--batch", args.batch, 1, MAX_BATCH)
     graph, tasks = extract(args, gpu, args.dtype, not args.inference, args.batch, None)
     print_tasks(graph, tasks, gpu)
     if note:

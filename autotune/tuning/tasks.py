@@ -7,6 +7,7 @@ is deterministic (``sequence_lengths`` from the seed), so a resumed study measur
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,13 @@ from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, samp
 from autotune.runtime.gpus import get_gpu
 
 DTYPES = ("bfloat16", "float16", "float32")
+# The most sequences a task's batch may hold: the CuTe attention kernels' grid order puts the batch in the
+# launch grid's y dimension, which CUDA caps at 65535 (``input_check.GRID_YZ_MAX``); a larger batch could not
+# launch every config the task measures (and its lengths alone would take minutes to draw).
+MAX_BATCH = 65535
+# The most heads: the Triton attention grids put batch x heads in x (2**31 - 1 blocks), which any batch up
+# to ``MAX_BATCH`` times this many heads fits.
+MAX_HEADS = (2**31 - 1) // MAX_BATCH
 # Mask features: name -> (contextual_seq_len, targets per sequence as a fraction of its length, window as a
 # fraction of the longest sequence). Each feature is a separate template specialisation (constexpr).
 MASKS: dict[str, tuple[int, float, float]] = {
@@ -65,8 +73,9 @@ class Task:
             raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
         if self.mask not in MASKS:
             raise ValueError(f"mask {self.mask!r} is not one of {tuple(MASKS)}")
-        if self.batch < 1 or self.num_heads < 1:
-            raise ValueError("batch and num_heads must be >= 1")
+        for name, value, high in (("batch", self.batch, MAX_BATCH), ("num_heads", self.num_heads, MAX_HEADS)):
+            if not 1 <= value <= high:
+                raise ValueError(f"{name} must be in [1, {high}], got {value}")
         if self.sample is not None and self.distribution != "jagged":
             raise ValueError("a task tuned on a lengths sample is a 'jagged' task")
 
@@ -137,6 +146,9 @@ def space_context(task: Task, interpret: bool) -> Any:
     return SpaceContext(get_gpu(task.gpu), task.dtype, task.dqk, task.dv, task.max_len, interpret, task.num_heads)
 
 
+_DIMS = re.compile(r"([0-9]+)\s*(?:x\s*([0-9]+))?")
+
+
 def parse_dims(text: str) -> list[tuple[int, int]]:
     """'256,128' -> [(256, 256), (128, 128)]; '128x64' -> (dqk=128, dv=64)."""
     out = []
@@ -144,11 +156,11 @@ def parse_dims(text: str) -> list[tuple[int, int]]:
         part = part.strip().lower()
         if not part:
             continue
-        try:
-            dqk, sep, dv = part.partition("x")
-            out.append((int(dqk), int(dv if sep else dqk)))
-        except ValueError:
-            raise ValueError(f"bad head dims {part!r}: use e.g. 256 or 128x64") from None
+        m = _DIMS.fullmatch(part)
+        dqk, dv = (int(m[1]), int(m[2] or m[1])) if m else (0, 0)
+        if min(dqk, dv) < 1:
+            raise ValueError(f"bad head dims {part!r}: use positive integers, e.g. 256 or 128x64")
+        out.append((dqk, dv))
     if not out:
         raise ValueError("no head dims given")
     return out
@@ -232,15 +244,23 @@ def tasks_from_artifact(
     return list(dict.fromkeys(tasks))
 
 
-def shard(tasks: list[Task], spec: str) -> list[Task]:
-    """The tasks of families ``K``, ``K + N``, ... (1-based, in the list's order) for ``spec`` = "K/N": one
-    device call's share of a long run. Families stay whole (a family's buckets warm-start each other in order)."""
-    try:
-        k, n = (int(p) for p in spec.split("/"))
-    except ValueError:
-        raise ValueError(f"shard must be K/N with integers 1 <= K <= N, got {spec!r}") from None
+_SHARD = re.compile(r"([0-9]+)/([0-9]+)")
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """(K, N) of a shard spec "K/N": ASCII digits only, 1 <= K <= N (shards are 1-based), no spaces or signs."""
+    m = _SHARD.fullmatch(spec)
+    k, n = (int(m[1]), int(m[2])) if m else (0, 0)
     if not 1 <= k <= n:
         raise ValueError(f"shard must be K/N with integers 1 <= K <= N, got {spec!r}")
+    return k, n
+
+
+def shard(tasks: list[Task], spec: str) -> list[Task]:
+    """The tasks of families ``K``, ``K + N``, ... (1-based, in the list's order) for ``spec`` = "K/N": one
+    device call's share of a long run. Families stay whole (a family's buckets warm-start each other in order),
+    so a shard past the family count is empty."""
+    k, n = parse_shard(spec)
     families = list(dict.fromkeys(t.family for t in tasks))
     mine = set(families[k - 1 :: n])
     return [t for t in tasks if t.family in mine]

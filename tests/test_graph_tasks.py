@@ -255,7 +255,7 @@ def test_tasks_from_a_model_need_no_runnable_backend(monkeypatch):
 @pytest.mark.parametrize(
     ("body", "match"),
     [("raise RuntimeError('boom')", "the factory raised RuntimeError: boom"), ("return None", "must return"),
-     ("return (1, 2)", "must return")],
+     ("return (1, 2)", "its module must be a torch.nn.Module, got int")],
 )  # fmt: skip
 def test_a_factory_that_fails_or_returns_the_wrong_thing_is_named(tmp_path, monkeypatch, body, match):
     name = f"bad_factory_{abs(hash(body))}"  # one module per case: imports are cached by name
@@ -354,3 +354,28 @@ def test_a_factorys_lengths_are_checked_as_a_lengths_file_is(tmp_path, monkeypat
     with pytest.raises(gt.GraphTaskError, match=match):
         gt.resolve_model(f"{name}:factory", "float32", False)
     assert gt.resolve_model(f"{name}:ok", "float32", False)[4] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("def f(:\n", "cannot import it \\(SyntaxError"),
+        ("raise RuntimeError('at import')\n", "cannot import it \\(RuntimeError: at import"),
+        ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), 5\n", "its args must be a tuple"),
+        ("import types, torch\n\n\ndef factory():\n    return types.SimpleNamespace(module=torch.nn.Linear(1, 1))\n",
+         "its args must be a tuple"),
+        ("import types\n\n\ndef factory():\n    return types.SimpleNamespace(module=5, args=())\n",
+         "its module must be a torch.nn.Module, got int"),
+        ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), (), 5\n", "its dynamic_shapes must be"),
+        ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), (), None, 4\n", "the factory must return .*got a tuple of 4"),
+    ],
+    ids=["syntax-error", "raises-at-import", "args-int", "no-args", "module-int", "dynamic-shapes-int", "four-items"],
+)  # fmt: skip
+def test_a_factory_module_or_result_of_the_wrong_kind_is_named(tmp_path, monkeypatch, body, match):
+    """A module failing at import (SyntaxError, its own error) and a factory result whose args or dynamic shapes
+    are no sequence, or whose object lacks ``.args``, were tracebacks; each is a GraphTaskError naming the spec."""
+    name = f"bad_factory_{abs(hash(body))}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gt.GraphTaskError, match=f"--from-model '{name}:factory': {match}"):
+        gt.resolve_model(f"{name}:factory", "float32", False)

@@ -338,25 +338,46 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
     mod_name, _, attr = spec.partition(":")
     try:
         factory: Callable[[], Any] = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({e})") from None
+    except Exception as e:  # noqa: BLE001 - a missing module or name, an empty name, or a module failing at import
+        why = str(e) if isinstance(e, (ImportError, AttributeError)) else f"{type(e).__name__}: {e}"
+        raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({why})") from None
     try:
         made = factory()
     except Exception as e:  # noqa: BLE001 - the user's factory: its failure is the input's fault
         raise GraphTaskError(f"--from-model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
-    if hasattr(made, "module"):
-        sample = getattr(made, "lengths", None)
-        sample = _factory_lengths(spec, sample) if sample is not None else None
-        return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}", sample
+    module, args, dyn, sample = _factory_result(spec, made)
+    return module, args, dyn, f"torch.export of {spec}", sample
+
+
+def _factory_result(spec: str, made: Any) -> tuple[Any, tuple, Any, list[int] | None]:
+    """(module, args, dynamic shapes, length sample) of what a factory returned, each checked: an object
+    without ``.args``, args or dynamic shapes that are no sequence were an AttributeError / TypeError traceback."""
     from torch import nn
 
-    if not isinstance(made, (tuple, list)) or len(made) < 2 or not isinstance(made[0], nn.Module):
+    if hasattr(made, "module"):
+        sample = getattr(made, "lengths", None)
+        parts = (made.module, getattr(made, "args", None), getattr(made, "dynamic_shapes", None))
+        sample = _factory_lengths(spec, sample) if sample is not None else None
+    elif isinstance(made, (tuple, list)) and len(made) in (2, 3):
+        parts, sample = (made[0], made[1], made[2] if len(made) == 3 else None), None
+    else:
+        got = f"a {type(made).__name__} of {len(made)}" if isinstance(made, (tuple, list)) else type(made).__name__
         raise GraphTaskError(
             f"--from-model {spec!r}: the factory must return (module, args[, dynamic_shapes]) or an object with "
-            f".module and .args, got {type(made).__name__}"
+            f".module and .args, got {got}"
         )
-    module, args, *rest = made
-    return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}", None
+    module, args, dyn = parts
+    if not isinstance(module, nn.Module):
+        raise GraphTaskError(
+            f"--from-model {spec!r}: its module must be a torch.nn.Module, got {type(module).__name__}"
+        )
+    if not isinstance(args, (tuple, list)):
+        raise GraphTaskError(f"--from-model {spec!r}: its args must be a tuple of inputs, got {type(args).__name__}")
+    if dyn is not None and not isinstance(dyn, (dict, tuple, list)):
+        raise GraphTaskError(
+            f"--from-model {spec!r}: its dynamic_shapes must be a dict, tuple or None, got {type(dyn).__name__}"
+        )
+    return module, tuple(args), dyn, sample
 
 
 def _factory_lengths(spec: str, raw: Any) -> list[int]:

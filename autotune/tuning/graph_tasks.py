@@ -519,11 +519,13 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
 
     path = Path(path)
     if not path.is_file():
-        raise GraphTaskError(f"--from-onnx {path}: no such file")
+        raise GraphTaskError(f"--from-onnx {path}: {'is a directory' if path.is_dir() else 'no such file'}")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf raises several types for a bad file
         raise GraphTaskError(f"--from-onnx {path}: not a readable ONNX model ({e})") from None
+    if not model.ir_version:  # an empty file (or bytes that happen to parse) is an empty ModelProto: 0 tasks, rc 0
+        raise GraphTaskError(f"--from-onnx {path}: not an ONNX model (no IR version; empty or another format)")
     shapes = _onnx_shapes(model)
     missing = [n.input[0] for n in model.graph.node if n.domain == DOMAIN and n.input and n.input[0] not in shapes]
     if missing:
@@ -607,8 +609,13 @@ def _onnx_attention_op(node: Any, attrs: dict[str, Any], shapes: dict) -> GraphO
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise GraphTaskError(f"{name}: attribute {attr} must be an integer >= {low}, got {value!r:.60}")
     q, v, off = (shapes.get(node.input[i]) for i in (0, 2, 3))
-    if q is None or v is None or len(q[1]) != 3 or not isinstance(q[1][2], int) or not isinstance(v[1][2], int):
+    if q is None or v is None or len(q[1]) != 3 or len(v[1]) != 3:
         raise GraphTaskError(f"{name}: the shapes of q/v are unknown; run onnx shape inference on the file first")
+    for what, dim in (("q's heads", q[1][1]), ("q's head dim", q[1][2]), ("v's head dim", v[1][2])):
+        if not isinstance(dim, int) or dim < 1:  # a symbolic 'H' was an int() traceback, 0 an unnamed task error
+            raise GraphTaskError(f"{name}: {what} must be a fixed positive size, got {dim!r}")
+    if off is not None and off[1] and isinstance(off[1][0], int) and off[1][0] < 2:
+        raise GraphTaskError(f"{name}: seq_offsets holds {off[1][0]} entries; a batch of B takes B + 1 >= 2")
     dtype = attrs.get("kernel_dtype") or _ONNX_DTYPES.get(q[0])
     if dtype is None:
         raise GraphTaskError(f"{name}: unsupported element type {q[0]} and no kernel_dtype attribute")

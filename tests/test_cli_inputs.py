@@ -43,6 +43,17 @@ def test_run_refuses_a_journal_storage_that_is_a_folder(capsys, tmp_path, no_tun
     assert rc == 0 and len(no_tuning) == 1  # a new journal file in an existing folder is fine
 
 
+@pytest.mark.parametrize("url", ["postgres:/db", "postgresql:host/db", "sqlite:tuning.db"])
+def test_run_refuses_a_storage_url_without_its_slashes(capsys, tmp_path, monkeypatch, no_tuning, url):
+    """A URL missing '//' was taken as a journal path: a folder 'postgres:' made here and a run without the farm."""
+    monkeypatch.chdir(tmp_path)
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", url)
+    assert rc == 2 and f"--storage {url}: a URL needs 'scheme://'" in text and not no_tuning
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # no 'postgres:' folder, no journal
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", f"./{url.replace('/', '_')}")
+    assert rc == 0 and len(no_tuning) == 1  # such a name, written as a path, is a journal file
+
+
 def test_merge_refuses_an_artifacts_root_that_is_a_file(capsys, tmp_path):
     root = tmp_path / "artifacts"
     root.write_text("")

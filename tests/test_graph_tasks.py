@@ -255,7 +255,7 @@ def test_tasks_from_a_model_need_no_runnable_backend(monkeypatch):
 @pytest.mark.parametrize(
     ("body", "match"),
     [("raise RuntimeError('boom')", "the factory raised RuntimeError: boom"), ("return None", "must return"),
-     ("return (1, 2)", "must return")],
+     ("return (1, 2)", "its module must be a torch.nn.Module, got int")],
 )  # fmt: skip
 def test_a_factory_that_fails_or_returns_the_wrong_thing_is_named(tmp_path, monkeypatch, body, match):
     name = f"bad_factory_{abs(hash(body))}"  # one module per case: imports are cached by name
@@ -293,7 +293,7 @@ def test_a_model_on_the_fused_layer_is_named_with_what_traces(tmp_path, monkeypa
         gt.ops_from_model("fused_model:factory", training=False)
 
 
-def _onnx_file(path, attrs, inputs=("q", "k", "v", "off"), lengths=None):
+def _onnx_file(path, attrs, inputs=("q", "k", "v", "off"), lengths=None, qkv=("L", 4, 64), offsets=33):
     """A one-node ONNX file of an hstu.JaggedAttention call (typed inputs, no function body)."""
     import onnx
     from onnx import TensorProto, helper
@@ -303,7 +303,7 @@ def _onnx_file(path, attrs, inputs=("q", "k", "v", "off"), lengths=None):
     def typed(name, elem, dims):
         return helper.make_tensor_value_info(name, elem, dims)
 
-    ins = [typed(n, TensorProto.FLOAT, ["L", 4, 64]) for n in "qkv"] + [typed("off", TensorProto.INT64, [33])]
+    ins = [typed(n, TensorProto.FLOAT, list(qkv)) for n in "qkv"] + [typed("off", TensorProto.INT64, [offsets])]
     node = helper.make_node(NAME, list(inputs), ["o"], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], "g", ins, [typed("o", TensorProto.FLOAT, ["L", 4, 64])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
@@ -354,3 +354,55 @@ def test_a_factorys_lengths_are_checked_as_a_lengths_file_is(tmp_path, monkeypat
     with pytest.raises(gt.GraphTaskError, match=match):
         gt.resolve_model(f"{name}:factory", "float32", False)
     assert gt.resolve_model(f"{name}:ok", "float32", False)[4] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("def f(:\n", "cannot import it \\(SyntaxError"),
+        ("raise RuntimeError('at import')\n", "cannot import it \\(RuntimeError: at import"),
+        ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), 5\n", "its args must be a tuple"),
+        ("import types, torch\n\n\ndef factory():\n    return types.SimpleNamespace(module=torch.nn.Linear(1, 1))\n",
+         "its args must be a tuple"),
+        ("import types\n\n\ndef factory():\n    return types.SimpleNamespace(module=5, args=())\n",
+         "its module must be a torch.nn.Module, got int"),
+        ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), (), 5\n", "its dynamic_shapes must be"),
+        ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), (), None, 4\n",
+         "the factory must return .*a tuple of 4"),
+    ],
+    ids=["syntax-error", "raises-at-import", "args-int", "no-args", "module-int", "dynamic-shapes-int", "four-items"],
+)  # fmt: skip
+def test_a_factory_module_or_result_of_the_wrong_kind_is_named(tmp_path, monkeypatch, body, match):
+    """A module failing at import (SyntaxError, its own error) and a factory result whose args or dynamic shapes
+    are no sequence, or whose object lacks ``.args``, were tracebacks; each is a GraphTaskError naming the spec."""
+    name = f"bad_factory_{abs(hash(body))}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gt.GraphTaskError, match=f"--from-model '{name}:factory': {match}"):
+        gt.resolve_model(f"{name}:factory", "float32", False)
+
+
+@pytest.mark.parametrize(
+    ("qkv", "offsets", "message"),
+    [(("L", "H", 64), 33, "o: q's heads must be a fixed positive size, got 'H'"),
+     (("L", 0, 64), 33, "o: q's heads must be a fixed positive size, got 0"),
+     (("L", 4, -3), 33, "o: q's head dim must be a fixed positive size, got -3"),
+     (("L", 4, 64), 1, "o: seq_offsets holds 1 entries")],
+    ids=["symbolic-heads", "zero-heads", "negative-dim", "one-offset"],
+)  # fmt: skip
+def test_an_onnx_node_of_unusable_shapes_is_named(capsys, tmp_path, qkv, offsets, message):
+    """Symbolic heads were an int() traceback ('invalid literal'), zero heads or offsets an error naming no node
+    or file, and a head dim of -3 or 0 was listed as a task."""
+    rc = main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", GOOD_ATTRS, qkv=qkv,
+                                                                   offsets=offsets)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+
+
+def test_an_empty_or_folder_onnx_path_is_named(capsys, tmp_path):
+    """An empty file parsed as an empty ONNX model: 0 tasks and exit 0; a folder was 'no such file'."""
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert main(["tasks", "--gpu", "h100", "--from-onnx", str(tmp_path / "empty.onnx")]) == 2
+    assert "not an ONNX model (no IR version" in capsys.readouterr().err
+    assert main(["tasks", "--gpu", "h100", "--from-onnx", str(tmp_path)]) == 2
+    assert f"--from-onnx {tmp_path}: is a directory" in capsys.readouterr().err

@@ -85,6 +85,15 @@ def test_missing_and_unparsable_files(tmp_path):
         read_length_sample(tmp_path / "x.txt")
 
 
+def test_a_pipe_is_named_not_missing(tmp_path):
+    """A FIFO (what `--lengths <(cmd)` passes) was 'no such file'; it is named, and never opened (no hang)."""
+    import os
+
+    os.mkfifo(tmp_path / "lengths.fifo")
+    with pytest.raises(LengthsError, match="lengths.fifo: not a regular file"):
+        read_length_sample(tmp_path / "lengths.fifo")
+
+
 def test_batches_drawn_from_the_sample_belong_to_their_bucket():
     sample = [12] * 50 + [40] * 30 + [700, 1500, 3000]
     for bucket in (256, 1024, 2048, 4096):

@@ -199,3 +199,16 @@ def test_recheck_status_ignores_non_string_verified_items():
     assert recheck_status("hstu_attention_fwd", "h100", {**entry, "verified": [[1], {"a": 2}]}, True).startswith("0/")
     assert recheck_status("hstu_attention_fwd", "h100", {**entry, "verified": entry["verified"] + [[1]]}, True) == good
     assert missing_cases("hstu_attention_fwd", "h100", {**entry, "verified": [[1]]})
+
+
+def test_json_files_of_no_registered_kernel_are_not_re_checked(root, capsys):
+    """A notes.json in the GPU folder aborted verify ('top level must be a JSON object'); a copy of an artifact
+    under another name was re-checked as a kernel of that name (every entry a crash). autotune.load reads neither."""
+    folder = root / "h100"
+    (folder / "notes.json").write_text("[1, 2]")
+    (folder / "fake_faults.old.json").write_text((folder / "fake_faults.json").read_text())
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(root), "--plugin", PLUGINS[0], "--interpret"]
+    assert cli.main([*argv, "--timeout", "5", "--seq-cap", "16", "--level", "quick"]) == 1  # the planted faults
+    out = capsys.readouterr().out
+    assert "note: not re-checked, no registered kernel's artifact: fake_faults.old.json, notes.json" in out
+    assert "of 5 entries passed" in out and out.count("fake_faults.old") == 1  # named in the note only

@@ -154,6 +154,8 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
     where = f"--lengths {path}"
     if path.is_dir():
         raise LengthsError(f"{where}: is a directory; pass a lengths file")
+    if path.exists() and not path.is_file():  # a FIFO, `<(cmd)` or a device: was "no such file"; read twice here
+        raise LengthsError(f"{where}: not a regular file (a pipe or device?); save the lengths to a file first")
     if not path.is_file():
         raise LengthsError(f"{where}: no such file")
     counts: list[int] | None = None

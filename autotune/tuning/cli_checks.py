@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -98,4 +99,11 @@ def check_run_outputs(args: argparse.Namespace, gpu: str) -> None:
     """The folders ``autotune run`` writes (artifacts, and a journal storage given as a path) are usable."""
     writable_folder("--artifacts", Path(args.artifacts) / gpu)
     if args.storage and "://" not in args.storage:  # a journal file path
+        if _URL_SCHEME.match(args.storage):  # 'postgres:/host/db' made a folder 'postgres:' and ran without the farm
+            raise CLIError(f"--storage {args.storage}: a URL needs 'scheme://' (for a journal file named so, "
+                           f"write ./{args.storage})")  # fmt: skip
         writable_file("--storage", args.storage)
+
+
+# A URL scheme and its colon (RFC 3986), two letters or more: 'C:' of a Windows path is no scheme.
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")

@@ -338,25 +338,46 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
     mod_name, _, attr = spec.partition(":")
     try:
         factory: Callable[[], Any] = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({e})") from None
+    except Exception as e:  # noqa: BLE001 - a missing module or name, an empty name, or a module failing at import
+        why = str(e) if isinstance(e, (ImportError, AttributeError)) else f"{type(e).__name__}: {e}"
+        raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({why})") from None
     try:
         made = factory()
     except Exception as e:  # noqa: BLE001 - the user's factory: its failure is the input's fault
         raise GraphTaskError(f"--from-model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
-    if hasattr(made, "module"):
-        sample = getattr(made, "lengths", None)
-        sample = _factory_lengths(spec, sample) if sample is not None else None
-        return made.module, tuple(made.args), getattr(made, "dynamic_shapes", None), f"torch.export of {spec}", sample
+    module, args, dyn, sample = _factory_result(spec, made)
+    return module, args, dyn, f"torch.export of {spec}", sample
+
+
+def _factory_result(spec: str, made: Any) -> tuple[Any, tuple, Any, list[int] | None]:
+    """(module, args, dynamic shapes, length sample) of what a factory returned, each checked: an object
+    without ``.args``, args or dynamic shapes that are no sequence were an AttributeError / TypeError traceback."""
     from torch import nn
 
-    if not isinstance(made, (tuple, list)) or len(made) < 2 or not isinstance(made[0], nn.Module):
+    if hasattr(made, "module"):
+        sample = getattr(made, "lengths", None)
+        parts = (made.module, getattr(made, "args", None), getattr(made, "dynamic_shapes", None))
+        sample = _factory_lengths(spec, sample) if sample is not None else None
+    elif isinstance(made, (tuple, list)) and len(made) in (2, 3):
+        parts, sample = (made[0], made[1], made[2] if len(made) == 3 else None), None
+    else:
+        got = f"a {type(made).__name__} of {len(made)}" if isinstance(made, (tuple, list)) else type(made).__name__
         raise GraphTaskError(
             f"--from-model {spec!r}: the factory must return (module, args[, dynamic_shapes]) or an object with "
-            f".module and .args, got {type(made).__name__}"
+            f".module and .args, got {got}"
         )
-    module, args, *rest = made
-    return module, tuple(args), rest[0] if rest else None, f"torch.export of {spec}", None
+    module, args, dyn = parts
+    if not isinstance(module, nn.Module):
+        raise GraphTaskError(
+            f"--from-model {spec!r}: its module must be a torch.nn.Module, got {type(module).__name__}"
+        )
+    if not isinstance(args, (tuple, list)):
+        raise GraphTaskError(f"--from-model {spec!r}: its args must be a tuple of inputs, got {type(args).__name__}")
+    if dyn is not None and not isinstance(dyn, (dict, tuple, list)):
+        raise GraphTaskError(
+            f"--from-model {spec!r}: its dynamic_shapes must be a dict, tuple or None, got {type(dyn).__name__}"
+        )
+    return module, tuple(args), dyn, sample
 
 
 def _factory_lengths(spec: str, raw: Any) -> list[int]:
@@ -498,11 +519,13 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
 
     path = Path(path)
     if not path.is_file():
-        raise GraphTaskError(f"--from-onnx {path}: no such file")
+        raise GraphTaskError(f"--from-onnx {path}: {'is a directory' if path.is_dir() else 'no such file'}")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf raises several types for a bad file
         raise GraphTaskError(f"--from-onnx {path}: not a readable ONNX model ({e})") from None
+    if not model.ir_version:  # an empty file (or bytes that happen to parse) is an empty ModelProto: 0 tasks, rc 0
+        raise GraphTaskError(f"--from-onnx {path}: not an ONNX model (no IR version; empty or another format)")
     shapes = _onnx_shapes(model)
     missing = [n.input[0] for n in model.graph.node if n.domain == DOMAIN and n.input and n.input[0] not in shapes]
     if missing:
@@ -586,8 +609,13 @@ def _onnx_attention_op(node: Any, attrs: dict[str, Any], shapes: dict) -> GraphO
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise GraphTaskError(f"{name}: attribute {attr} must be an integer >= {low}, got {value!r:.60}")
     q, v, off = (shapes.get(node.input[i]) for i in (0, 2, 3))
-    if q is None or v is None or len(q[1]) != 3 or not isinstance(q[1][2], int) or not isinstance(v[1][2], int):
+    if q is None or v is None or len(q[1]) != 3 or len(v[1]) != 3:
         raise GraphTaskError(f"{name}: the shapes of q/v are unknown; run onnx shape inference on the file first")
+    for what, dim in (("q's heads", q[1][1]), ("q's head dim", q[1][2]), ("v's head dim", v[1][2])):
+        if not isinstance(dim, int) or dim < 1:  # a symbolic 'H' was an int() traceback, 0 an unnamed task error
+            raise GraphTaskError(f"{name}: {what} must be a fixed positive size, got {dim!r}")
+    if off is not None and off[1] and isinstance(off[1][0], int) and off[1][0] < 2:
+        raise GraphTaskError(f"{name}: seq_offsets holds {off[1][0]} entries; a batch of B takes B + 1 >= 2")
     dtype = attrs.get("kernel_dtype") or _ONNX_DTYPES.get(q[0])
     if dtype is None:
         raise GraphTaskError(f"{name}: unsupported element type {q[0]} and no kernel_dtype attribute")

@@ -168,7 +168,7 @@ def recheck_artifacts(
         raise ValueError(f"level must be 'full' or 'quick', got {level!r}")
     folder = Path(root) / gpu
     on_gpu = measure.device() == "cuda"
-    names = kernels or sorted(p.stem for p in folder.glob("*.json"))
+    names = kernels or artifact_files(folder, plugins)[0]
     items: list[Recheck] = []
     for kernel in names:
         path = art.artifact_path(gpu, kernel, root)
@@ -197,6 +197,19 @@ def recheck_artifacts(
     for t in threads:
         t.join()
     return items
+
+
+def artifact_files(folder: Path, plugins: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """(registered kernels with a file in ``folder``, names of its other ``*.json`` files): the files
+    ``autotune.load`` reads are the kernels'; a notes.json or a copy beside them aborted the re-check or was
+    re-checked under its file name as a kernel."""
+    from autotune import spec
+    from autotune.tuning.registry import load_plugins
+
+    load_plugins(plugins or [])
+    known = set(spec.kernels())
+    files = sorted(folder.glob("*.json"))
+    return [p.stem for p in files if p.stem in known], [p.name for p in files if p.stem not in known]
 
 
 def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[Path]:
@@ -264,6 +277,8 @@ def cmd_verify(args: Any) -> int:
     if args.write:
         writable_folder("--artifacts", root / gpu)
     console = _console()
+    if not args.kernel and (others := artifact_files(root / gpu, plugin_modules(args.plugin))[1]):
+        console.print(f"note: not re-checked, no registered kernel's artifact: {', '.join(others)}")
 
     def line(r: Recheck) -> None:
         e = r.entry

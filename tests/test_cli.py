@@ -276,3 +276,10 @@ def test_show_names_an_unknown_kernel(capsys, tmp_path):
     assert rc == 2 and "unknown kernel(s) nope" in text
     rc, text = _run(capsys, "show", "--gpu", "h100", "--kernel", "fwd", "--artifacts", str(tmp_path))
     assert rc == 1 and "no artifacts under" in text
+
+
+def test_show_names_an_artifacts_root_that_is_a_file(capsys, tmp_path):
+    """A file given as the artifacts root read as an empty folder ("no artifacts under ...", exit 1)."""
+    (tmp_path / "root").write_text("{}")
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path / "root"))
+    assert rc == 2 and "--artifacts" in text and "not a folder" in text

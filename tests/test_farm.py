@@ -704,3 +704,20 @@ def test_bad_farm_environment_values_are_one_line_naming_the_variable(monkeypatc
     assert main([*argv, "--workers", "1", "--storage", "postgresql://nobody@127.0.0.1:1/none"]) == 2
     err = capsys.readouterr().err
     assert f"{name}={value!r}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [("postgresql://u@h/db", "the PostgreSQL driver is missing"), ("mysql://u@h/db", "its database driver is missing")],
+)
+def test_a_missing_driver_is_named_for_the_url_given(monkeypatch, url, hint):
+    """A missing driver said 'the PostgreSQL driver is missing' for any URL (a mysql:// one too)."""
+    from autotune.tuning import farm_storage
+
+    def no_driver(*a, **k):
+        raise ImportError("No module named 'driver'")
+
+    monkeypatch.setattr(farm_storage, "_schema_lock", lambda url: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(optuna.storages, "RDBStorage", no_driver)
+    with pytest.raises(farm_storage.FarmError, match=hint):
+        farm_storage._open_storage(url)

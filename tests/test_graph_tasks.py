@@ -369,8 +369,11 @@ def test_a_factorys_lengths_are_checked_as_a_lengths_file_is(tmp_path, monkeypat
         ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), (), 5\n", "its dynamic_shapes must be"),
         ("import torch\n\n\ndef factory():\n    return torch.nn.Linear(1, 1), (), None, 4\n",
          "the factory must return .*a tuple of 4"),
+        ("import sys\n\nsys.exit(3)\n", "cannot import it \\(SystemExit: 3"),
+        ("import sys\n\n\ndef factory():\n    sys.exit(3)\n", "the factory raised SystemExit: 3"),
     ],
-    ids=["syntax-error", "raises-at-import", "args-int", "no-args", "module-int", "dynamic-shapes-int", "four-items"],
+    ids=["syntax-error", "raises-at-import", "args-int", "no-args", "module-int", "dynamic-shapes-int", "four-items",
+         "exits-at-import", "factory-exits"],
 )  # fmt: skip
 def test_a_factory_module_or_result_of_the_wrong_kind_is_named(tmp_path, monkeypatch, body, match):
     """A module failing at import (SyntaxError, its own error) and a factory result whose args or dynamic shapes

@@ -495,6 +495,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
     if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
+    if root.exists() and not root.is_dir():  # a file root read as "no artifacts", exit 1
+        raise CLIError(f"--artifacts {root}: not a folder")
     kernels = set(_kernels(args.kernel)) if args.kernel else None
     paths = [p for g in gpus for p in sorted((root / g).glob("*.json")) if not kernels or p.stem in kernels]
     if not paths:

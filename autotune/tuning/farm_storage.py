@@ -94,9 +94,12 @@ def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
         with _schema_lock(rdb_url(url)):
             return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs=engine_kwargs, **kw)
     except ImportError as e:
-        raise FarmError(
-            f"--storage {_safe(url)}: {e}: the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
-        ) from e
+        need = (
+            "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+            if is_farm_url(url)
+            else ("its database driver is missing; the farm runs on postgresql:// URLs")
+        )
+        raise FarmError(f"--storage {_safe(url)}: {e}: {need}") from e
     except Exception as e:  # noqa: BLE001 - sqlalchemy's URL and connection errors: say where and why
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = "check the URL"

@@ -338,12 +338,12 @@ def resolve_model(spec: str, dtype: str, training: bool) -> tuple[Any, tuple, An
     mod_name, _, attr = spec.partition(":")
     try:
         factory: Callable[[], Any] = getattr(importlib.import_module(mod_name), attr)
-    except Exception as e:  # noqa: BLE001 - a missing module or name, an empty name, or a module failing at import
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a missing module or name, an empty name, a failing import
         why = str(e) if isinstance(e, (ImportError, AttributeError)) else f"{type(e).__name__}: {e}"
         raise GraphTaskError(f"--from-model {spec!r}: cannot import it ({why})") from None
     try:
         made = factory()
-    except Exception as e:  # noqa: BLE001 - the user's factory: its failure is the input's fault
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's factory (a sys.exit too): the input's fault
         raise GraphTaskError(f"--from-model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
     module, args, dyn, sample = _factory_result(spec, made)
     return module, args, dyn, f"torch.export of {spec}", sample

@@ -122,6 +122,15 @@ def dense_if_empty(t: Any) -> Any:
     return t.new_empty(t.shape) if isinstance(t, torch.Tensor) and t.numel() == 0 else t
 
 
+def unit_columns(x: Any) -> Any:
+    """``x``, or a contiguous copy when its columns are strided (a ``[:, ::2]`` slice, a transpose): the row
+    kernels step rows by ``stride(0)`` and columns by 1. Taken before an autograd function, the copy's gradient
+    flows back to the view."""
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] > 1 and x.stride(1) != 1:
+        return x.contiguous()
+    return x
+
+
 def same_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
     if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {getattr(t, 'shape', t)!r}")

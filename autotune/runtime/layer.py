@@ -36,7 +36,7 @@ from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format
-from kernel_templates.launch_checks import dropout_p, finite_eps
+from kernel_templates.launch_checks import dropout_p, finite_eps, unit_columns
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -292,18 +292,9 @@ class LayerNormFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def _unit_columns(x: torch.Tensor) -> torch.Tensor:
-    """``x``, or a contiguous copy when its columns are strided (a ``[:, ::2]`` slice, a transpose): the layer's
-    kernels step rows by ``stride(0)`` and columns by 1. Taken before the autograd function, so the copy's
-    gradient flows back to the view."""
-    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] > 1 and x.stride(1) != 1:
-        return x.contiguous()
-    return x
-
-
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:
     """LayerNorm of a 2-D (rows, D) activation through ``plan``'s dispatched kernels, output in ``plan.dtype``."""
-    return LayerNormFunction.apply(_unit_columns(x), weight, bias, eps, plan)
+    return LayerNormFunction.apply(unit_columns(x), weight, bias, eps, plan)
 
 
 def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerPlan) -> None:
@@ -364,6 +355,6 @@ def hstu_layer(
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0
     seq_offsets = seq_offsets.contiguous()  # the kernels index it densely: a strided view read the wrong values
     return HSTULayerFunction.apply(
-        _unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
+        unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
         seq_offsets, seed, plan,
     )  # fmt: skip

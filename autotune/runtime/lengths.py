@@ -154,7 +154,9 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
     where = f"--lengths {path}"
     if path.is_dir():
         raise LengthsError(f"{where}: is a directory; pass a lengths file")
-    if path.exists() and not path.is_file():  # a FIFO, `<(cmd)` or a device: was "no such file"; read twice here
+    # A FIFO (`<(cmd)`) or a device was "no such file"; a pipe also cannot give the two reads below (the format
+    # sniff of _is_numpy, then the parse).
+    if path.exists() and not path.is_file():
         raise LengthsError(f"{where}: not a regular file (a pipe or device?); save the lengths to a file first")
     if not path.is_file():
         raise LengthsError(f"{where}: no such file")

@@ -551,21 +551,16 @@ def backward_call(out: torch.Tensor, do: torch.Tensor):
     if node is None or not isinstance(node, _AttentionFunction._backward_cls):
         raise ValueError("out must be the output of an eager hstu_attention call that requires grad")
     check_grad(do, out.shape, out.dtype, out.device, "out's")
-    if padded is None:
 
-        def run():
-            with torch.no_grad():  # as the engine runs a backward without create_graph
+    def run():
+        with torch.no_grad():  # as the engine runs a backward without create_graph
+            if padded is None:
                 return node.apply(do)[:3]
-
-        return run
-    _, dqk, dv, pv = padded
-
-    def run_padded():
-        with torch.no_grad():
+            _, dqk, dv, pv = padded
             dq, dk, dv_ = node.apply(torch.nn.functional.pad(do, (0, pv - dv)))[:3]
-        return dq[..., :dqk], dk[..., :dqk], dv_[..., :dv]
+            return dq[..., :dqk], dk[..., :dqk], dv_[..., :dv]
 
-    return run_padded
+    return run
 
 
 class HSTUAttention(nn.Module):

@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from kernel_templates.launch_checks import dropout_p
+from kernel_templates.launch_checks import dropout_p, unit_columns
 
 from .launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
 
@@ -104,11 +104,7 @@ def fused_ln_mul_dropout(
     else:
         seed_t = torch.tensor([_int64_seed(seed)], dtype=torch.int64, device=x.device)
     d = x.shape[-1]
-    x2, u2 = x.reshape(-1, d), u.reshape(-1, d)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if u2.stride(-1) != 1:
-        u2 = u2.contiguous()
+    x2, u2 = unit_columns(x.reshape(-1, d)), unit_columns(u.reshape(-1, d))
     out, _, _ = ln_mul_dropout_fwd_op(x2, u2, weight, bias, float(eps), p, seed_t)
     return out.view(x.shape)
 

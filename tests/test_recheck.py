@@ -212,3 +212,22 @@ def test_json_files_of_no_registered_kernel_are_not_re_checked(root, capsys):
     out = capsys.readouterr().out
     assert "note: not re-checked, no registered kernel's artifact: fake_faults.old.json, notes.json" in out
     assert "of 5 entries passed" in out and out.count("fake_faults.old") == 1  # named in the note only
+
+
+def test_interpreter_reports_gpu_only_entries_as_not_run(tmp_path, capsys):
+    """A CuTe entry re-checked under --interpret was reported as a worker crash (exit 1); it is now
+    "unavailable" with the reason, and a re-check that ran nothing still exits 1."""
+    committed = art.load_artifact(art.artifact_path("h100", "hstu_attention_fwd"), check_stale=False)
+    cute = next(e for e in committed.entries if e["backend"] == "cute")
+    copy = art.Artifact(
+        "hstu_attention_fwd", "h100", committed.environment, committed.template_hash,
+        committed.search_space_hash, [dict(cute)],
+    )  # fmt: skip
+    art.save_artifact(copy, art.artifact_path("h100", "hstu_attention_fwd", tmp_path))
+    results = recheck_artifacts(tmp_path, "h100", ["hstu_attention_fwd"], "full", 1, [], 5.0, 16)
+    assert [r.status for r in results] == ["unavailable"] and "needs a CUDA GPU" in results[0].error
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret", "--timeout", "5"]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "0 of 0 entries passed" in out and "not run under the interpreter: 1 entries" in out
+    assert "crash" not in out and "FAILED" not in out

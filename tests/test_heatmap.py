@@ -252,6 +252,20 @@ def test_a_table_that_is_no_utf8_csv_is_named(tmp_path, content):
         heatmap.read_table(table)
 
 
+def test_an_unwritable_out_folder_is_named_before_any_measuring(tmp_path, capsys, monkeypatch):
+    """A measured grid whose --out cannot be made (a file in its path) failed only once every cell was timed."""
+    import torch
+
+    from autotune.tuning.cli import main
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("measuring before --out was checked"))
+    assert main(["bench", "--heatmap", "--out", str(blocked / "sub"), "--heatmap-batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "blocked" in err, err
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_gpu_measure_grid_times_every_direction(cuda_graph):

@@ -76,6 +76,7 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     """``bench --heatmap``: measure the batch x length grid on the GPU (or re-render ``--from-csv``),
     then write CSV and PNG heatmaps, with ratio maps against ``--reference`` when given."""
     from autotune.tuning import heatmap
+    from autotune.tuning.cli_checks import writable_folder
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise CLIError(f"--out {args.out}: exists and is not a folder")
@@ -92,6 +93,8 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
         else:
             import torch
 
+            # Before the measuring: a folder that cannot be written lost the whole grid's timings at the end.
+            writable_folder("--out", args.out)
             if not torch.cuda.is_available():
                 raise CLIError("bench --heatmap measures on a CUDA GPU (or pass --from-csv FILE to re-render)")
             from autotune.runtime.gpus import get_gpu

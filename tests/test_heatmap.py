@@ -129,6 +129,18 @@ def test_read_table_refuses_an_empty_table_and_a_folder(tmp_path):
     assert [r["source"] for r in heatmap.read_table(same_cell_other_source)] == ["tuned", "default"]
 
 
+def test_a_header_is_read_by_its_stripped_names_and_a_name_twice_is_refused(tmp_path):
+    """'tflops,tflops' read the second column silently (DictReader keeps the last); 'direction, dqk, ...' (a space
+    after each comma) was 'missing dqk, heads, ...' though every column was there."""
+    twice = tmp_path / "twice.csv"
+    twice.write_text("direction,dqk,heads,batch,length,tflops,tflops\nfwd,128,4,1,128,10,20\n")
+    with pytest.raises(ValueError, match=f"heatmap table {twice}: column tflops given twice"):
+        heatmap.read_table(twice)
+    spaced = tmp_path / "spaced.csv"
+    spaced.write_text("direction, dqk, heads, batch, length, tflops\nfwd, 128, 4, 1, 128, 10\n")
+    assert [(r["dqk"], r["tflops"]) for r in heatmap.read_table(spaced)] == [(128, 10.0)]
+
+
 def test_reference_uses_the_rows_of_one_source(tmp_path, capsys):
     """A reference with tuned and default rows gives ratios against its tuned rows, whatever their order;
     several sources and none tuned is an error naming them; ratio_rows refuses a cell given twice."""

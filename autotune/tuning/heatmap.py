@@ -53,7 +53,8 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
     Every row is checked (``ValueError`` naming the file, line, column and value): ``direction`` one of
     ``DIRECTIONS``, positive integer ``dqk``/``heads``/``batch``/``length``, finite non-negative ``tflops``
     (``ms``, ``mfu`` where given; empty is a missing value), a ``source`` usable in a file name (``reference``
-    when the column is absent), and no cell twice for one source. An empty table is refused.
+    when the column is absent), and no cell twice for one source. Header names are stripped; an empty table,
+    or a header naming a column twice, is refused.
     """
     path = Path(path)
     if not path.exists():
@@ -69,9 +70,14 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, restkey=_EXTRA)
-        header = reader.fieldnames
-        if not header:
+        if not reader.fieldnames:
             raise ValueError(f"heatmap table {path} is empty (no header line)")
+        # Names stripped as cells are ('direction, dqk, ...' is a common spelling); a name given twice is refused:
+        # DictReader keeps the last column of a name, so 'tflops,tflops' read the second silently.
+        header = reader.fieldnames = [h.strip() for h in reader.fieldnames]
+        twice = sorted({h for h in header if h and header.count(h) > 1})
+        if twice:
+            raise ValueError(f"heatmap table {path}: column {', '.join(twice)} given twice in the header")
         need = (*KEY, "tflops")
         missing = [c for c in need if c not in header]
         if missing:

@@ -204,6 +204,8 @@ def test_cli_reports_bad_inputs_and_outputs_as_usage_errors(tmp_path, capsys):
         (["--dims", "128,512"], "--dims: '512'"),
         (["--heads", "8"], "--heads: not read by bench --heatmap"),
         (["--heatmap-batches", "128", "--heatmap-lengths", "16K"], "every cell is over"),
+        (["--heatmap-batches", "65536", "--heatmap-lengths", "16"], "--heatmap-batches: '65536' is above 65535"),
+        (["--heatmap-heads", "40000"], "--heatmap-heads: '40000' is above 32768"),
     ],
 )
 def test_grid_options_are_usage_errors_before_any_gpu_work(tmp_path, capsys, monkeypatch, argv, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 
 import pytest
 
@@ -253,6 +254,17 @@ def test_a_reference_is_aligned_or_refused_and_old_report_files_go(tmp_path, cap
     (out / "mine.txt").write_text("kept")
     assert main(["bench", "--heatmap", "--from-csv", str(table), "--out", str(out)]) == 0
     assert not (out / "ratio.csv").exists() and not list(out.glob("*_ratio.png")) and (out / "mine.txt").is_file()
+
+
+def test_a_reference_matching_only_cells_without_a_value_is_refused(tmp_path):
+    """Cells read back without a TFLOP/s value (empty) matched the reference: exit 0, an empty ratio.csv and no note."""
+    rows = [{**r, "tflops": math.nan} for r in _rows()]
+    with pytest.raises(ValueError, match="--reference ref.csv: none of its cells"):
+        heatmap.write_report(rows, tmp_path / "out", _reference(), reference_name="ref.csv")
+    assert not (tmp_path / "out").exists()
+    some = [{**r, "tflops": math.nan} if r["batch"] == 1 else r for r in _rows()]  # batch 1: no value, either source
+    files = heatmap.write_report(some, tmp_path / "out", _reference(), reference_name="ref.csv")
+    assert "ratios for 2 cells; 2 cells have no reference cell, 2 a reference value of 0 or none" in files["notes"][0]
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfed\x00i\x00", b"\x89PNG\r\n\x1a\n\x00\x00", None])

@@ -158,11 +158,12 @@ def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any
 
 
 def reference_coverage(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """How the reference lines up with the rows' cells: matched (with a usable value), matched but zero or
-    missing there, and rows' cells it lacks."""
+    """How the reference lines up with the rows' cells: matched (a value above 0 there, a value of some source
+    here: a ratio), matched but without a value on one side, and rows' cells it lacks."""
     ref = {_key(r): float(r["tflops"]) for r in reference}
     ours = {_key(r) for r in rows}
-    usable = {k for k in ours & set(ref) if ref[k] > 0}
+    valued = {_key(r) for r in rows if math.isfinite(float(r["tflops"]))}
+    usable = {k for k in valued & set(ref) if ref[k] > 0}
     return {"matched": len(usable), "unusable": len((ours & set(ref)) - usable), "missing": len(ours - set(ref))}
 
 
@@ -243,12 +244,12 @@ def write_report(
         if not cover["matched"]:
             raise ValueError(
                 f"--reference {reference_name}: none of its cells (direction, dqk, heads, batch, length) with a "
-                f"value above 0 is among the {len({_key(r) for r in rows})} cells measured"
+                f"value above 0 is among the {len({_key(r) for r in rows})} cells measured, with a value there"
             )
         if cover["unusable"] or cover["missing"]:
             notes.append(
                 f"--reference {reference_name}: ratios for {cover['matched']} cells; {cover['missing']} cells have no "
-                f"reference cell, {cover['unusable']} a reference value of 0 or none"
+                f"reference cell, {cover['unusable']} a reference value of 0 or none (or no value of their own)"
             )
     if out.is_dir():
         for pattern in _REPORT_FILES:

@@ -424,3 +424,16 @@ def test_an_onnx_node_no_task_takes_is_named(capsys, tmp_path, attrs, offsets, m
     rc = main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", attrs, offsets=offsets)])
     err = capsys.readouterr().err
     assert rc == 2 and message in err, err
+
+
+def test_tasks_json_never_overwrites_its_input(capsys, tmp_path):
+    """``--json`` naming the --from-onnx (or --lengths) file replaced the model with the task list."""
+    model = _onnx_file(tmp_path / "m.onnx", GOOD_ATTRS)
+    before = (tmp_path / "m.onnx").read_bytes()
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("100 200\n")
+    for option, path in (("--from-onnx", model), ("--lengths", str(lengths))):
+        rc = main(["tasks", "--gpu", "h100", "--from-onnx", model, "--lengths", str(lengths), "--json", path])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"is the {option} file" in err, err
+    assert (tmp_path / "m.onnx").read_bytes() == before and lengths.read_text() == "100 200\n"

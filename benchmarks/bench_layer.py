@@ -148,6 +148,8 @@ def render(rows: list[dict[str, Any]], png: str | None) -> str:
             return "-"
         if "error" in r:
             return "error"
+        if r.get("tflops") is None:  # a NaN timing, written as null (rows.append_rows)
+            return "nan"
         mem = f" / {r['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in r else ""
         return f"{r['tflops']:.0f}{mem}"
 
@@ -163,7 +165,7 @@ def render(rows: list[dict[str, Any]], png: str | None) -> str:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         width = 0.8 / max(1, len(names))
         for i, c in enumerate(names):
-            vals = [cell.get((c, n), {}).get("tflops", 0.0) for n in lengths]
+            vals = [cell.get((c, n), {}).get("tflops") or 0.0 for n in lengths]
             ax.bar([j + i * width for j in range(len(lengths))], vals, width, label=c)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))])
         ax.set_xticklabels([f"{n // 1024}K" for n in lengths])

@@ -7,6 +7,7 @@ appended as JSON lines to ``benchmarks/results/<name>.jsonl`` (and to ``$OUT/<na
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from collections.abc import Callable
@@ -83,14 +84,40 @@ def time_ms(fn: Callable[[], Any], rep_ms: float = 300.0, min_samples: int = 20)
 
 
 def append_rows(name: str, rows: list[dict[str, Any]]) -> list[Path]:
-    """Append ``rows`` (each merged with ``environment()``) to ``<name>.jsonl`` here and under $OUT."""
+    """Append ``rows`` (each merged with ``environment()``) to ``<name>.jsonl`` here and under $OUT.
+
+    Every row is made a JSON line before any file is opened, and each file takes them in one write: a row that
+    cannot be written (a value JSON has no type for) appended none of them, not the rows before it to one file
+    only. NumPy and 0-d tensor scalars are written as numbers, a NaN or infinite one as null (standard JSON)."""
     env = environment()
+    lines = []
+    for i, row in enumerate(rows):
+        try:
+            lines.append(json.dumps(_plain({**env, **row}), sort_keys=True, allow_nan=False) + "\n")
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"append_rows({name!r}): row {i} cannot be written as JSON ({e})") from None
     paths = [RESULTS / f"{name}.jsonl"]
     if os.environ.get("OUT"):
         paths.append(Path(os.environ["OUT"]) / f"{name}.jsonl")
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({**env, **row}, sort_keys=True) + "\n")
+            f.write("".join(lines))
     return paths
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy / 0-d tensor scalars as Python numbers and non-finite floats as None, in dicts and
+    lists too (``json`` wrote NaN, which no strict JSON reader takes, and refused a ``numpy.float32``)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if not isinstance(value, (str, int, float)) and callable(getattr(value, "item", None)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError, RuntimeError):  # an array of several values: json names its type
+            return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

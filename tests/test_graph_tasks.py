@@ -409,3 +409,31 @@ def test_an_empty_or_folder_onnx_path_is_named(capsys, tmp_path):
     assert "not an ONNX model (no IR version" in capsys.readouterr().err
     assert main(["tasks", "--gpu", "h100", "--from-onnx", str(tmp_path)]) == 2
     assert f"--from-onnx {tmp_path}: is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("attrs", "offsets", "message"),
+    [({**GOOD_ATTRS, "distribution": "bogus"}, 33, "o (ONNX file m.onnx): distribution 'bogus' is not one of"),
+     ({**GOOD_ATTRS, "kernel_dtype": "int8"}, 33, "o (ONNX file m.onnx): dtype 'int8' is not one of"),
+     (GOOD_ATTRS, 10**6, "o (ONNX file m.onnx): batch must be in [1, ")],
+    ids=["distribution", "kernel-dtype", "batch"],
+)  # fmt: skip
+def test_an_onnx_node_no_task_takes_is_named(capsys, tmp_path, attrs, offsets, message):
+    """A node's distribution hint, kernel dtype or batch that no task takes was refused without naming the node
+    or the file (in a graph of many attention nodes, which one?)."""
+    rc = main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", attrs, offsets=offsets)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+
+
+def test_tasks_json_never_overwrites_its_input(capsys, tmp_path):
+    """``--json`` naming the --from-onnx (or --lengths) file replaced the model with the task list."""
+    model = _onnx_file(tmp_path / "m.onnx", GOOD_ATTRS)
+    before = (tmp_path / "m.onnx").read_bytes()
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("100 200\n")
+    for option, path in (("--from-onnx", model), ("--lengths", str(lengths))):
+        rc = main(["tasks", "--gpu", "h100", "--from-onnx", model, "--lengths", str(lengths), "--json", path])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"is the {option} file" in err, err
+    assert (tmp_path / "m.onnx").read_bytes() == before and lengths.read_text() == "100 200\n"

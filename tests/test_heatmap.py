@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 
 import pytest
 
@@ -129,6 +130,18 @@ def test_read_table_refuses_an_empty_table_and_a_folder(tmp_path):
     assert [r["source"] for r in heatmap.read_table(same_cell_other_source)] == ["tuned", "default"]
 
 
+def test_a_header_is_read_by_its_stripped_names_and_a_name_twice_is_refused(tmp_path):
+    """'tflops,tflops' read the second column silently (DictReader keeps the last); 'direction, dqk, ...' (a space
+    after each comma) was 'missing dqk, heads, ...' though every column was there."""
+    twice = tmp_path / "twice.csv"
+    twice.write_text("direction,dqk,heads,batch,length,tflops,tflops\nfwd,128,4,1,128,10,20\n")
+    with pytest.raises(ValueError, match=f"heatmap table {twice}: column tflops given twice"):
+        heatmap.read_table(twice)
+    spaced = tmp_path / "spaced.csv"
+    spaced.write_text("direction, dqk, heads, batch, length, tflops\nfwd, 128, 4, 1, 128, 10\n")
+    assert [(r["dqk"], r["tflops"]) for r in heatmap.read_table(spaced)] == [(128, 10.0)]
+
+
 def test_reference_uses_the_rows_of_one_source(tmp_path, capsys):
     """A reference with tuned and default rows gives ratios against its tuned rows, whatever their order;
     several sources and none tuned is an error naming them; ratio_rows refuses a cell given twice."""
@@ -192,6 +205,8 @@ def test_cli_reports_bad_inputs_and_outputs_as_usage_errors(tmp_path, capsys):
         (["--dims", "128,512"], "--dims: '512'"),
         (["--heads", "8"], "--heads: not read by bench --heatmap"),
         (["--heatmap-batches", "128", "--heatmap-lengths", "16K"], "every cell is over"),
+        (["--heatmap-batches", "65536", "--heatmap-lengths", "16"], "--heatmap-batches: '65536' is above 65535"),
+        (["--heatmap-heads", "40000"], "--heatmap-heads: '40000' is above 32768"),
     ],
 )
 def test_grid_options_are_usage_errors_before_any_gpu_work(tmp_path, capsys, monkeypatch, argv, message):
@@ -241,6 +256,17 @@ def test_a_reference_is_aligned_or_refused_and_old_report_files_go(tmp_path, cap
     assert not (out / "ratio.csv").exists() and not list(out.glob("*_ratio.png")) and (out / "mine.txt").is_file()
 
 
+def test_a_reference_matching_only_cells_without_a_value_is_refused(tmp_path):
+    """Cells read back without a TFLOP/s value (empty) matched the reference: exit 0, an empty ratio.csv and no note."""
+    rows = [{**r, "tflops": math.nan} for r in _rows()]
+    with pytest.raises(ValueError, match="--reference ref.csv: none of its cells"):
+        heatmap.write_report(rows, tmp_path / "out", _reference(), reference_name="ref.csv")
+    assert not (tmp_path / "out").exists()
+    some = [{**r, "tflops": math.nan} if r["batch"] == 1 else r for r in _rows()]  # batch 1: no value, either source
+    files = heatmap.write_report(some, tmp_path / "out", _reference(), reference_name="ref.csv")
+    assert "ratios for 2 cells; 2 cells have no reference cell, 2 a reference value of 0 or none" in files["notes"][0]
+
+
 @pytest.mark.parametrize("content", [b"\xff\xfed\x00i\x00", b"\x89PNG\r\n\x1a\n\x00\x00", None])
 def test_a_table_that_is_no_utf8_csv_is_named(tmp_path, content):
     table = tmp_path / "t.csv"
@@ -250,6 +276,20 @@ def test_a_table_that_is_no_utf8_csv_is_named(tmp_path, content):
         table.write_bytes(content)
     with pytest.raises(ValueError, match=f"heatmap table {table}"):
         heatmap.read_table(table)
+
+
+def test_an_unwritable_out_folder_is_named_before_any_measuring(tmp_path, capsys, monkeypatch):
+    """A measured grid whose --out cannot be made (a file in its path) failed only once every cell was timed."""
+    import torch
+
+    from autotune.tuning.cli import main
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("measuring before --out was checked"))
+    assert main(["bench", "--heatmap", "--out", str(blocked / "sub"), "--heatmap-batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "blocked" in err, err
 
 
 @pytest.mark.gpu

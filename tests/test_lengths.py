@@ -146,6 +146,8 @@ def test_run_with_lengths_records_the_sample(tmp_path):
         ("g.json", "[1, [2, [3]]]", r"length \[2, \[3\]\] is not an integer"),
         ("h.json", '"512"', "expected a list"),
         ("i.json", "512.5", "expected a list"),
+        ("j.json", '{"512": 3, "512": 5}', "key '512' appears twice"),  # json kept the last count only
+        ("k.json", '{"lengths": [9], "counts": [1], "lengths": [2]}', "key 'lengths' appears twice"),
     ],
 )
 def test_malformed_files_are_lengths_errors_naming_the_file(tmp_path, name, text, match):

@@ -6,7 +6,7 @@ records a descriptor of the sample in each entry. Accepted files:
 
 - ``.npy``: a 1-D integer array of lengths (known by its suffix, in any case, or by its contents);
 - JSON: a list of lengths, a list of batches (lists of lengths), a histogram ``{"512": 30, ...}``,
-  or ``{"lengths": [...], "counts": [...]}``;
+  or ``{"lengths": [...], "counts": [...]}`` (a key repeated in one object is refused);
 - text (UTF-8, or UTF-16 with a byte-order mark): lengths separated by spaces, commas or newlines (``#``
   starts a comment); in a file of several lines where a line holds more than one length, each non-empty
   line is a batch.
@@ -226,15 +226,28 @@ def _read_text(path: Path, where: str) -> tuple[list[Any], list[int] | None, lis
     except (OSError, UnicodeDecodeError) as e:
         raise LengthsError(f"{where}: cannot read it as text ({e})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
     except json.JSONDecodeError:
         rows = [_ints(ln, where) for ln in _text_lines(text)]
         batches = rows if len(rows) > 1 and any(len(row) > 1 for row in rows) else None
         return [n for row in rows for n in row], None, batches
+    except LengthsError:
+        raise
     except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
         raise LengthsError(f"{where}: JSON not readable ({type(e).__name__}: {_show(str(e), 120)})") from None
     raw, counts = _from_json(data, where)
     return raw, counts, _batches_json(data)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], where: str) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct: ``json`` keeps the last of a repeated key, so a histogram
+    ``{"512": 3, "512": 5}`` silently lost the first count."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise LengthsError(f"{where}: key {_show(key)} appears twice in one JSON object")
+        out[key] = value
+    return out
 
 
 def _decode(data: bytes) -> str:

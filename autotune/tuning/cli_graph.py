@@ -201,6 +201,9 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from autotune.tuning.tasks import MAX_BATCH
 
     int_in("--batch", args.batch, 1, MAX_BATCH)
+    for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
+        if args.json and given and Path(args.json).resolve() == Path(given).resolve():  # it was overwritten
+            raise CLIError(f"--json {args.json}: is the {option} file; name another file for the tasks")
     graph, tasks = extract(args, gpu, args.dtype, not args.inference, args.batch, None)
     print_tasks(graph, tasks, gpu)
     if note:

@@ -13,8 +13,9 @@ from typing import Any
 from autotune.tuning.cli import CLIError, _console, _nonempty, resolve_gpu
 
 
-def _ints(option: str, text: str, parse: Any = int) -> list[int]:
-    """The distinct positive integers of a comma-separated ``option``, in order; a usage error naming it."""
+def _ints(option: str, text: str, parse: Any = int, high: int | None = None) -> list[int]:
+    """The distinct positive integers (at most ``high``) of a comma-separated ``option``, in order; a usage error
+    naming it."""
     out: list[int] = []
     for part in _nonempty(option, text):
         try:
@@ -23,6 +24,8 @@ def _ints(option: str, text: str, parse: Any = int) -> list[int]:
             value = None
         if not isinstance(value, int) or value <= 0:
             raise CLIError(f"{option}: {part!r} is not a positive integer")
+        if high is not None and value > high:
+            raise CLIError(f"{option}: {part!r} is above {high}, the most a launch grid takes")
         if value not in out:
             out.append(value)
     return out
@@ -36,10 +39,11 @@ def _length(text: str) -> int:
 
 def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     """The measured grid of ``bench --heatmap``, every option checked before any GPU work (usage errors
-    naming the option): distinct positive values, head dims the kernels have (Dqk = Dv), known directions,
+    naming the option): distinct positive values (batches and heads within the tasks' launch-grid bounds,
+    ``MAX_BATCH`` and ``MAX_HEADS``), head dims the kernels have (Dqk = Dv), known directions,
     and at least one cell within the grid's token cap. Task options the grid does not read are refused."""
     from autotune.tuning import heatmap
-    from autotune.tuning.tasks import parse_dims
+    from autotune.tuning.tasks import MAX_BATCH, MAX_HEADS, parse_dims
     from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
     ignored = [f"--{k.replace('_', '-')}" for k in ("heads", "batch", "buckets", "kernel", "dtype")
@@ -62,8 +66,8 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
         raise CLIError(f"--directions: {', '.join(unknown)} not among {', '.join(heatmap.DIRECTIONS)}")
     grid = {
         "dims": dims,
-        "heads": _ints("--heatmap-heads", args.heatmap_heads),
-        "batches": _ints("--heatmap-batches", args.heatmap_batches),
+        "heads": _ints("--heatmap-heads", args.heatmap_heads, high=MAX_HEADS),
+        "batches": _ints("--heatmap-batches", args.heatmap_batches, high=MAX_BATCH),
         "lengths": _ints("--heatmap-lengths", args.heatmap_lengths, _length),
         "directions": directions,
     }
@@ -76,6 +80,7 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
     """``bench --heatmap``: measure the batch x length grid on the GPU (or re-render ``--from-csv``),
     then write CSV and PNG heatmaps, with ratio maps against ``--reference`` when given."""
     from autotune.tuning import heatmap
+    from autotune.tuning.cli_checks import writable_folder
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise CLIError(f"--out {args.out}: exists and is not a folder")
@@ -92,6 +97,8 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
         else:
             import torch
 
+            # Before the measuring: a folder that cannot be written lost the whole grid's timings at the end.
+            writable_folder("--out", args.out)
             if not torch.cuda.is_available():
                 raise CLIError("bench --heatmap measures on a CUDA GPU (or pass --from-csv FILE to re-render)")
             from autotune.runtime.gpus import get_gpu

@@ -658,21 +658,24 @@ def build_tasks(
         batch = op.batch or (lengths.batch if lengths and lengths.batch else default_batch)
         for dist in dists:
             drawn = sample if dist == "jagged" and op.kernel in (FWD, BWD) else None
-            task = Task(
-                op.kernel,
-                gpu,
-                op.dtype,
-                op.dqk,
-                op.dv,
-                op.num_heads,
-                bucket_for(op.max_seq_len),
-                dist,
-                op.mask,
-                batch,
-                seq_cap,
-                seed,
-                drawn,
-            )
+            try:
+                task = Task(
+                    op.kernel,
+                    gpu,
+                    op.dtype,
+                    op.dqk,
+                    op.dv,
+                    op.num_heads,
+                    bucket_for(op.max_seq_len),
+                    dist,
+                    op.mask,
+                    batch,
+                    seq_cap,
+                    seed,
+                    drawn,
+                )
+            except ValueError as e:  # a node's distribution, dtype, heads or batch no task takes: say which node
+                raise GraphTaskError(f"{op.node} ({graph.source}): {e}") from None
             entry = merged.setdefault(task, GraphTask(task))
             entry.count += 1
             entry.nodes.append(op.node)

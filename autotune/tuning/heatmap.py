@@ -53,7 +53,8 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
     Every row is checked (``ValueError`` naming the file, line, column and value): ``direction`` one of
     ``DIRECTIONS``, positive integer ``dqk``/``heads``/``batch``/``length``, finite non-negative ``tflops``
     (``ms``, ``mfu`` where given; empty is a missing value), a ``source`` usable in a file name (``reference``
-    when the column is absent), and no cell twice for one source. An empty table is refused.
+    when the column is absent), and no cell twice for one source. Header names are stripped; an empty table,
+    or a header naming a column twice, is refused.
     """
     path = Path(path)
     if not path.exists():
@@ -69,9 +70,14 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f, restkey=_EXTRA)
-        header = reader.fieldnames
-        if not header:
+        if not reader.fieldnames:
             raise ValueError(f"heatmap table {path} is empty (no header line)")
+        # Names stripped as cells are ('direction, dqk, ...' is a common spelling); a name given twice is refused:
+        # DictReader keeps the last column of a name, so 'tflops,tflops' read the second silently.
+        header = reader.fieldnames = [h.strip() for h in reader.fieldnames]
+        twice = sorted({h for h in header if h and header.count(h) > 1})
+        if twice:
+            raise ValueError(f"heatmap table {path}: column {', '.join(twice)} given twice in the header")
         need = (*KEY, "tflops")
         missing = [c for c in need if c not in header]
         if missing:
@@ -152,11 +158,12 @@ def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any
 
 
 def reference_coverage(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """How the reference lines up with the rows' cells: matched (with a usable value), matched but zero or
-    missing there, and rows' cells it lacks."""
+    """How the reference lines up with the rows' cells: matched (a value above 0 there, a value of some source
+    here: a ratio), matched but without a value on one side, and rows' cells it lacks."""
     ref = {_key(r): float(r["tflops"]) for r in reference}
     ours = {_key(r) for r in rows}
-    usable = {k for k in ours & set(ref) if ref[k] > 0}
+    valued = {_key(r) for r in rows if math.isfinite(float(r["tflops"]))}
+    usable = {k for k in valued & set(ref) if ref[k] > 0}
     return {"matched": len(usable), "unusable": len((ours & set(ref)) - usable), "missing": len(ours - set(ref))}
 
 
@@ -237,12 +244,12 @@ def write_report(
         if not cover["matched"]:
             raise ValueError(
                 f"--reference {reference_name}: none of its cells (direction, dqk, heads, batch, length) with a "
-                f"value above 0 is among the {len({_key(r) for r in rows})} cells measured"
+                f"value above 0 is among the {len({_key(r) for r in rows})} cells measured, with a value there"
             )
         if cover["unusable"] or cover["missing"]:
             notes.append(
                 f"--reference {reference_name}: ratios for {cover['matched']} cells; {cover['missing']} cells have no "
-                f"reference cell, {cover['unusable']} a reference value of 0 or none"
+                f"reference cell, {cover['unusable']} a reference value of 0 or none (or no value of their own)"
             )
     if out.is_dir():
         for pattern in _REPORT_FILES:

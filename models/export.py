@@ -152,11 +152,13 @@ def task_spec(preset: str, dtype: str = "bfloat16", training: bool = True) -> Ex
     return ExportSpec(module, args, dynamic_shapes(cfg))
 
 
-def small_jagged_batch(cfg: ModelConfig, seed: int, max_rows: int = 384) -> tuple[torch.Tensor, ...]:
-    """(items, prev_actions, seq_offsets) of a jagged batch of at most ``max_rows`` rows.
+def small_jagged_batch(cfg: ModelConfig, seed: int, max_rows: int = 384, min_rows: int = 1) -> tuple[torch.Tensor, ...]:
+    """(items, prev_actions, seq_offsets) of a jagged batch of ``min_rows`` to ``max_rows`` rows.
 
     B is the preset's; lengths are random in [0, cap] with one empty and one of length ``cap`` (the
-    dense reference body is O(L^2), so seed-sized batches are cut to a few hundred rows).
+    dense reference body is O(L^2), so seed-sized batches are cut to a few hundred rows). Empty sequences
+    get one row each while the batch is below ``min_rows`` (the export's example needs 2: torch.export
+    specialises a dimension of size 1 to a constant), as far as B x max_seq_len allows.
     """
     rng = np.random.default_rng(seed)
     b = cfg.batch_size
@@ -167,6 +169,10 @@ def small_jagged_batch(cfg: ModelConfig, seed: int, max_rows: int = 384) -> tupl
         lengths[(int(np.argmax(lengths)) + 1) % b] = 0
     while lengths.sum() > max_rows:
         lengths[int(np.argmax(lengths))] //= 2
+    for i in np.flatnonzero(lengths == 0):
+        if lengths.sum() >= min_rows:
+            break
+        lengths[i] = 1
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     rows = int(offsets[-1])
     items = rng.integers(0, cfg.num_items, size=rows)
@@ -340,7 +346,8 @@ def export_onnx(
     notes: list[str] = [layer_note] if layer_note else []
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own pytree deprecations
-        ep = torch.export.export(module, small_jagged_batch(cfg, seed=0), dynamic_shapes=dynamic_shapes(cfg))
+        example = small_jagged_batch(cfg, seed=0, min_rows=2)
+        ep = torch.export.export(module, example, dynamic_shapes=dynamic_shapes(cfg))
         records = kernel_records(ep, module, kernel_dtype, gpu, artifacts_root and Path(artifacts_root), notes)
         program = torch.onnx.export(
             ep,

@@ -426,3 +426,20 @@ def test_int32_offsets_and_targets_export_and_run(index_dtype):
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v, off, nt), strict=True)})
     np.testing.assert_allclose(got[0], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_one_row_example_batch_still_exports_rows_as_dynamic(tmp_path):
+    """batch_size 2 x max_seq_len 1: the example batch (one empty sequence, one of length 1) had one row, which
+    torch.export specialised to a constant (a UserError traceback). The example now has 2 rows, and the file
+    runs batches of 0, 1 and 2 rows as PyTorch does."""
+    over = {"batch_size": 2, "max_seq_len": 1, "min_seq_len": 1, "num_layers": 1, "kernels": "reference"}
+    path = tmp_path / "one.onnx"
+    _, module, cfg = export.export_onnx("tiny", path, overrides=over)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for lengths in ([0, 0], [1, 0], [0, 1], [1, 1]):
+        off = torch.tensor([0, lengths[0], sum(lengths)])
+        items = torch.arange(sum(lengths))
+        got = session.run(None, {"items": items.numpy(), "prev_actions": items.numpy(), "seq_offsets": off.numpy()})
+        with torch.no_grad():
+            want = module(items, items, off).numpy()
+        assert got[0].shape == want.shape and np.allclose(got[0], want, atol=1e-5), lengths

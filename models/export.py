@@ -321,7 +321,6 @@ def export_onnx(
     opset: int = DEFAULT_OPSET,
 ) -> tuple[ExportResult, nn.Module, ModelConfig]:
     """Export ``preset`` to ``out`` and run the full ``onnx.checker``; returns (result, module, config)."""
-    import onnx
 
     from autotune.runtime.onnx_hstu import pin_ir_version, translation_table
 
@@ -363,12 +362,28 @@ def export_onnx(
     proto = program.model_proto
     _annotate(proto, records, cfg, preset, gpu)
     pin_ir_version(proto)
-    large = proto.ByteSize() > _EXTERNAL_DATA_BYTES
-    onnx.save_model(proto, str(out), save_as_external_data=large, location=out.name + ".data" if large else None)
-    onnx.checker.check_model(str(out), full_check=True)
+    _save_checked(proto, out)
     func_nodes = sum(len(f.node) for f in proto.functions)
     result = ExportResult(out, out.stat().st_size, len(proto.graph.node), func_nodes, opset, records, notes)
     return result, module, cfg
+
+
+def _save_checked(proto: Any, out: Path) -> None:
+    """Write ``proto`` to ``out`` only once the full ``onnx.checker`` passed on the written bytes: a temporary
+    file beside ``out`` is checked, then renamed over it, so an interrupted or failing export leaves no
+    unchecked file at ``out`` and an earlier file there intact. A model past protobuf's limit keeps its
+    weights in ``<out>.data``, which the file names (so the data file is written under its final name)."""
+    import onnx
+
+    from autotune.runtime.artifacts import write_atomically
+
+    large = proto.ByteSize() > _EXTERNAL_DATA_BYTES
+
+    def write(tmp: str) -> None:
+        onnx.save_model(proto, tmp, save_as_external_data=large, location=out.name + ".data" if large else None)
+        onnx.checker.check_model(tmp, full_check=True)
+
+    write_atomically(out, write)
 
 
 def compare_with_torch(path: str | Path, module: JaggedModule, cfg: ModelConfig, batches: int = 3) -> list[dict]:

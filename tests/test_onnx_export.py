@@ -443,3 +443,24 @@ def test_a_one_row_example_batch_still_exports_rows_as_dynamic(tmp_path):
         with torch.no_grad():
             want = module(items, items, off).numpy()
         assert got[0].shape == want.shape and np.allclose(got[0], want, atol=1e-5), lengths
+
+
+def test_a_failing_export_leaves_the_earlier_file_and_no_unchecked_one(tmp_path, monkeypatch):
+    """The file was written at --out before onnx.checker ran: a check that failed (or an interrupted export) left
+    an unchecked file where a good one had been. It is now checked beside --out and renamed over it."""
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"earlier export")
+
+    def failing_check(path, full_check=False):
+        assert Path(path).parent == tmp_path and Path(path) != out
+        raise onnx.checker.ValidationError("checker says no")
+
+    monkeypatch.setattr(onnx.checker, "check_model", failing_check)
+    with pytest.raises(onnx.checker.ValidationError, match="checker says no"):
+        export.export_onnx("tiny", out, overrides={"num_layers": 1, "kernels": "reference"})
+    assert out.read_bytes() == b"earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    monkeypatch.undo()
+    export.export_onnx("tiny", out, overrides={"num_layers": 1, "kernels": "reference"})
+    assert onnx.load(str(out)).graph.node and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    assert out.stat().st_mode & 0o777 == 0o666 & ~art._umask()

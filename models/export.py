@@ -321,7 +321,6 @@ def export_onnx(
     opset: int = DEFAULT_OPSET,
 ) -> tuple[ExportResult, nn.Module, ModelConfig]:
     """Export ``preset`` to ``out`` and run the full ``onnx.checker``; returns (result, module, config)."""
-
     from autotune.runtime.onnx_hstu import pin_ir_version, translation_table
 
     cfg, layer_note = _exported_layer(resolve_config(preset, overrides))
@@ -341,6 +340,9 @@ def export_onnx(
         except Exception as e:  # noqa: BLE001 - unpickling and key/shape mismatches all mean "not these weights"
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ExportError(f"--weights {weights}: not a state_dict of this model ({why})") from None
+        bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+        if bad:  # the file would compute NaN for every input, and its check against PyTorch compares NaN with NaN
+            raise ExportError(f"--weights {weights}: {', '.join(bad)} hold NaN or infinite values (a diverged run?)")
     module = JaggedModule(model).eval()
     notes: list[str] = [layer_note] if layer_note else []
     with torch.no_grad(), warnings.catch_warnings():
@@ -455,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summary and error table here")
     args = p.parse_args(argv)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" etc.
-    from .train import writable_file_path
+    from .train import writable_file_path, write_json
 
     try:
         if args.json and not writable_file_path(Path(args.json)):  # checked before the export, not after it
@@ -478,8 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         result.errors = compare_with_torch(result.path, module, cfg, args.check_batches)
     _print(result)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(_summary(result), indent=2, default=str) + "\n")
+        write_json(Path(args.json), _summary(result))
     return 0 if all(r["ok"] for r in result.errors) else 1
 
 

@@ -464,3 +464,39 @@ def test_a_failing_export_leaves_the_earlier_file_and_no_unchecked_one(tmp_path,
     export.export_onnx("tiny", out, overrides={"num_layers": 1, "kernels": "reference"})
     assert onnx.load(str(out)).graph.node and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
     assert out.stat().st_mode & 0o777 == 0o666 & ~art._umask()
+
+
+def _weights(tmp_path: Path, value: float) -> Path:
+    """A one-layer tiny state_dict whose first task head's output weights are all ``value``."""
+    from models.config import get_config
+    from models.hstu import HSTURankingModel
+
+    sd = HSTURankingModel(get_config("tiny", num_layers=1)).state_dict()
+    sd["heads.0.2.weight"].fill_(value)
+    torch.save(sd, tmp_path / "w.pt")
+    return tmp_path / "w.pt"
+
+
+def test_weights_holding_nan_are_refused_by_name(tmp_path, capsys):
+    """A diverged checkpoint exported a file that computes NaN for every input (and whose check compared NaN
+    with NaN): now a usage error naming --weights and the tensor, before anything is written."""
+    argv = ["--preset", "tiny", "--set", "num_layers=1", "--out", str(tmp_path / "m.onnx")]
+    assert export.main([*argv, "--weights", str(_weights(tmp_path, float("nan")))]) == 2
+    err = capsys.readouterr().err
+    assert "--weights" in err and "heads.0.2.weight" in err and "NaN or infinite" in err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_json_report_stays_json_when_the_outputs_overflow(tmp_path):
+    """Finite weights whose logits overflow: the error table holds NaN, which --json wrote as a bare NaN (not
+    JSON). Non-finite numbers are now null, the check still fails (exit 1)."""
+    report = tmp_path / "r.json"
+    argv = ["--preset", "tiny", "--set", "num_layers=1", "--set", "kernels=reference", "--check-batches", "1"]
+    argv += ["--out", str(tmp_path / "m.onnx"), "--weights", str(_weights(tmp_path, 3e38)), "--json", str(report)]
+    assert export.main(argv) == 1
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    summary = json.loads(report.read_text(), parse_constant=refuse)
+    assert summary["errors"][0]["ok"] is False and summary["errors"][0]["max_abs_err"] is None

@@ -370,9 +370,6 @@ def test_the_file_carries_its_length_sample_wherever_it_is_read(tmp_path):
     for p in [p for p in model.metadata_props if p.key == "hstu.lengths"]:
         model.metadata_props.remove(p)
     onnx.save(model, str(path))
-    from models.config import file_lengths
-
-    file_lengths.cache_clear()  # this process read the file while it existed
     with pytest.raises(gt.GraphTaskError, match="cannot be read here"):
         gt.ops_from_onnx(str(path))
 

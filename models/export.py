@@ -463,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and not writable_file_path(Path(args.json)):  # checked before the export, not after it
             why = "a directory, not a file path" if Path(args.json).is_dir() else "not a writable file path"
             raise ExportError(f"--json {args.json}: {why}")
+        if args.check_batches < 0:
+            raise ExportError(f"--check-batches {args.check_batches}: must be >= 0 (0 skips the check)")
+        if args.artifacts is not None and args.gpu is None:  # else ignored: every node would record the defaults
+            raise ExportError(f"--artifacts {args.artifacts}: the tuned configs of which GPU? pass --gpu too")
         result, module, cfg = export_onnx(
             args.preset,
             args.out,

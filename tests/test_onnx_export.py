@@ -336,6 +336,8 @@ def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--opset", "20"], "written for opset 18"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--gpu", "h999"], "--gpu 'h999': not a known GPU"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--json", "{tmp}"], "--json"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--check-batches", "-1"], "--check-batches -1: must be >= 0"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--artifacts", "{tmp}"], "pass --gpu too"),
         (
             [
                 "--preset",

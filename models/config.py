@@ -9,15 +9,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
 
-@functools.lru_cache(maxsize=8)
 def file_lengths(path: str) -> tuple[int, ...]:
-    """The lengths of a lengths file, read once per path (``ValueError`` naming the file when unusable)."""
+    """The lengths of a lengths file (``ValueError`` naming the file when unusable), read once per version of the
+    file: every sample draws from it, and a file rewritten (or another file under the same relative path) is
+    read again, not answered from what this process read before."""
+    try:
+        st = os.stat(path)
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError):  # missing or unusable: the reader names it
+        version = None
+    return _read_file_lengths(path, version)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_file_lengths(path: str, version: tuple[int, ...] | None) -> tuple[int, ...]:
     from autotune.runtime.lengths import LengthsError, read_length_sample
 
     try:

@@ -152,11 +152,13 @@ def task_spec(preset: str, dtype: str = "bfloat16", training: bool = True) -> Ex
     return ExportSpec(module, args, dynamic_shapes(cfg))
 
 
-def small_jagged_batch(cfg: ModelConfig, seed: int, max_rows: int = 384) -> tuple[torch.Tensor, ...]:
-    """(items, prev_actions, seq_offsets) of a jagged batch of at most ``max_rows`` rows.
+def small_jagged_batch(cfg: ModelConfig, seed: int, max_rows: int = 384, min_rows: int = 1) -> tuple[torch.Tensor, ...]:
+    """(items, prev_actions, seq_offsets) of a jagged batch of ``min_rows`` to ``max_rows`` rows.
 
     B is the preset's; lengths are random in [0, cap] with one empty and one of length ``cap`` (the
-    dense reference body is O(L^2), so seed-sized batches are cut to a few hundred rows).
+    dense reference body is O(L^2), so seed-sized batches are cut to a few hundred rows). Empty sequences
+    get one row each while the batch is below ``min_rows`` (the export's example needs 2: torch.export
+    specialises a dimension of size 1 to a constant), as far as B x max_seq_len allows.
     """
     rng = np.random.default_rng(seed)
     b = cfg.batch_size
@@ -167,6 +169,10 @@ def small_jagged_batch(cfg: ModelConfig, seed: int, max_rows: int = 384) -> tupl
         lengths[(int(np.argmax(lengths)) + 1) % b] = 0
     while lengths.sum() > max_rows:
         lengths[int(np.argmax(lengths))] //= 2
+    for i in np.flatnonzero(lengths == 0):
+        if lengths.sum() >= min_rows:
+            break
+        lengths[i] = 1
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     rows = int(offsets[-1])
     items = rng.integers(0, cfg.num_items, size=rows)
@@ -315,8 +321,6 @@ def export_onnx(
     opset: int = DEFAULT_OPSET,
 ) -> tuple[ExportResult, nn.Module, ModelConfig]:
     """Export ``preset`` to ``out`` and run the full ``onnx.checker``; returns (result, module, config)."""
-    import onnx
-
     from autotune.runtime.onnx_hstu import pin_ir_version, translation_table
 
     cfg, layer_note = _exported_layer(resolve_config(preset, overrides))
@@ -336,11 +340,15 @@ def export_onnx(
         except Exception as e:  # noqa: BLE001 - unpickling and key/shape mismatches all mean "not these weights"
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ExportError(f"--weights {weights}: not a state_dict of this model ({why})") from None
+        bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+        if bad:  # the file would compute NaN for every input, and its check against PyTorch compares NaN with NaN
+            raise ExportError(f"--weights {weights}: {', '.join(bad)} hold NaN or infinite values (a diverged run?)")
     module = JaggedModule(model).eval()
     notes: list[str] = [layer_note] if layer_note else []
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own pytree deprecations
-        ep = torch.export.export(module, small_jagged_batch(cfg, seed=0), dynamic_shapes=dynamic_shapes(cfg))
+        example = small_jagged_batch(cfg, seed=0, min_rows=2)
+        ep = torch.export.export(module, example, dynamic_shapes=dynamic_shapes(cfg))
         records = kernel_records(ep, module, kernel_dtype, gpu, artifacts_root and Path(artifacts_root), notes)
         program = torch.onnx.export(
             ep,
@@ -356,12 +364,28 @@ def export_onnx(
     proto = program.model_proto
     _annotate(proto, records, cfg, preset, gpu)
     pin_ir_version(proto)
-    large = proto.ByteSize() > _EXTERNAL_DATA_BYTES
-    onnx.save_model(proto, str(out), save_as_external_data=large, location=out.name + ".data" if large else None)
-    onnx.checker.check_model(str(out), full_check=True)
+    _save_checked(proto, out)
     func_nodes = sum(len(f.node) for f in proto.functions)
     result = ExportResult(out, out.stat().st_size, len(proto.graph.node), func_nodes, opset, records, notes)
     return result, module, cfg
+
+
+def _save_checked(proto: Any, out: Path) -> None:
+    """Write ``proto`` to ``out`` only once the full ``onnx.checker`` passed on the written bytes: a temporary
+    file beside ``out`` is checked, then renamed over it, so an interrupted or failing export leaves no
+    unchecked file at ``out`` and an earlier file there intact. A model past protobuf's limit keeps its
+    weights in ``<out>.data``, which the file names (so the data file is written under its final name)."""
+    import onnx
+
+    from autotune.runtime.artifacts import write_atomically
+
+    large = proto.ByteSize() > _EXTERNAL_DATA_BYTES
+
+    def write(tmp: str) -> None:
+        onnx.save_model(proto, tmp, save_as_external_data=large, location=out.name + ".data" if large else None)
+        onnx.checker.check_model(tmp, full_check=True)
+
+    write_atomically(out, write)
 
 
 def compare_with_torch(path: str | Path, module: JaggedModule, cfg: ModelConfig, batches: int = 3) -> list[dict]:
@@ -433,12 +457,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summary and error table here")
     args = p.parse_args(argv)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" etc.
-    from .train import writable_file_path
+    from .train import writable_file_path, write_json
 
     try:
         if args.json and not writable_file_path(Path(args.json)):  # checked before the export, not after it
             why = "a directory, not a file path" if Path(args.json).is_dir() else "not a writable file path"
             raise ExportError(f"--json {args.json}: {why}")
+        if args.check_batches < 0:
+            raise ExportError(f"--check-batches {args.check_batches}: must be >= 0 (0 skips the check)")
+        if args.artifacts is not None and args.gpu is None:  # else ignored: every node would record the defaults
+            raise ExportError(f"--artifacts {args.artifacts}: the tuned configs of which GPU? pass --gpu too")
         result, module, cfg = export_onnx(
             args.preset,
             args.out,
@@ -456,8 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         result.errors = compare_with_torch(result.path, module, cfg, args.check_batches)
     _print(result)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(_summary(result), indent=2, default=str) + "\n")
+        write_json(Path(args.json), _summary(result))
     return 0 if all(r["ok"] for r in result.errors) else 1
 
 

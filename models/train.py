@@ -514,6 +514,27 @@ def writable_file_path(path: Path) -> bool:
     return parent.is_dir() and os.access(parent, os.W_OK)
 
 
+def _json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float as None: ``json`` writes NaN and Infinity, which are not JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """A report as strict JSON (a non-finite number as null; anything else not JSON as its str), its missing
+    folders made, written atomically: a reader never sees half a report."""
+    from autotune.runtime.artifacts import write_atomically
+
+    text = json.dumps(_json_safe(obj), indent=2, default=str, allow_nan=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -557,8 +578,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for w in result["dispatch"]["warnings"]:
         console.print(f"[yellow]dispatch fallback:[/yellow] {w}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(Path(args.json), result)
     return result
 
 

@@ -104,3 +104,22 @@ def test_collate_needs_a_sample_and_takes_empty_sequences():
     empty = Sample(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3), np.float32))
     batch = collate_jagged([empty, empty])
     assert batch.lengths == [0, 0] and batch.seq_offsets.tolist() == [0, 0, 0] and batch.labels.shape == (0, 3)
+
+
+def test_a_rewritten_lengths_file_is_read_again(tmp_path):
+    """The lengths were cached per path string for the process: a file rewritten between two configs kept its
+    old lengths (batches drawn from a sample no longer on disk, and a length above max_seq_len let through)."""
+    import os
+
+    import pytest
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("8 9 10\n")
+    cfg = get_config("tiny", length_dist="file", lengths_file=str(path))
+    assert set(SyntheticJaggedDataset(cfg).batch(0).lengths) <= {8, 9, 10}
+    path.write_text("20 21 22 23\n")
+    os.utime(path, ns=(0, 10**9))  # another modification time even on a coarse clock
+    assert set(SyntheticJaggedDataset(cfg).batch(0).lengths) <= {20, 21, 22, 23}
+    path.write_text("64\n")
+    with pytest.raises(ValueError, match="64 tokens, above max_seq_len 32"):
+        get_config("tiny", length_dist="file", lengths_file=str(path))

@@ -336,6 +336,8 @@ def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--opset", "20"], "written for opset 18"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--gpu", "h999"], "--gpu 'h999': not a known GPU"),
         (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--json", "{tmp}"], "--json"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--check-batches", "-1"], "--check-batches -1: must be >= 0"),
+        (["--preset", "tiny", "--out", "{tmp}/m.onnx", "--artifacts", "{tmp}"], "pass --gpu too"),
         (
             [
                 "--preset",
@@ -370,9 +372,6 @@ def test_the_file_carries_its_length_sample_wherever_it_is_read(tmp_path):
     for p in [p for p in model.metadata_props if p.key == "hstu.lengths"]:
         model.metadata_props.remove(p)
     onnx.save(model, str(path))
-    from models.config import file_lengths
-
-    file_lengths.cache_clear()  # this process read the file while it existed
     with pytest.raises(gt.GraphTaskError, match="cannot be read here"):
         gt.ops_from_onnx(str(path))
 
@@ -426,3 +425,77 @@ def test_int32_offsets_and_targets_export_and_run(index_dtype):
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v, off, nt), strict=True)})
     np.testing.assert_allclose(got[0], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_one_row_example_batch_still_exports_rows_as_dynamic(tmp_path):
+    """batch_size 2 x max_seq_len 1: the example batch (one empty sequence, one of length 1) had one row, which
+    torch.export specialised to a constant (a UserError traceback). The example now has 2 rows, and the file
+    runs batches of 0, 1 and 2 rows as PyTorch does."""
+    over = {"batch_size": 2, "max_seq_len": 1, "min_seq_len": 1, "num_layers": 1, "kernels": "reference"}
+    path = tmp_path / "one.onnx"
+    _, module, cfg = export.export_onnx("tiny", path, overrides=over)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for lengths in ([0, 0], [1, 0], [0, 1], [1, 1]):
+        off = torch.tensor([0, lengths[0], sum(lengths)])
+        items = torch.arange(sum(lengths))
+        got = session.run(None, {"items": items.numpy(), "prev_actions": items.numpy(), "seq_offsets": off.numpy()})
+        with torch.no_grad():
+            want = module(items, items, off).numpy()
+        assert got[0].shape == want.shape and np.allclose(got[0], want, atol=1e-5), lengths
+
+
+def test_a_failing_export_leaves_the_earlier_file_and_no_unchecked_one(tmp_path, monkeypatch):
+    """The file was written at --out before onnx.checker ran: a check that failed (or an interrupted export) left
+    an unchecked file where a good one had been. It is now checked beside --out and renamed over it."""
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"earlier export")
+
+    def failing_check(path, full_check=False):
+        assert Path(path).parent == tmp_path and Path(path) != out
+        raise onnx.checker.ValidationError("checker says no")
+
+    monkeypatch.setattr(onnx.checker, "check_model", failing_check)
+    with pytest.raises(onnx.checker.ValidationError, match="checker says no"):
+        export.export_onnx("tiny", out, overrides={"num_layers": 1, "kernels": "reference"})
+    assert out.read_bytes() == b"earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    monkeypatch.undo()
+    export.export_onnx("tiny", out, overrides={"num_layers": 1, "kernels": "reference"})
+    assert onnx.load(str(out)).graph.node and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    assert out.stat().st_mode & 0o777 == 0o666 & ~art._umask()
+
+
+def _weights(tmp_path: Path, value: float) -> Path:
+    """A one-layer tiny state_dict whose first task head's output weights are all ``value``."""
+    from models.config import get_config
+    from models.hstu import HSTURankingModel
+
+    sd = HSTURankingModel(get_config("tiny", num_layers=1)).state_dict()
+    sd["heads.0.2.weight"].fill_(value)
+    torch.save(sd, tmp_path / "w.pt")
+    return tmp_path / "w.pt"
+
+
+def test_weights_holding_nan_are_refused_by_name(tmp_path, capsys):
+    """A diverged checkpoint exported a file that computes NaN for every input (and whose check compared NaN
+    with NaN): now a usage error naming --weights and the tensor, before anything is written."""
+    argv = ["--preset", "tiny", "--set", "num_layers=1", "--out", str(tmp_path / "m.onnx")]
+    assert export.main([*argv, "--weights", str(_weights(tmp_path, float("nan")))]) == 2
+    err = capsys.readouterr().err
+    assert "--weights" in err and "heads.0.2.weight" in err and "NaN or infinite" in err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_json_report_stays_json_when_the_outputs_overflow(tmp_path):
+    """Finite weights whose logits overflow: the error table holds NaN, which --json wrote as a bare NaN (not
+    JSON). Non-finite numbers are now null, the check still fails (exit 1)."""
+    report = tmp_path / "r.json"
+    argv = ["--preset", "tiny", "--set", "num_layers=1", "--set", "kernels=reference", "--check-batches", "1"]
+    argv += ["--out", str(tmp_path / "m.onnx"), "--weights", str(_weights(tmp_path, 3e38)), "--json", str(report)]
+    assert export.main(argv) == 1
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    summary = json.loads(report.read_text(), parse_constant=refuse)
+    assert summary["errors"][0]["ok"] is False and summary["errors"][0]["max_abs_err"] is None

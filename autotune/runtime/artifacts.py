@@ -611,12 +611,24 @@ def save_artifact(artifact: Artifact, path: str | Path) -> Path:
     data = artifact.to_dict()
     validate_artifact(data, str(path), check_stale=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
             json.dump(data, f, indent=2, sort_keys=False)
             f.write("\n")
-            f.flush()
+
+    return write_atomically(path, write)
+
+
+def write_atomically(path: Path, write: Callable[[str], None]) -> Path:
+    """``write(tmp)`` fills a temporary file beside ``path`` (its folder must exist), which then replaces
+    ``path`` in one rename: a reader sees the old file or the whole new one, and a failing or interrupted
+    writer leaves ``path`` as it was and no temporary file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file is read by others like any written one
         os.replace(tmp, path)

@@ -1,0 +1,42 @@
+"""The final decision of a study (``tuner._decide``) when the default fails its own re-check (CPU, interpreter).
+
+A default that fails the final re-check is never written; a candidate that passed its re-check then wins
+whatever its comparison with the default said, in the run that found the default wrong, not only in a re-run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune.runtime import artifacts as art
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import TuneOptions, run_tasks
+
+TESTS = Path(__file__).resolve().parent
+PLUGIN = "spec_plugin_bad_default"
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    from autotune.tuning.registry import load_plugins
+
+    load_plugins([PLUGIN])
+    return __import__(PLUGIN)
+
+
+def test_a_default_failing_its_recheck_leaves_the_rechecked_candidate_the_winner(tmp_path, plugin):
+    task = Task(plugin.NAME, "h100", "float32", 32, 32, 1, 256, "uniform", batch=8, seq_cap=16)
+    opts = TuneOptions(
+        n_trials=2, sampler="bruteforce", artifacts_root=tmp_path, eval_timeout_s=30.0, plugins=[PLUGIN],
+        interpret=True, compare_rounds=2, compare_max_rounds=2,
+    )  # fmt: skip
+    (r,) = run_tasks([task], opts)
+    assert "torch:mode=narrow" in r.rejected and "many-short" in r.rejected["torch:mode=narrow"]
+    assert r.error is None and r.config == {"mode": "ok"} and not r.kept_default
+    assert r.comparison is not None and r.verified
+    entry = art.load_artifact(art.artifact_path("h100", plugin.NAME, tmp_path)).entries[0]
+    assert entry["config"] == {"mode": "ok"}

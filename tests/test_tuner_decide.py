@@ -40,3 +40,19 @@ def test_a_default_failing_its_recheck_leaves_the_rechecked_candidate_the_winner
     assert r.comparison is not None and r.verified
     entry = art.load_artifact(art.artifact_path("h100", plugin.NAME, tmp_path)).entries[0]
     assert entry["config"] == {"mode": "ok"}
+
+
+def test_a_full_recheck_covers_the_tasks_own_mask_when_the_op_lists_other_masks(plugin):
+    """An op whose ``verify_masks`` lacks the task's mask: "full" re-checked only the listed masks, so a
+    winner tuned on the window mask was never re-checked on it (while "quick" would have)."""
+    import dataclasses
+
+    from autotune.tuning.registry import get_op
+    from autotune.tuning.worker import verify_cases
+
+    op = dataclasses.replace(get_op(plugin.NAME), verify_masks=("causal",))
+    task = Task(plugin.NAME, "h100", "float32", 32, 32, 1, 256, "uniform", mask="window", seq_cap=16)
+    quick = {label for label, _, _ in verify_cases(op, task, False, False)}
+    full = {label for label, _, _ in verify_cases(op, task, True, False)}
+    assert quick == {"many-short/window/float32", "one-long/window/float32"}
+    assert quick <= full and "many-short/causal/float16" in full

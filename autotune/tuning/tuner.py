@@ -43,6 +43,7 @@ from autotune.tuning.artifact_io import (
 )
 from autotune.tuning.measure import compare_extended
 from autotune.tuning.registry import Backend, backends_for, get_op
+from autotune.tuning.study_storage import make_storage
 from autotune.tuning.tasks import Task, space_context
 from autotune.tuning.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
@@ -188,31 +189,6 @@ def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSam
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
-
-
-def rdb_url(url: str) -> str:
-    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there.
-
-    ``postgres://`` (libpq's and many hosting providers' spelling) is PostgreSQL too: SQLAlchemy knows no
-    ``postgres`` dialect, so it is spelled ``postgresql`` whichever driver is installed."""
-    import importlib.util
-
-    if url.startswith(("postgres://", "postgres+")):
-        url = "postgresql" + url[len("postgres") :]
-    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def make_storage(url: str | None, gpu: str, root: Path) -> Any:
-    """Optuna storage: an RDB URL as is; otherwise a journal file (default artifacts/<gpu>/studies/)."""
-    if url and "://" in url:
-        return rdb_url(url)
-    path = Path(url) if url else Path(root) / gpu / "studies" / "tuning.journal"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from optuna.storages.journal import JournalFileBackend
-
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The final decision of a study (``tuner._decide``) when the default fails its own re-check (CPU, interpreter).
+"""What a study writes and re-checks (CPU, interpreter): the final decision (``tuner._decide``), the re-check's
+cases and the knobs a run takes.
 
 A default that fails the final re-check is never written; a candidate that passed its re-check then wins
 whatever its comparison with the default said, in the run that found the default wrong, not only in a re-run.
@@ -56,3 +57,19 @@ def test_a_full_recheck_covers_the_tasks_own_mask_when_the_op_lists_other_masks(
     full = {label for label, _, _ in verify_cases(op, task, True, False)}
     assert quick == {"many-short/window/float32", "one-long/window/float32"}
     assert quick <= full and "many-short/causal/float16" in full
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("verify", "Full"),  # ran the quick re-check (the worker reads anything but "full" as quick)
+        ("eval_timeout_s", 0),  # every config failed as a hang
+        ("setup_timeout_s", -1.0),
+        ("setup_retries", 0),  # an IndexError once the worker was first set up
+        ("warm_starts", "every"),
+        ("compare_max_rounds", 2),  # below compare_rounds (6)
+    ],
+)
+def test_tune_options_refuse_a_knob_no_run_can_work_with(knob, value):
+    with pytest.raises(ValueError, match=knob):
+        TuneOptions(**{knob: value})

@@ -35,6 +35,7 @@ from autotune.runtime.buckets import batch_fill, bucket_for
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
+    WARM_START_SCOPES,
     artifact_winners,
     completed_hints,
     merge_entries,
@@ -95,6 +96,21 @@ class TuneOptions:
     # other knobs) naming the same task on one storage never fail each other's live trials as interrupted,
     # and a config timed under one farm's limits is timed again under another's (``farm.FARM_KNOBS``).
     study_namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        """A knob no run can work with is a ValueError naming it here: a misspelt ``verify`` ran the quick
+        re-check, a zero timeout failed every config as a hang, zero set-up retries died in an IndexError."""
+        for name, allowed in (("sampler", SAMPLERS), ("verify", VERIFY_LEVELS), ("warm_starts", WARM_START_SCOPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("eval_timeout_s", "setup_timeout_s", "verify_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        lows = {"n_trials": 0, "setup_retries": 1, "max_verify": 0, "compare_rounds": 1}
+        for name, low in {**lows, "compare_max_rounds": self.compare_rounds}.items():
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {getattr(self, name)!r}")
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import optuna
 
-from autotune.tuning.tuner import rdb_url
+from autotune.tuning.study_storage import rdb_url
 
 
 def rdb_storage(url: str) -> optuna.storages.RDBStorage:

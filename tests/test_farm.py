@@ -25,7 +25,7 @@ from proc_env import REPO, child_env
 from autotune.runtime import artifacts as art
 from autotune.tuning.farm_status import farm_names
 from autotune.tuning.registry import load_plugins
-from autotune.tuning.tuner import rdb_url
+from autotune.tuning.study_storage import rdb_url
 
 load_plugins(["autotune.tuning.fake"])
 BUCKETS = "256,512,1K,2K"

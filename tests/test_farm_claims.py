@@ -12,7 +12,7 @@ from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixture
 
 from autotune.runtime import artifacts as art
 from autotune.tuning.registry import load_plugins
-from autotune.tuning.tuner import rdb_url
+from autotune.tuning.study_storage import rdb_url
 
 load_plugins(["autotune.tuning.fake"])
 

@@ -353,3 +353,31 @@ def test_an_output_less_precise_than_the_task_is_judged_by_the_tasks_tolerance()
     ok, detail = measure.check_outputs([half], [ref], [0.0], ["out"], [torch.float32])
     assert not ok and detail["out"]["err"] > detail["out"]["bound"], detail
     assert measure.check_outputs([ref.clone()], [ref], [1e-3], ["out"], [torch.float16])[0]
+
+
+def test_a_storage_path_that_is_no_journal_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """Optuna appends its journal to any file: a SQLite database or a notes file named as ``--storage`` was
+    written into, then the run died with a traceback (a KeyError, a UnicodeDecodeError, an AssertionError)."""
+    import sqlite3
+
+    from autotune.tuning.cli import main
+
+    db = tmp_path / "tuning.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("create table t (a)")
+        conn.commit()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake"]
+    for path in (db, notes):
+        before = path.read_bytes()
+        rc = main([*argv, "--artifacts", str(tmp_path / "art"), "--storage", str(path)])
+        out = capsys.readouterr()
+        assert rc == 2 and f"--storage {path}" in out.err and "not an Optuna journal" in out.err, out
+        with pytest.raises(ValueError, match="not an Optuna journal"):
+            make_storage(str(path), "h100", tmp_path)
+        assert path.read_bytes() == before
+    journal = tmp_path / "empty.journal"
+    journal.touch()
+    optuna.create_study(study_name="s", storage=make_storage(str(journal), "h100", tmp_path))
+    assert optuna.get_all_study_names(make_storage(str(journal), "h100", tmp_path)) == ["s"]

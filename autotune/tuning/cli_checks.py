@@ -103,6 +103,11 @@ def check_run_outputs(args: argparse.Namespace, gpu: str) -> None:
             raise CLIError(f"--storage {args.storage}: a URL needs 'scheme://' (for a journal file named so, "
                            f"write ./{args.storage})")  # fmt: skip
         writable_file("--storage", args.storage)
+        from autotune.tuning.study_storage import journal_problem
+
+        problem = journal_problem(Path(args.storage))
+        if problem:  # Optuna would append its log to the file before failing on it
+            raise CLIError(f"--storage {args.storage}: {problem}")
 
 
 # A URL scheme and its colon (RFC 3986), two letters or more: 'C:' of a Windows path is no scheme.

@@ -19,7 +19,7 @@ from typing import Any
 
 import optuna
 
-from autotune.tuning.tuner import rdb_url
+from autotune.tuning.study_storage import rdb_url
 
 
 class FarmError(RuntimeError):

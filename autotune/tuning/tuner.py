@@ -35,6 +35,7 @@ from autotune.runtime.buckets import batch_fill, bucket_for
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
+    WARM_START_SCOPES,
     artifact_winners,
     completed_hints,
     merge_entries,
@@ -43,6 +44,7 @@ from autotune.tuning.artifact_io import (
 )
 from autotune.tuning.measure import compare_extended
 from autotune.tuning.registry import Backend, backends_for, get_op
+from autotune.tuning.study_storage import make_storage
 from autotune.tuning.tasks import Task, space_context
 from autotune.tuning.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
@@ -94,6 +96,21 @@ class TuneOptions:
     # other knobs) naming the same task on one storage never fail each other's live trials as interrupted,
     # and a config timed under one farm's limits is timed again under another's (``farm.FARM_KNOBS``).
     study_namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        """A knob no run can work with is a ValueError naming it here: a misspelt ``verify`` ran the quick
+        re-check, a zero timeout failed every config as a hang, zero set-up retries died in an IndexError."""
+        for name, allowed in (("sampler", SAMPLERS), ("verify", VERIFY_LEVELS), ("warm_starts", WARM_START_SCOPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        for name in ("eval_timeout_s", "setup_timeout_s", "verify_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+        lows = {"n_trials": 0, "setup_retries": 1, "max_verify": 0, "compare_rounds": 1}
+        for name, low in {**lows, "compare_max_rounds": self.compare_rounds}.items():
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -188,31 +205,6 @@ def make_sampler(name: str, seed: int, n_trials: int) -> optuna.samplers.BaseSam
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(SAMPLERS)}")
-
-
-def rdb_url(url: str) -> str:
-    """SQLAlchemy URL of an RDB storage: ``postgresql://`` goes through psycopg (3) unless psycopg2 is there.
-
-    ``postgres://`` (libpq's and many hosting providers' spelling) is PostgreSQL too: SQLAlchemy knows no
-    ``postgres`` dialect, so it is spelled ``postgresql`` whichever driver is installed."""
-    import importlib.util
-
-    if url.startswith(("postgres://", "postgres+")):
-        url = "postgresql" + url[len("postgres") :]
-    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def make_storage(url: str | None, gpu: str, root: Path) -> Any:
-    """Optuna storage: an RDB URL as is; otherwise a journal file (default artifacts/<gpu>/studies/)."""
-    if url and "://" in url:
-        return rdb_url(url)
-    path = Path(url) if url else Path(root) / gpu / "studies" / "tuning.journal"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from optuna.storages.journal import JournalFileBackend
-
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 
 
 @dataclass
@@ -614,7 +606,8 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
     the environment's sake: nothing is written then (a re-run measures it again). A default that ran and
     was wrong (incorrect, failed to compile, over the spill limit) has nothing to be compared with: the
     fastest re-checked config is written. A default that failed the final re-check is never written; a
-    re-checked candidate then wins even when the comparison does not favour it."""
+    re-checked candidate then wins even when the comparison does not favour it, in this run as in a re-run
+    (which finds the default among the rejected)."""
     default = s.seen.get(s.default_key)
     status = default.user_attrs.get("status") if default is not None else "not measured"
     if default is None or status in (*DEFAULT_REMEASURE, *RETRY_STATUSES):
@@ -625,44 +618,71 @@ def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
         )
         return None
     measured = status == "ok" and default.state == TrialState.COMPLETE
-    default_ok = measured and s.default_key not in s.rejected
-    for cand in s.ranked()[: s.opts.max_verify]:
+    memo: dict[tuple[str, int], Any] = {}  # each candidate is re-checked and compared once
+    while True:
+        default_ok = measured and s.default_key not in s.rejected
+        cand = _candidate(s, result, default, measured, default_ok, memo)
+        if cand is not None or not default_ok:
+            return cand
+        v = _verify(s, default)
+        if v["status"] == "ok":
+            result.verified = v.get("checked", [])
+            result.kept_default = True
+            return default
+        s.reject(default, f"{v['status']} on re-check: {v.get('error')}")  # the candidates' turn again
+
+
+def _candidate(
+    s: _Study,
+    result: TaskResult,
+    default: optuna.trial.FrozenTrial,
+    measured: bool,
+    default_ok: bool,
+    memo: dict[tuple[str, int], Any],
+) -> optuna.trial.FrozenTrial | None:
+    """The fastest candidate (at most ``max_verify`` re-checked) that passes its re-check and is to be written:
+    it beats the default, or the default is not to be written; None leaves the decision to the default."""
+    result.comparison = None
+    for cand in s.ranked():
         if cand.number == default.number:
             break
-        v = _verify(s, cand)
+        if ("verify", cand.number) not in memo:
+            if sum(k[0] == "verify" for k in memo) >= s.opts.max_verify:
+                break
+            memo["verify", cand.number] = _verify(s, cand)
+        v = memo["verify", cand.number]
         if v["status"] != "ok":
             s.reject(cand, f"{v['status']} on re-check: {v.get('error')}")
             continue
         if not measured:  # the default ran wrong: nothing to compare with
             result.verified = v.get("checked", [])
             return cand
-        a = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
-        b = {"backend": s.default_backend.name, "config": s.default_values}
-        timeout = max(s.opts.eval_timeout_s, s.opts.verify_timeout_s)
-        cmp, verdict = compare_extended(
-            lambda n, a=a, b=b, t=timeout: s.request({"cmd": "compare", "rounds": n, "a": a, "b": b}, timeout=t),
-            s.opts.compare_rounds,
-            s.opts.compare_max_rounds,
-        )
+        if ("compare", cand.number) not in memo:
+            memo["compare", cand.number] = _compare(s, cand)
+        cmp, verdict = memo["compare", cand.number]
         if verdict is None:
             if cmp.get("side") == "b":
-                break  # the default went wrong on the timed batch: keep the measured default decision below
+                break  # the default went wrong on the timed batch: keep the measured default decision
             s.reject(cand, f"{cmp['status']} in the final comparison: {cmp.get('error')}")
             continue
         result.comparison = verdict
-        if result.comparison["beats"] or not default_ok:
+        if verdict["beats"] or not default_ok:
             result.verified = v.get("checked", [])
             return cand
         break
-    if not default_ok:
-        return None
-    v = _verify(s, default)
-    if v["status"] != "ok":
-        s.reject(default, f"{v['status']} on re-check: {v.get('error')}")
-        return None
-    result.verified = v.get("checked", [])
-    result.kept_default = True
-    return default
+    return None
+
+
+def _compare(s: _Study, cand: optuna.trial.FrozenTrial) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``compare_extended`` of ``cand`` (a) against the default (b) in the worker: (first reply, verdict)."""
+    a = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
+    b = {"backend": s.default_backend.name, "config": s.default_values}
+    timeout = max(s.opts.eval_timeout_s, s.opts.verify_timeout_s)
+    return compare_extended(
+        lambda n: s.request({"cmd": "compare", "rounds": n, "a": a, "b": b}, timeout=timeout),
+        s.opts.compare_rounds,
+        s.opts.compare_max_rounds,
+    )
 
 
 def _check_claim(reporter: Reporter, task: Task) -> None:

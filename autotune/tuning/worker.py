@@ -292,10 +292,11 @@ class _Session:
 def verify_cases(op: Any, task: Any, full: bool, on_gpu: bool) -> list[tuple[str, Any, list[int]]]:
     """(label, task variant, lengths) of a winner's re-check. "full": every mask the op verifies x both
     half dtypes on many short sequences, plus one very long sequence with every mask in the task's
-    dtype; "quick" (``full`` False): the task's own mask and dtype on both shapes."""
+    dtype; "quick" (``full`` False): the task's own mask and dtype on both shapes. The task's own mask is
+    one of "full"'s too when the op's list lacks it, so "full" never checks less than "quick"."""
     import dataclasses
 
-    masks = op.verify_masks if full and op.verify_masks else (task.mask,)
+    masks = tuple(dict.fromkeys((*op.verify_masks, task.mask))) if full else (task.mask,)
     dtypes = verify_dtypes(task.dtype, on_gpu) if full else (task.dtype,)
     shapes = verify_lengths(task.max_len, task.seed)
     cases = []

@@ -246,6 +246,12 @@ def load(
 
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be a folder path (str or os.PathLike) or None, got {type(path).__name__}")
+    if isinstance(path, str) and not path.strip():  # Path("") is the working directory: its files were read
+        raise ValueError(f"path must name a folder (None: the packaged artifacts), got {path!r}")
+    if not isinstance(allow_same_arch, bool):  # the string "false" is truthy: it accepted another GPU's files
+        raise ValueError(
+            f"allow_same_arch must be a bool, got {type(allow_same_arch).__name__} {allow_same_arch!r:.40}"
+        )
     if gpu is not None and not isinstance(gpu, str):
         raise ValueError(f"gpu must be a GPU key such as 'h100' or None, got {type(gpu).__name__}")
     gpu = gpu.strip().lower() if gpu is not None else None

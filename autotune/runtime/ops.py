@@ -67,7 +67,8 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
 
     dq = torch.zeros_like(q)
     dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
-    inv_scale = 1.0 / score_scale(max_seq_len, scaling)
+    # Divided per block, as the forward does: an empty batch's max_seq_len may be 0 (no block is ever scaled).
+    scale = score_scale(max_seq_len, scaling)
     offsets = seq_offsets.tolist()
     with torch.autocast(q.device.type, enabled=False):
         for b in range(len(offsets) - 1):
@@ -78,7 +79,7 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
                 rows = slice(start + r0, start + r1)
                 qb, dob = (t[rows].float().transpose(0, 1) for t in (q, do))  # (H, rows, D)
                 mask = hstu_mask(end - start, ctx_len, nt, attn_len, device=q.device, rows=(r0, r1)).float()
-                mask = mask * inv_scale
+                mask = mask / scale
                 s = alpha * torch.matmul(qb, kb.transpose(1, 2))
                 sig = torch.sigmoid(s)
                 p = s * sig * mask

@@ -34,6 +34,7 @@ import numbers
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -728,10 +729,24 @@ def select(
     if distribution is not None and distribution not in DISTRIBUTIONS:  # a typo would run a nearest entry, warned
         raise ValueError(f"unknown distribution {distribution!r}; expected None or one of {DISTRIBUTIONS}")
     dims = (int(dqk), int(dv), int(num_heads), int(max_seq_len))
-    state = _STATE  # one state for the whole choice: a concurrent load must not mix two GPUs' files into it
-    choice = _resolve(state, kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin)
-    if choice.backend == "reference" or backend_available(choice.backend, kind):  # not a trace-only choice
-        with _STATE_LOCK:
-            if _STATE is state:
-                _CACHE[key] = choice
-    return choice
+
+    def store(choice: Choice) -> None:
+        if choice.backend == "reference" or backend_available(choice.backend, kind):  # not a trace-only choice
+            _CACHE[key] = choice
+
+    # One state for the whole choice: a concurrent load must not mix two GPUs' files into it.
+    return cache_unless_reloaded(
+        lambda state: _resolve(state, kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin), store
+    )
+
+
+def cache_unless_reloaded(build: Callable[[_State], Any], store: Callable[[Any], None]) -> Any:
+    """``build(state)`` on the loaded state, kept through ``store`` only if no ``load`` (another thread's) replaced
+    that state meanwhile: a cache of choices (this module's, the fused layer's plans) filled after the load dropped
+    it kept the old files' choices for every later call."""
+    state = _STATE
+    value = build(state)
+    with _STATE_LOCK:
+        if _STATE is state:
+            store(value)
+    return value

@@ -100,6 +100,20 @@ def test_reference_source_keeps_its_double_backward():
     assert (g2 - gq).abs().max() > 1e-6  # the second-order term is there
 
 
+@pytest.mark.parametrize("lengths", [[], [0, 0]])
+def test_reference_backward_of_an_empty_batch(lengths):
+    """An empty batch may have ``max_seq_len`` 0 (the other sources' backward runs it): the reference backward
+    divided by it up front, a ``ZeroDivisionError``, through autograd and through ``hstu::attention_bwd``.
+    Its gradients are now empty, of q, k and v's shapes."""
+    off = offsets_from_lengths(lengths, "cpu")
+    q, k, v = _qkv("cpu", 0)
+    out = ops.hstu_attention(q, k, v, off, 0, source="reference")
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    direct = torch.ops.hstu.attention_bwd(out.detach(), q, k, v, off, None, 0, 0.25, 0, 0, None, "reference", "{}")
+    for g, t in zip((*grads, *direct), (q, k, v) * 2, strict=True):
+        assert g.shape == t.shape and g.dtype == t.dtype
+
+
 def test_forward_mode_ad_raises_unless_the_reference_runs(device):
     """The kernels have no jvp: dual inputs that need no grad ran them on the primals and returned no tangent (a
     silent zero derivative). They must raise; the reference source's jvp is the reference's own."""

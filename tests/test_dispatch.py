@@ -595,3 +595,42 @@ def test_load_refuses_a_gpu_that_is_no_folder_name(tmp_path):
         with pytest.raises(ValueError, match="gpu must be a GPU key"):
             dispatch.load(root / "h100", gpu=bad)
     assert dispatch.summary()["gpu"] == "h100" and dispatch.summary()["kernels"] == [BWD, FWD]
+
+
+def test_load_refuses_an_empty_path_or_a_non_bool_allow_same_arch(tmp_path):
+    """``path=""`` (an unset environment variable) read the working directory's ``<gpu>/<kernel>.json`` files, and
+    ``allow_same_arch="false"`` (a string from a config file) was truthy: it accepted another GPU's files. Both are
+    a ValueError naming the argument, and the loaded state is kept."""
+    root = write_artifacts(tmp_path)
+    dispatch.load(root, gpu="h100")
+    for kwargs, match in (({"path": ""}, "path must name a folder"), ({"path": " "}, "path must name a folder")):
+        with pytest.raises(ValueError, match=match):
+            dispatch.load(gpu="h100", **kwargs)
+    for flag in ("false", 0, 1, None):
+        with pytest.raises(ValueError, match="allow_same_arch must be a bool"):
+            dispatch.load(root, gpu="h100", allow_same_arch=flag)
+    assert dispatch.summary()["path"] == str(root) and dispatch.summary()["kernels"] == [BWD, FWD]
+
+
+def test_a_load_during_a_choice_never_leaves_the_old_files_choice_cached(tmp_path, monkeypatch):
+    """``autotune.load`` of another folder in another thread while a call resolves its choice (simulated by a
+    load inside the bucket lookup): the call may return the choice of the files it began with, but that
+    choice was cached after the load dropped the cache, so every later call kept running the old files'
+    config. It is now never cached, and the next call resolves against the new files."""
+    old = write_artifacts(tmp_path / "old")
+    new = write_artifacts(tmp_path / "new", stale=True)  # rejected: the default serves
+    dispatch.load(old, gpu="h100")
+    bucket_for = dispatch.bucket_for
+
+    def load_meanwhile(max_seq_len: int) -> int:
+        monkeypatch.setattr(dispatch, "bucket_for", bucket_for)
+        dispatch.load(new, gpu="h100")
+        return bucket_for(max_seq_len)
+
+    monkeypatch.setattr(dispatch, "bucket_for", load_meanwhile)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.DispatchWarning)
+        during = dispatch.select(FWD, "bfloat16", 64, 64, 4, 1000, "uniform")
+        after = dispatch.select(FWD, "bfloat16", 64, 64, 4, 1000, "uniform")
+    assert during.source == "tuned" and dispatch.summary()["path"] == str(new)
+    assert after.source == "default"

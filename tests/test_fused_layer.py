@@ -295,6 +295,31 @@ def test_plan_refuses_what_the_kernels_would_compute_wrongly(override, match):
         plan_layer(**args)
 
 
+def test_a_plan_built_across_a_load_is_not_kept(tmp_path, monkeypatch):
+    """``autotune.load`` in another thread while a plan's kernels are chosen (simulated by a load inside the
+    first choice): the plan, made of the old state's choices, was cached after the load dropped the plans, so
+    every later layer call kept running it. It is used once and chosen again from the new state."""
+    import warnings
+
+    from autotune.runtime.layer import plan_layer
+
+    select = dispatch.select
+
+    def load_meanwhile(*args, **kwargs):
+        monkeypatch.setattr(dispatch, "select", select)
+        dispatch.load(tmp_path, gpu="h100")  # no files there: every kernel's default, from a new state
+        return select(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "select", load_meanwhile)
+    args = {"dtype": torch.float32, "heads": 2, "head_dim": 32, "max_seq_len": 32, "alpha": 0.1, "eps": 1e-5,
+            "dropout": 0.0}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dispatch.DispatchWarning)
+        first = plan_layer(**args)
+        second = plan_layer(**args)
+        assert second is not first and plan_layer(**args) is second
+
+
 @pytest.mark.parametrize("view", ["every_other_column", "transposed"])
 def test_layer_ops_on_column_strided_x_match_contiguous(device, view):
     """``hstu_layer`` and ``layer_norm`` on an x whose columns are strided (a ``[:, ::2]`` slice, a transpose)

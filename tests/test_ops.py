@@ -218,6 +218,28 @@ def test_torch_compile_dynamic_traces_one_graph(device, targets):
             torch.testing.assert_close(g, r)
 
 
+@pytest.mark.parametrize("d", [32, 48])
+def test_torch_compile_dynamic_with_alpha_and_padded_head_dims(device, d):
+    """``torch.compile(fullgraph=True, dynamic=True)`` makes a float alpha (and a padded head dim's default
+    alpha, 1/sqrt(Dqk)) a SymFloat: the finiteness check failed to trace it (``math.isfinite``), and a padded
+    call whose inputs require grad failed on reading the output's ``grad_fn``. Both now trace into one graph
+    whose outputs and gradients match the eager call's, for every alpha."""
+
+    def f(q, k, v, off, alpha):
+        return ops.hstu_attention(q, k, v, off, 32, alpha, source="default")
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+    gen = torch.Generator().manual_seed(d)
+    off = torch.tensor([0, 7, 20, 20, 29], device=device)
+    for alpha in (None, 0.25, 0.5):
+        q, k, v = (torch.randn(29, 2, d, generator=gen).to(device).requires_grad_(True) for _ in range(3))
+        out, want = compiled(q, k, v, off, alpha), f(q, k, v, off, alpha)
+        torch.testing.assert_close(out, want)
+        grads, wants = (torch.autograd.grad(o.sum(), (q, k, v)) for o in (out, want))
+        for g, r in zip(grads, wants, strict=True):
+            torch.testing.assert_close(g, r)
+
+
 def test_torch_export_sees_the_op(device):
     q, k, v, off = _inputs(device)
 

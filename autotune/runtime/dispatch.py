@@ -32,7 +32,9 @@ import json
 import math
 import numbers
 import os
+import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,9 @@ class _State:
 
 _STATE = _State()
 _CACHE: dict[tuple, Choice] = {}
+# Held while the state is replaced and the choices dropped, and while a choice is cached: a choice resolved
+# from a state that a ``load`` in another thread replaced meanwhile is returned to its call but never cached.
+_STATE_LOCK = threading.Lock()
 _WARNED: set[str] = set()
 WARNINGS: list[str] = []  # every fallback warning issued in this process, for reports
 
@@ -198,8 +203,9 @@ spec.on_change(clear_cache)
 def reset() -> None:
     """Back to the unloaded state: no artifacts, no cached choices, warnings may repeat (tests)."""
     global _STATE
-    _STATE = _State()
-    clear_cache()
+    with _STATE_LOCK:
+        _STATE = _State()
+        clear_cache()
     _WARNED.clear()
     WARNINGS.clear()
 
@@ -241,6 +247,12 @@ def load(
 
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path must be a folder path (str or os.PathLike) or None, got {type(path).__name__}")
+    if isinstance(path, str) and not path.strip():  # Path("") is the working directory: its files were read
+        raise ValueError(f"path must name a folder (None: the packaged artifacts), got {path!r}")
+    if not isinstance(allow_same_arch, bool):  # the string "false" is truthy: it accepted another GPU's files
+        raise ValueError(
+            f"allow_same_arch must be a bool, got {type(allow_same_arch).__name__} {allow_same_arch!r:.40}"
+        )
     if gpu is not None and not isinstance(gpu, str):
         raise ValueError(f"gpu must be a GPU key such as 'h100' or None, got {type(gpu).__name__}")
     gpu = gpu.strip().lower() if gpu is not None else None
@@ -278,8 +290,9 @@ def load(
         else:
             state.problems[kind] = f"artifact rejected: {verdict.reason}"
     global _STATE
-    _STATE = state
-    clear_cache()
+    with _STATE_LOCK:
+        _STATE = state
+        clear_cache()
     for note in dict.fromkeys(n for kind in kinds() for n in state.notes.get(kind, [])):
         _warn_once(note, stacklevel=3)  # fwd and bwd usually share the note: said once
     return summary()
@@ -289,15 +302,16 @@ def summary() -> dict[str, Any]:
     """What is loaded: GPU, kernels with artifacts (and their files), problems (rejected files),
     missing files (those kernels run their defaults, warned at their first call), notes said when a
     file was used anyway (version drift, same-architecture), warnings so far."""
+    state = _STATE  # one state: a load in another thread must not mix two folders into one summary
     return {
-        "loaded": _STATE.loaded,
-        "path": _STATE.path,
-        "gpu": _STATE.gpu,
-        "kernels": sorted(_STATE.artifacts),
-        "problems": dict(_STATE.problems),
-        "missing": dict(_STATE.missing),
-        "notes": {k: list(v) for k, v in _STATE.notes.items()},
-        "files": dict(_STATE.files),
+        "loaded": state.loaded,
+        "path": state.path,
+        "gpu": state.gpu,
+        "kernels": sorted(state.artifacts),
+        "problems": dict(state.problems),
+        "missing": dict(state.missing),
+        "notes": {k: list(v) for k, v in state.notes.items()},
+        "files": dict(state.files),
         "warnings": list(WARNINGS),
     }
 
@@ -427,10 +441,10 @@ def grid_rows(kind: str, backend: str, config: Any) -> int | None:
     return spec.resolve(b.grid_rows)(decode_config(backend, kind, config) if isinstance(config, str) else config)
 
 
-def _entry_choice(kind: str, entry: Any, source: str, call: dict[str, Any]) -> Choice | None:
+def _entry_choice(kind: str, entry: Any, source: str, call: dict[str, Any], gpu: str | None = None) -> Choice | None:
     """The entry's choice, or None (the default serves) when its backend cannot run here or its config is
-    infeasible for the call (``call``: dtype, dqk, dv, num_heads, bucket), say a nearest entry of other heads
-    whose tile the space's rules reject at this width, or a hand-edited file."""
+    infeasible for the call (``call``: dtype, dqk, dv, num_heads, bucket) on ``gpu`` (the artifacts' GPU), say a
+    nearest entry of other heads whose tile the space's rules reject at this width, or a hand-edited file."""
     backend = _get(entry, "backend", "triton")
     if backend == "reference":  # the fp32 oracle is asked for by source="reference", never read from a file
         _warn_once(f"{kind}: an entry names the 'reference' backend, not a tuned one; using the default")
@@ -439,7 +453,7 @@ def _entry_choice(kind: str, entry: Any, source: str, call: dict[str, Any]) -> C
         _warn_once(f"{kind}: tuned backend '{backend}' is not available in this process; using the default")
         return None
     config = _config_json(_get(entry, "config"))
-    reason = _infeasible(kind, backend, config, call)
+    reason = _infeasible(kind, backend, config, call, gpu)
     if reason:
         _warn_once(
             f"{kind}: the {source} entry's {backend} config {config} cannot serve {call}: {reason}; using the default"
@@ -448,13 +462,13 @@ def _entry_choice(kind: str, entry: Any, source: str, call: dict[str, Any]) -> C
     return Choice(backend, config, source, _get(entry, "bucket"))
 
 
-def _infeasible(kind: str, backend: str, config: str, call: dict[str, Any]) -> str | None:
-    """The search space's reason to reject ``config`` for the call on the loaded artifacts' GPU, or None."""
+def _infeasible(kind: str, backend: str, config: str, call: dict[str, Any], gpu_key: str | None) -> str | None:
+    """The search space's reason to reject ``config`` for the call on ``gpu_key`` (the artifacts' GPU), or None."""
     from autotune.runtime.gpus import GPUS
     from search_spaces.base import SpaceContext
 
     space_name = spec.kernel(kind).backend(backend).space
-    gpu = GPUS.get(str(_STATE.gpu).lower())
+    gpu = GPUS.get(str(gpu_key).lower())
     if space_name is None or gpu is None:
         return None
     # The GPU's rules (the interpreter runs any tile, only slower; its own rules only keep tuning under it short).
@@ -622,6 +636,7 @@ def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
 
 
 def _resolve(
+    state: _State,
     kind: str,
     dtype: str,
     dqk: int,
@@ -635,13 +650,13 @@ def _resolve(
 ) -> Choice:
     if source == "reference":
         return Choice("reference", "{}", "reference")
-    if source == "default" or not _STATE.loaded:
+    if source == "default" or not state.loaded:
         return default_choice(kind, dqk, dv, dtype, num_heads)
-    problem = _STATE.problems.get(kind) or _STATE.missing.get(kind)
+    problem = state.problems.get(kind) or state.missing.get(kind)
     if problem:
         _warn_once(f"{problem}; using the heuristic default config")
         return default_choice(kind, dqk, dv, dtype, num_heads)
-    artifact = _STATE.artifacts[kind]
+    artifact = state.artifacts[kind]
     serve = _serving_dtype(_entries(artifact), dtype, dqk, dv, mask)
     # The other dtype's entries serve only where re-checked in the call's dtype and mask; its own, all of them.
     usable = None if serve == dtype else functools.partial(verified_for, dtype=dtype, mask=mask)
@@ -658,13 +673,13 @@ def _resolve(
         entry = _by_fill(pool, entry, fbin)
     fit = {"dtype": serve, "dqk": dqk, "dv": dv, "num_heads": num_heads, "bucket": bucket}  # the config must fit
     if entry is not None:
-        choice = _entry_choice(kind, entry, "tuned", fit)
+        choice = _entry_choice(kind, entry, "tuned", fit, state.gpu)
         return choice or default_choice(kind, dqk, dv, dtype, num_heads)
     same_dims = [e for e in pool if _has_dims(e, serve, dqk, dv)]
     if not same_dims:
         _warn_once(
             f"{kind}: no tuned entry for dtype={dtype}, head dims dqk={dqk} dv={dv} (unseen head dim) in the "
-            f"'{_STATE.gpu}' artifact; using the heuristic default config"
+            f"'{state.gpu}' artifact; using the heuristic default config"
         )
         return default_choice(kind, dqk, dv, dtype, num_heads)
     best = _nearest(same_dims, bucket, distribution, num_heads, mask)
@@ -672,7 +687,7 @@ def _resolve(
         best = _by_fill(same_dims, best, fbin)
     call = {"dtype": dtype, "dqk": dqk, "dv": dv, "bucket": bucket, "distribution": distribution}
     _warn_once(_fallback_message(kind, {**call, "num_heads": num_heads, "mask": mask}, best))
-    choice = _entry_choice(kind, best, "nearest", fit)
+    choice = _entry_choice(kind, best, "nearest", fit, state.gpu)
     return choice or default_choice(kind, dqk, dv, dtype, num_heads)
 
 
@@ -714,7 +729,24 @@ def select(
     if distribution is not None and distribution not in DISTRIBUTIONS:  # a typo would run a nearest entry, warned
         raise ValueError(f"unknown distribution {distribution!r}; expected None or one of {DISTRIBUTIONS}")
     dims = (int(dqk), int(dv), int(num_heads), int(max_seq_len))
-    choice = _resolve(kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin)
-    if choice.backend == "reference" or backend_available(choice.backend, kind):  # not a trace-only choice
-        _CACHE[key] = choice
-    return choice
+
+    def store(choice: Choice) -> None:
+        if choice.backend == "reference" or backend_available(choice.backend, kind):  # not a trace-only choice
+            _CACHE[key] = choice
+
+    # One state for the whole choice: a concurrent load must not mix two GPUs' files into it.
+    return cache_unless_reloaded(
+        lambda state: _resolve(state, kind, _dtype_name(dtype), *dims, distribution, source, mask, fbin), store
+    )
+
+
+def cache_unless_reloaded(build: Callable[[_State], Any], store: Callable[[Any], None]) -> Any:
+    """``build(state)`` on the loaded state, kept through ``store`` only if no ``load`` (another thread's) replaced
+    that state meanwhile: a cache of choices (this module's, the fused layer's plans) filled after the load dropped
+    it kept the old files' choices for every later call."""
+    state = _STATE
+    value = build(state)
+    with _STATE_LOCK:
+        if _STATE is state:
+            store(value)
+    return value

@@ -135,12 +135,15 @@ def plan_layer(
         finite_eps(eps), dropout_p(dropout)  # refused here, not after the first kernels of a call ran
         if source == "reference":
             raise ValueError("the fused layer has no 'reference' source; use the unfused layer")
-        steps = []
-        for kind in LAYER_KERNELS:
-            c = dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
-            steps.append(Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source))
-        plan = LayerPlan(dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps))
-        _PLANS[key] = plan
+
+        def build(_state: object) -> LayerPlan:
+            steps = []
+            for kind in LAYER_KERNELS:
+                c = dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
+                steps.append(Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source))
+            return LayerPlan(dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps))
+
+        plan = dispatch.cache_unless_reloaded(build, lambda p: _PLANS.__setitem__(key, p))
     return plan
 
 

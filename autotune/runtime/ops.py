@@ -67,7 +67,8 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
 
     dq = torch.zeros_like(q)
     dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
-    inv_scale = 1.0 / score_scale(max_seq_len, scaling)
+    # Divided per block, as the forward does: an empty batch's max_seq_len may be 0 (no block is ever scaled).
+    scale = score_scale(max_seq_len, scaling)
     offsets = seq_offsets.tolist()
     with torch.autocast(q.device.type, enabled=False):
         for b in range(len(offsets) - 1):
@@ -78,7 +79,7 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
                 rows = slice(start + r0, start + r1)
                 qb, dob = (t[rows].float().transpose(0, 1) for t in (q, do))  # (H, rows, D)
                 mask = hstu_mask(end - start, ctx_len, nt, attn_len, device=q.device, rows=(r0, r1)).float()
-                mask = mask * inv_scale
+                mask = mask / scale
                 s = alpha * torch.matmul(qb, kb.transpose(1, 2))
                 sig = torch.sigmoid(s)
                 p = s * sig * mask
@@ -409,7 +410,9 @@ def hstu_attention(
         _refuse_tangents(q, k, v)
     if distribution is not None and distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
-    if alpha is not None and (type(alpha) is not float or not math.isfinite(alpha)):
+    # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
+    # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
+    if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
         check_alpha(alpha)
     if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
         return _padded_call(
@@ -500,7 +503,9 @@ def _padded_call(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len,
         source=source, distribution=dist, validate=mode,
     )  # fmt: skip
     out = padded[..., :dv].contiguous()
-    if out.grad_fn is not None and padded.grad_fn is not None:  # what backward_call needs to find the kernels
+    # What backward_call needs to find the kernels: eager outputs only (a traced one has no node to run, and
+    # reading grad_fn broke torch.compile(fullgraph=True) of inputs that require grad).
+    if _eager(out) and out.grad_fn is not None and padded.grad_fn is not None:
         out.grad_fn.metadata[_PADDED] = (padded.grad_fn, dqk, dv, pv)
     return out
 

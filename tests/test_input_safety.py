@@ -115,6 +115,21 @@ def test_bad_validate_argument_is_rejected():
     assert ic.validate_mode(True) == "async" and ic.validate_mode(False) == "none"
 
 
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"distribution": "jaged"}, "distribution"),
+        ({"contextual_seq_len": -1}, "contextual_seq_len"),
+        ({"max_attn_len": 2.5}, "max_attn_len"),
+        ({"max_attn_len": 2**31}, "max_attn_len"),
+    ],
+)
+def test_module_arguments_are_checked_when_it_is_built(kwargs, name):
+    """A module built with a typo or a negative context was accepted and failed only at its first call."""
+    with pytest.raises(ValueError, match=name):
+        ops.HSTUAttention(**kwargs)
+
+
 def test_custom_op_called_directly_checks_offsets():
     """The op under the call checks too (its default is "async"), so torch.ops callers are covered."""
     q, k, v = _qkv()

@@ -94,7 +94,10 @@ def test_gpu_registry():
 def test_buckets_contract():
     assert BUCKETS[0] == 256 and BUCKETS[-1] == 32768
     assert bucket_for(1) == 256 and bucket_for(256) == 256 and bucket_for(257) == 512
-    assert bucket_for(4096) == 4096 and bucket_for(10**6) == 32768
+    assert bucket_for(4096) == 4096 and bucket_for(10**6) == 32768 and bucket_for(0) == 256
+    for bad in (float("nan"), -5, 2.5, True, "512"):  # NaN was the largest bucket, -5 the smallest
+        with pytest.raises(ValueError, match="max_seq_len"):
+            bucket_for(bad)
     assert parse_bucket("4K") == 4096 and parse_bucket("512") == 512
     with pytest.raises(ValueError):
         parse_bucket("3K")

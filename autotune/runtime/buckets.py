@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 import random
 
@@ -20,6 +21,9 @@ SPARSE_DIVISOR = 8  # sparse: the jagged law's lengths / 8 beside one full-lengt
 
 def bucket_for(max_seq_len: int) -> int:
     """The smallest bucket >= max_seq_len, clamped to [BUCKETS[0], BUCKETS[-1]]."""
+    # NaN compared False with every bucket (-> the largest), and a negative length fell in the smallest.
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, numbers.Integral) or max_seq_len < 0:
+        raise ValueError(f"max_seq_len must be a non-negative int, got {max_seq_len!r}")
     for b in BUCKETS:
         if max_seq_len <= b:
             return b

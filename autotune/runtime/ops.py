@@ -35,6 +35,8 @@ from kernel_templates.hstu_attention.input_check import (
     validate_mode,
 )
 from kernel_templates.hstu_attention.op import (
+    MAX_SEQ_LEN_LIMIT,
+    _is_int,
     check_grad,
     first_order_only,
     kernel_targets,
@@ -408,8 +410,7 @@ def hstu_attention(
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     if forward_ad._current_level >= 0 and source != "reference":  # inside a dual level only: no cost otherwise
         _refuse_tangents(q, k, v)
-    if distribution is not None and distribution not in DISTRIBUTIONS:
-        raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
+    _check_distribution(distribution)
     # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
     if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
@@ -568,6 +569,12 @@ def backward_call(out: torch.Tensor, do: torch.Tensor):
     return run
 
 
+def _check_distribution(distribution: str | None) -> None:
+    """The length-law hint must be None or a known law (a typo would silently serve the nearest entry)."""
+    if distribution is not None and distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
+
+
 class HSTUAttention(nn.Module):
     """Drop-in jagged HSTU attention module: ``(q, k, v, seq_offsets, max_seq_len) -> out``.
 
@@ -586,6 +593,11 @@ class HSTUAttention(nn.Module):
         super().__init__()
         if source not in dispatch.SOURCES:
             raise ValueError(f"unknown kernel source {source!r}; expected one of {dispatch.SOURCES}")
+        # Checked here as the call checks them: a module built with a typo failed only at its first call.
+        _check_distribution(distribution)
+        for name, value in (("contextual_seq_len", contextual_seq_len), ("max_attn_len", max_attn_len)):
+            if not _is_int(value) or not 0 <= value < MAX_SEQ_LEN_LIMIT:
+                raise ValueError(f"{name} must be a non-negative int below 2**31, got {value!r}")
         self.validate = validate_mode(validate)
         self.source = source
         self.distribution = distribution

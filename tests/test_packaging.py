@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -192,6 +193,39 @@ def test_the_manifest_records_the_version_from_a_checkout_that_is_not_installed(
     manifest = bundle.export_bundle("h100", tmp_path / "b", _fresh_artifacts(tmp_path / "arts"))
     assert manifest["exported_with"]["hstu-autotune"] == autotune.__version__
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", autotune.__version__) and manifest["exported_with"]["torch"] is None
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_an_export_failing_part_way_leaves_out_as_it_was(tmp_path, monkeypatch, made):
+    """A copy error after the first file left a half-filled --out (no manifest) that every re-run refused as
+    not empty; now nothing is left at --out (or the empty folder given stays empty) and a re-run succeeds."""
+    root = _fresh_artifacts(tmp_path / "arts")
+    out = tmp_path / "bundle"
+    if made:
+        out.mkdir()
+    copy, calls = shutil.copyfile, []
+
+    def failing_copy(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return copy(src, dst)
+
+    monkeypatch.setattr(shutil, "copyfile", failing_copy)
+    with pytest.raises(OSError, match="No space"):
+        bundle.export_bundle("h100", out, root)
+    assert (out.is_dir() and not any(out.iterdir())) if made else not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["arts", *(["bundle"] if made else [])])
+    monkeypatch.setattr(shutil, "copyfile", copy)
+    bundle.export_bundle("h100", out, root)
+    assert bundle.verify_bundle(out) == []
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_export_refuses_unusable_artifacts_and_a_used_destination(tmp_path, capsys):

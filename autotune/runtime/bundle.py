@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import platform
+import secrets
 import shutil
 import tempfile
 from datetime import datetime, timezone
@@ -84,7 +85,8 @@ def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, ker
     """Write ``out/<gpu>/*.json`` and ``out/manifest.json``; returns the manifest.
 
     ``out`` must be missing or empty. The files are copied byte for byte (their template hashes
-    stay what tuning recorded), then the manifest, last, so a half-written bundle has none.
+    stay what tuning recorded), then the manifest, last, in a sibling folder renamed to ``out`` at the end:
+    a failure part-way leaves ``out`` as it was.
     """
     root = Path(root) if root is not None else packaged_artifacts_root()
     out = Path(out)
@@ -93,6 +95,21 @@ def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, ker
     if not out.parent.is_dir():
         raise BundleError(f"--out {out}: parent directory {out.parent} does not exist")
     files = _usable_files(root, gpu, kernels)
+    # Built in a sibling folder and renamed into place: a failure part-way (a copy error, a full disk) left a
+    # half-filled --out that every re-run then refused as not empty.
+    tmp_dir = out.parent / f".{out.name}.partial.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp_dir.mkdir()  # the umask's permissions, as the folder it becomes (mkdtemp's are owner-only)
+    try:
+        manifest = _write_bundle(files, gpu, tmp_dir)
+        os.replace(tmp_dir, out)  # onto a missing or empty folder
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_bundle(files: list, gpu: str, out: Path) -> dict:
+    """Copy the artifact files into ``out/<gpu>/`` and write the manifest last; returns the manifest."""
     (out / gpu).mkdir(parents=True, exist_ok=True)
     listed = []
     for src, artifact in files:

@@ -243,6 +243,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     except BundleError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a full disk or an unwritable parent: named, not a traceback (nothing is left at --out)
+        print(f"autotune: error: --out {args.out}: cannot write the bundle ({e.strerror or e})", file=sys.stderr)
+        return 1
     console = _console()
     for f in manifest["files"]:
         console.print(f"  {f['path']}: {f['entries']} entries, sha256 {f['sha256'][:12]}")

@@ -305,3 +305,21 @@ def test_gpu_measure_grid_times_every_direction(cuda_graph):
     ms = {r["direction"]: r["ms"] for r in rows}
     assert all(t > 0 for t in ms.values())
     assert ms["both"] > 0.5 * ms["bwd"]
+
+
+def test_a_cell_the_call_refuses_is_left_out_and_the_others_kept(monkeypatch):
+    """A length past what a launch grid holds made the call raise mid-grid: the CLI turned it into a usage
+    error and every cell timed before it was lost. Now that cell is left out with a warning naming it."""
+    from autotune.tuning import measure
+
+    monkeypatch.setattr(measure, "warm_gpu", lambda: None)
+
+    def time_cell(rows, h, d, off, n, source, directions, measure, graph):
+        if n > 512:
+            raise ValueError(f"max_seq_len: a sequence of {n} rows needs more than the 65535 blocks")
+        return dict.fromkeys(directions, 1.0)
+
+    monkeypatch.setattr(heatmap, "_time_cell", time_cell)
+    with pytest.warns(UserWarning, match=r"cell d64 h2 b1 length 1024 \(tuned\) left out: max_seq_len"):
+        rows = heatmap.measure_grid([64], [2], [1], [256, 1024], ["fwd"], ["tuned"], device="cpu")
+    assert [(r["length"], r["direction"]) for r in rows] == [(256, "fwd")] and rows[0]["ms"] == 1.0

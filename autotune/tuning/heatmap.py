@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -288,14 +289,17 @@ def measure_grid(
     peak_tflops: float | None = None,
     max_tokens: int = MAX_TOKENS,
     cuda_graph: bool = False,
+    device: str = "cuda",
 ) -> list[dict[str, Any]]:
     """Time every cell on the GPU through the public call (bf16, causal, uniform lengths).
 
     ``fwd`` times the forward, ``bwd`` the backward alone (gradients of a kept graph), ``both`` the
-    two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, or out of memory, are
-    left out. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2 flush, median), after
-    ``measure.warm_gpu`` brings the clocks up. ``cuda_graph`` times CUDA-graph replays of the same calls,
-    which leave the host's time out (the backward then runs its autograd node directly, without the engine).
+    two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, out of memory, or refused by the call
+    (a ``ValueError``: say a length past what a launch grid holds) are left out, with a warning naming the cell,
+    so one cell never loses the grid's other timings. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2
+    flush, median), after ``measure.warm_gpu`` brings the clocks up. ``cuda_graph`` times CUDA-graph replays of
+    the same calls, which leave the host's time out (the backward then runs its autograd node directly, without
+    the engine).
     """
     import torch
 
@@ -310,7 +314,7 @@ def measure_grid(
                 for n in lengths:
                     if b * n > max_tokens:
                         continue
-                    off = torch.arange(0, (b + 1) * n, n, device="cuda", dtype=torch.int32)
+                    off = torch.arange(0, (b + 1) * n, n, device=device, dtype=torch.int32)
                     fwd_f, bwd_f = hstu_attention_flops(off.cpu(), h, d, d)
                     flops = {"fwd": fwd_f, "bwd": bwd_f, "both": fwd_f + bwd_f}
                     for source in sources:
@@ -318,6 +322,10 @@ def measure_grid(
                             times = _time_cell(b * n, h, d, off, n, source, directions, measure, cuda_graph)
                         except torch.cuda.OutOfMemoryError:
                             torch.cuda.empty_cache()
+                            continue
+                        except ValueError as e:
+                            cell = f"d{d} h{h} b{b} length {n} ({source})"
+                            warnings.warn(f"heatmap: cell {cell} left out: {e}", stacklevel=2)
                             continue
                         for direction, ms in times.items():
                             tf = flops[direction] / (ms * 1e-3) / 1e12

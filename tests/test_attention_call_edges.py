@@ -133,6 +133,20 @@ def test_forward_mode_ad_raises_unless_the_reference_runs(device):
     torch.testing.assert_close(got.tangent, ref.tangent)
 
 
+def test_torch_func_grad_is_a_named_error_and_vmap_still_runs(device):
+    """torch.func.grad failed inside PyTorch's custom-op autograd with an error naming neither hstu_attention
+    nor a way out; it is now a NotImplementedError that says to use torch.autograd.grad. vmap (no grad) runs."""
+    off = offsets_from_lengths([4, 6], device)
+    q, k, v = _qkv(device, 10, grad=False)
+    for source in ("default", "reference"):
+        with pytest.raises(NotImplementedError, match=r"hstu_attention: torch.func.grad.*torch.autograd.grad"):
+            torch.func.grad(lambda t, s=source: ops.hstu_attention(t, k, v, off, 8, source=s).float().sum())(q)
+        out = torch.func.vmap(lambda t, s=source: ops.hstu_attention(t, k, v, off, 8, source=s))(
+            torch.stack([q, 2 * q])
+        )
+        torch.testing.assert_close(out[1], ops.hstu_attention(2 * q, k, v, off, 8, source=source))
+
+
 def test_inference_mode_call_with_async_validation(device):
     with torch.inference_mode():
         off = offsets_from_lengths([4, 6], device)

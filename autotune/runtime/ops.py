@@ -410,6 +410,8 @@ def hstu_attention(
         raise ValueError(f"q, k and v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
     if forward_ad._current_level >= 0 and source != "reference":  # inside a dual level only: no cost otherwise
         _refuse_tangents(q, k, v)
+    if torch._C._are_functorch_transforms_active() and torch.is_grad_enabled():
+        _refuse_func_grad(q, k, v)
     _check_distribution(distribution)
     # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
@@ -468,6 +470,17 @@ def _refuse_tangents(*tensors: torch.Tensor) -> None:
     if any(forward_ad.unpack_dual(t).tangent is not None for t in tensors):
         raise NotImplementedError(
             "hstu_attention: the kernels have no forward-mode AD (jvp); use source='reference' for it"
+        )
+
+
+def _refuse_func_grad(*tensors: torch.Tensor) -> None:
+    """A ``NotImplementedError`` under a torch.func transform that differentiates (``grad``, ``vjp``, ``jacrev``):
+    a custom op's autograd formula (``register_autograd``) is not a function those transforms take, and PyTorch's
+    own error named neither this call nor a way out. ``vmap`` alone (nothing requires grad) still runs."""
+    if any(t.requires_grad for t in tensors):
+        raise NotImplementedError(
+            "hstu_attention: torch.func.grad / vjp / jacrev cannot differentiate the attention custom op; "
+            "use torch.autograd.grad (or loss.backward()) for its gradients"
         )
 
 

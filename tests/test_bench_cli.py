@@ -3,10 +3,13 @@ work, and what a benchmark writes or reports is what its options asked for (the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 import autotune
-from benchmarks import bench_jagged_ratio, bench_sdpa
+from benchmarks import bench_jagged_ratio, bench_sdpa, profile_model
 
 
 def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
@@ -37,3 +40,42 @@ def test_bad_batch_options_are_usage_errors_before_any_timing(main, argv, match,
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--preset", "nope"], "unknown preset 'nope'"),
+        (["--set", "num_layers=two"], "num_layers takes an int"),
+        (["--set", "kernels=reference"], "the kernel source is each --kernels value's own"),
+        (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+        (["--json", "{tmp}"], "is a folder; name a file"),
+        (["--json", "{tmp}/file/profile.json"], "exists and is not a folder"),
+    ],
+)
+def test_profile_model_options_are_checked_before_any_profile(argv, match, tmp_path, monkeypatch, capsys):
+    """A ``--json`` that cannot be written failed after every source had been profiled (all of it lost), and
+    ``--steps 0`` divided by zero after the warm-up steps: usage errors now, before the CUDA check."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(profile_model, "profile_source", lambda *a, **kw: pytest.fail("profiled before the check"))
+    with pytest.raises(SystemExit) as e:
+        profile_model.main(["--kernels", "default", *(a.format(tmp=tmp_path) for a in argv)])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_profile_model_applies_every_repeated_set_and_creates_the_json_folder(tmp_path, monkeypatch):
+    """``--set a=1 --set b=2`` profiled with ``b`` only (the second list replaced the first), silently."""
+    seen = []
+
+    def fake_profile(preset, kernels, steps, warmup, artifacts, overrides, by_op=False):
+        seen.append(overrides)
+        return {"kernels": kernels, "overrides": overrides, "device_ms_per_step": 1.0, "groups": {"other": 1.0},
+                "copy_kernels": {"calls": 0, "ms_per_step": 0.0}, "top": [], "ops": []}  # fmt: skip
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profile_model, "profile_source", fake_profile)
+    out = tmp_path / "new" / "p.json"
+    argv = ["--preset", "tiny", "--kernels", "default", "--set", "num_layers=1", "--set", "dropout=0.0"]
+    profile_model.main([*argv, "--json", str(out)])
+    assert seen == [{"num_layers": 1, "dropout": 0.0}]
+    assert json.loads(out.read_text())["results"][0]["overrides"] == {"num_layers": 1, "dropout": 0.0}

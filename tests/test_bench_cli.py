@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autotune
-from benchmarks import bench_jagged_ratio, bench_sdpa, profile_model
+from benchmarks import bench_jagged_ratio, bench_layer, bench_sdpa, profile_model
 
 
 def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
@@ -79,3 +79,22 @@ def test_profile_model_applies_every_repeated_set_and_creates_the_json_folder(tm
     profile_model.main([*argv, "--json", str(out)])
     assert seen == [{"num_layers": 1, "dropout": 0.0}]
     assert json.loads(out.read_text())["results"][0]["overrides"] == {"num_layers": 1, "dropout": 0.0}
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--columns", "zero copy"], "--columns: unknown column(s) ['zero copy']"),
+        (["--lengths", "1024", "0"], "--lengths must be an integer >= 1, got 0"),
+        (["--batch", "0"], "--batch must be an integer >= 1"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    ],
+)
+def test_bench_layer_options_are_checked_before_any_layer_runs(argv, match, monkeypatch, capsys):
+    """A misspelt ``--columns`` name (``"zero copy"`` for ``"+ zero copy"``) ran nothing and printed an empty
+    table, appending no rows, without a word."""
+    _no_gpu_work(monkeypatch)
+    monkeypatch.setattr(bench_layer, "bench", lambda *a, **kw: pytest.fail("a layer ran before the check"))
+    with pytest.raises(SystemExit) as e:
+        bench_layer.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autotune
-from benchmarks import bench_jagged_ratio, bench_layer, bench_sdpa, profile_model
+from benchmarks import bench_call_host, bench_jagged_ratio, bench_layer, bench_sdpa, profile_model
 
 
 def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
@@ -97,4 +97,30 @@ def test_bench_layer_options_are_checked_before_any_layer_runs(argv, match, monk
     monkeypatch.setattr(bench_layer, "bench", lambda *a, **kw: pytest.fail("a layer ran before the check"))
     with pytest.raises(SystemExit) as e:
         bench_layer.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("calls", [1, 2, 5])
+def test_call_host_refills_a_backward_block_during_the_warm_up(calls, monkeypatch):
+    """The warm-up made ``max(3, calls // 4)`` calls from one refill of ``calls`` outputs: with ``--calls`` 1 or 2
+    the backward case popped an empty list (IndexError) after the forward cases had been timed."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    pending: list[int] = []
+    popped = []
+    stats = bench_call_host.host_us(
+        lambda: popped.append(pending.pop()), calls, 2, lambda: pending.__setitem__(slice(None), range(calls))
+    )
+    assert len(popped) == max(3, calls // 4) + 2 * calls and set(stats) == {"us_p20", "us_p50", "us_p80"}
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [(["--calls", "0"], "--calls must be an integer >= 1"), (["--blocks", "0"], "--blocks must be an integer >= 1"),
+     (["--batches", "1", "0"], "--batches must be an integer >= 1, got 0")],
+)  # fmt: skip
+def test_call_host_counts_are_usage_errors_before_any_timing(argv, match, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _no_gpu_work(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bench_call_host.main(argv)
     assert e.value.code == 2 and match in capsys.readouterr().err

@@ -4,12 +4,13 @@ work, and what a benchmark writes or reports is what its options asked for (the 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 
 import autotune
-from benchmarks import bench_call_host, bench_jagged_ratio, bench_layer, bench_sdpa, profile_model
+from benchmarks import bench_call_host, bench_jagged_ratio, bench_layer, bench_sdpa, cute_bench_common, profile_model
 
 
 def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
@@ -124,3 +125,16 @@ def test_call_host_counts_are_usage_errors_before_any_timing(argv, match, monkey
     with pytest.raises(SystemExit) as e:
         bench_call_host.main(argv)
     assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_cute_benchmarks_check_json_up_front_and_create_out(tmp_path, monkeypatch, capsys):
+    """``--json`` under a missing or non-folder path, or a ``$OUT`` not made yet, raised from the first write,
+    after the first config's check had compiled and run."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(sys, "argv", ["bench_cute.py", "--json", str(tmp_path / "file" / "x.json")])
+    with pytest.raises(SystemExit) as e:
+        cute_bench_common.parse_args()
+    assert e.value.code == 2 and "--json" in capsys.readouterr().err
+    monkeypatch.setenv("OUT", str(tmp_path / "out" / "new"))
+    cute_bench_common.write_json(None, "bench_cute.json", {"rows": []})
+    assert json.loads((tmp_path / "out" / "new" / "bench_cute.json").read_text()) == {"rows": []}

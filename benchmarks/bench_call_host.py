@@ -31,9 +31,9 @@ def host_us(fn: Callable[[], Any], calls: int, blocks: int, before_block: Callab
     """p20 / p50 / p80 host microseconds per call of ``fn`` over ``blocks`` blocks of ``calls`` calls."""
     from autotune.tuning.measure import quantile
 
-    if before_block is not None:
-        before_block()
-    for _ in range(max(3, calls // 4)):
+    for i in range(max(3, calls // 4)):  # warm-up: more calls than a block when blocks are short
+        if before_block is not None and i % calls == 0:
+            before_block()
         fn()
     torch.cuda.synchronize()
     per_call = []
@@ -123,6 +123,22 @@ def cases(d: int, heads: int, batch: int, n: int, source: str, calls: int) -> li
     return out
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors naming the option for counts no timing can use (``--calls 0`` divided by zero, ``--blocks 0``
+    took a quantile of nothing, both after the artifacts loaded and the inputs were built)."""
+    from autotune.tuning.cli import CLIError
+    from autotune.tuning.cli_checks import int_in
+
+    try:
+        for option in ("--calls", "--blocks", "--length", "--heads"):
+            int_in(option, getattr(args, option[2:]), 1)
+        int_in("--head-dim", args.head_dim, 1, 256)
+        for b in args.batches:
+            int_in("--batches", b, 1)
+    except CLIError as e:
+        p.error(str(e))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--head-dim", type=int, default=256)
@@ -133,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--blocks", type=int, default=21)
     args = p.parse_args(argv)
+    check_options(p, args)
     if not torch.cuda.is_available():
         raise SystemExit("bench_call_host.py needs a CUDA GPU")
     import autotune

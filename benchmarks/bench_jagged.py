@@ -69,6 +69,22 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-save", action="store_true")
 
 
+def check_batch_args(p: argparse.ArgumentParser, args: argparse.Namespace, sizes: str = "--buckets") -> None:
+    """Usage errors (naming the option) for shapes no batch can have, before the first GPU timing: a batch of 0
+    or a bucket of -1 was a traceback from the first ``measure``, after the artifacts had loaded."""
+    from autotune.tuning.cli import CLIError
+    from autotune.tuning.cli_checks import int_in
+
+    try:
+        for option in ("--batch", "--heads"):
+            int_in(option, getattr(args, option[2:]), 1)
+        int_in("--head-dim", args.head_dim, 1, 256)
+        for n in getattr(args, sizes[2:]):
+            int_in(sizes, n, 1)
+    except CLIError as e:
+        p.error(str(e))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", required=True)
@@ -77,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--buckets", type=int, nargs="+", default=[2048, 4096])
     add_batch_args(p)
     args = p.parse_args(argv)
+    check_batch_args(p, args)
     import autotune
     from autotune.runtime import dispatch
     from autotune.runtime.buckets import sample_lengths

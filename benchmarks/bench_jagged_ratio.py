@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_jagged import _inputs, add_batch_args  # noqa: E402
+from benchmarks.bench_jagged import _inputs, add_batch_args, check_batch_args  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
 LAWS = ("u3", "pareto", "one-long", "file", "empty")
@@ -119,11 +119,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_batch_args(p)
     args = p.parse_args(argv)
+    check_batch_args(p, args)
+    if "file" in args.laws and not args.lengths:  # law_lengths would raise after the uniform batch was timed
+        p.error("--laws file needs --lengths FILE")
     import autotune
     from autotune.runtime.lengths import read_length_sample
 
+    try:
+        sample = read_length_sample(args.lengths) if args.lengths else None
+    except ValueError as e:
+        p.error(str(e))
     autotune.load(args.artifacts, allow_same_arch=args.allow_same_arch)
-    sample = read_length_sample(args.lengths) if args.lengths else None
     laws = list(args.laws) + (["file"] if sample is not None and "file" not in args.laws else [])
     rows: list[dict[str, Any]] = []
     for bucket in args.buckets:

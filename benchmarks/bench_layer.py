@@ -177,6 +177,28 @@ def render(rows: list[dict[str, Any]], png: str | None) -> str:
     return "\n".join(lines)
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before any layer runs: a misspelt ``--columns`` name ran no column at all (an empty table,
+    nothing said), and a length or batch below 1 failed inside the first column."""
+    from autotune.tuning.cli import CLIError
+    from autotune.tuning.cli_checks import int_in
+
+    names = [name for name, _ in COLUMNS]
+    unknown = [c for c in args.columns or [] if c not in names]
+    if unknown:
+        p.error(f"--columns: unknown column(s) {unknown}; known: {names}")
+    if not 0.0 <= args.dropout < 1.0:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    try:
+        for n in args.lengths:
+            int_in("--lengths", n, 1)
+        for option in ("--batch", "--heads"):
+            int_in(option, getattr(args, option[2:]), 1)
+        int_in("--head-dim", args.head_dim, 1, 256)
+    except CLIError as e:
+        p.error(str(e))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -192,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--png", default=None)
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     args = p.parse_args(argv)
+    check_options(p, args)
     if args.from_json:
         rows = [json.loads(line) for line in Path(args.from_json).read_text().splitlines() if line.strip()]
         rows = [r for r in rows if r.get("bench") == "layer"]

@@ -28,6 +28,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from autotune.runtime import dispatch  # noqa: E402
+from autotune.tuning.cli import CLIError  # noqa: E402
+from autotune.tuning.cli_checks import writable_file  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
 from models.train import check_kernels, check_precision, default_dtype, parse_overrides, run  # noqa: E402
 
@@ -165,10 +167,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = p.parse_args(argv)
     if args.cuda_graph:
         args.kernels = with_graph_twins(args.kernels)
+    out = args.json or (
+        os.path.join(os.environ["OUT"], f"bench_model_{args.preset}.json") if os.environ.get("OUT") else None
+    )
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         plan(args, device)
-    except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's message for a bad --device
+        if out:  # written after every variant ran: a folder or an unwritable path would lose them all
+            writable_file("--json", out)
+    except (ValueError, RuntimeError, CLIError) as e:  # RuntimeError: torch.device's message for a bad --device
         p.error(str(e))
     console = Console(stderr=True)
     results = bench(args, console, device)
@@ -176,11 +183,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in results:
         for w in r.get("dispatch", {}).get("warnings", []):
             console.print(f"[yellow]{r['kernels']}: dispatch fallback:[/yellow] {w}")
-    out = args.json or (
-        os.path.join(os.environ["OUT"], f"bench_model_{args.preset}.json") if os.environ.get("OUT") else None
-    )
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({"preset": args.preset, "results": results}, indent=2))
         console.print(f"wrote {out}")
     return results

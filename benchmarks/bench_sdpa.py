@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_jagged import add_batch_args  # noqa: E402
+from benchmarks.bench_jagged import add_batch_args, check_batch_args  # noqa: E402
 from benchmarks.bench_jagged_ratio import measure  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     add_batch_args(p)
     p.set_defaults(cuda_graph=False)  # both sides timed as eager calls, host time included
     args = p.parse_args(argv)
+    check_batch_args(p, args, "--lengths")
     import autotune
 
     autotune.load(args.artifacts)

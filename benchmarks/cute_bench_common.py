@@ -54,7 +54,16 @@ def parse_args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     if extra is not None:
         extra(p)
-    return p.parse_args()
+    a = p.parse_args()
+    if a.json:  # first written after the first config's check: a bad path would end the run there
+        from autotune.tuning.cli import CLIError
+        from autotune.tuning.cli_checks import writable_file
+
+        try:
+            writable_file("--json", a.json)
+        except CLIError as e:
+            p.error(str(e))
+    return a
 
 
 def time_row(rows: list[dict], backend: str, cfg: Any, fn: Callable[[], Any], flops: float, **shape: Any) -> None:
@@ -86,6 +95,7 @@ def failed(errs: dict) -> bool:
 def write_json(path: str | None, default_name: str, result: dict) -> None:
     path = path or (os.path.join(os.environ["OUT"], default_name) if os.environ.get("OUT") else None)
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
 

@@ -135,6 +135,28 @@ def show(result: dict, console: Console, top: int) -> None:
         console.print(t)
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace, out: str | None) -> dict[str, Any]:
+    """The ``--set`` overrides, once every option is usable: a bad preset, override or step count, or a ``--json``
+    that cannot be written, is a usage error before the first source is profiled, not a traceback after it (the
+    JSON, written last, lost every profile)."""
+    from autotune.tuning.cli import CLIError
+    from autotune.tuning.cli_checks import int_in, writable_file
+
+    try:
+        overrides = parse_overrides(args.set)
+        if "kernels" in overrides:
+            raise ValueError("--set kernels=...: the kernel source is each --kernels value's own")
+        for kernels in args.kernels:
+            get_config(args.preset, **{**overrides, "kernels": kernels})
+        int_in("--steps", args.steps, 1)
+        int_in("--warmup", args.warmup, 0)
+        if out:
+            writable_file("--json", out)
+    except (ValueError, CLIError) as e:
+        p.error(str(e))
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="seed", help=f"one of: {', '.join(PRESETS)}")
@@ -143,23 +165,24 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--artifacts", default="artifacts")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument(
+        "--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides (repeatable)"
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--by-op", action="store_true", help="also device time per aten operator and input shapes")
     args = p.parse_args(argv)
+    out = args.json or (
+        os.path.join(os.environ["OUT"], f"profile_model_{args.preset}.json") if os.environ.get("OUT") else None
+    )
+    overrides = check_options(p, args, out)
     if not torch.cuda.is_available():
         raise SystemExit("profile_model.py needs a CUDA GPU")
     console = Console(width=160)
     results = []
     for kernels in args.kernels:
-        res = profile_source(
-            args.preset, kernels, args.steps, args.warmup, args.artifacts, parse_overrides(args.set), args.by_op
-        )
+        res = profile_source(args.preset, kernels, args.steps, args.warmup, args.artifacts, overrides, args.by_op)
         show(res, console, args.top)
         results.append(res)
-    out = args.json or (
-        os.path.join(os.environ["OUT"], f"profile_model_{args.preset}.json") if os.environ.get("OUT") else None
-    )
     if out:
         Path(out).write_text(json.dumps({"preset": args.preset, "results": results}, indent=2))
     return results

@@ -19,8 +19,10 @@ case "$step" in
 tune)
   start=$(date +%s)
   python -m autotune.tuning.cli run --gpu auto "$@" 2>&1 | tee "$OUT/tune.log" | tail -5
+  rc=$?
   echo "tune wall time: $(($(date +%s) - start)) s" | tee -a "$OUT/tune.log"
-  tar cf "$OUT/artifacts.tar" artifacts
+  tar cf "$OUT/artifacts.tar" artifacts || rc=$((rc ? rc : 1))
+  exit "$rc" # the tuner's status (1: a task failed), not tar's: what it wrote is packed either way
   ;;
 model)
   python benchmarks/bench_model.py --preset "${PRESET:-seed}" --artifacts artifacts --steps 10 \
@@ -33,7 +35,9 @@ bench)
 verify)
   python -m autotune.tuning.cli verify --gpu auto --jobs "${JOBS:-12}" --write --json "$OUT/verify.json" "$@" 2>&1 |
     tee "$OUT/verify.log" | tail -5
-  tar cf "$OUT/artifacts.tar" artifacts
+  rc=$?
+  tar cf "$OUT/artifacts.tar" artifacts || rc=$((rc ? rc : 1))
+  exit "$rc" # 1 when an entry failed its re-check
   ;;
 tests)
   python -m pytest -q -m gpu "$@" 2>&1 | tee "$OUT/tests.log" | tail -15

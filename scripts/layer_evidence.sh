@@ -28,8 +28,10 @@ tune)
   python -m autotune.tuning.cli run --gpu auto --kernel "${KERNELS:-layer}" --dims 256 --heads 4 \
     --buckets "${BUCKETS:-1K,2K,4K,8K}" --distributions "${DISTS:-uniform}" --verify quick "$@" 2>&1 |
     tee "$OUT/tune.log" | tail -40
+  rc=$?
   echo "tune wall time: $(($(date +%s) - start)) s" | tee -a "$OUT/tune.log"
-  tar cf "$OUT/artifacts.tar" --exclude studies artifacts
+  tar cf "$OUT/artifacts.tar" --exclude studies artifacts || rc=$((rc ? rc : 1))
+  exit "$rc" # the tuner's status (1: a task failed), not tar's
   ;;
 ops)
   python benchmarks/bench_layer_ops.py --artifacts artifacts "$@" 2>&1 | tee "$OUT/ops.log" | tail -40
@@ -46,19 +48,24 @@ model)
   ;;
 profile)
   preset="${1:-seed}"
+  # sed, not head: head's early exit killed tee (the log's rest) and then the profile by a broken pipe
   python benchmarks/profile_model.py --preset "$preset" --kernels tuned --steps 3 --warmup 3 \
-    --json "$OUT/profile_${preset}_unfused.json" 2>&1 | tee "$OUT/profile_${preset}.log" | head -30
+    --json "$OUT/profile_${preset}_unfused.json" 2>&1 | tee "$OUT/profile_${preset}.log" | sed -n 1,30p
+  rc=$?
   python benchmarks/profile_model.py --preset "$preset" --kernels tuned --steps 3 --warmup 3 \
     --set layer=fused precision=bf16 --json "$OUT/profile_${preset}_fused.json" 2>&1 |
-    tee -a "$OUT/profile_${preset}.log" | head -30
+    tee -a "$OUT/profile_${preset}.log" | sed -n 1,30p || rc=$?
+  exit "$rc"
   ;;
 graphs)
   preset="${1:-seed}"
   shift || true
   python -m pytest -q tests/test_graphs.py 2>&1 | tee -a "$OUT/graph_tests.log" | tail -4
+  rc=$?
   python benchmarks/bench_model.py --preset "$preset" --artifacts artifacts --kernels tuned "$BF16" --cuda-graph \
     --base tuned --steps "${STEPS:-15}" --warmup 3 --workers 2 --no-progress \
-    --json "$OUT/graphs_$preset.json" "$@" 2>&1 | tee "$OUT/graphs_$preset.log" | tail -14
+    --json "$OUT/graphs_$preset.json" "$@" 2>&1 | tee "$OUT/graphs_$preset.log" | tail -14 || rc=$?
+  exit "$rc" # failed GPU tests fail the step even when the benchmark after them runs
   ;;
 *)
   echo "unknown step $step" >&2

@@ -5,8 +5,15 @@
 set -euo pipefail
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _py=${PYTHON:-python3}
-if [ ! -x "$_root/.venv/bin/python" ]; then
-  "$_py" -m venv "$_root/.venv"
+_new_enough='import sys; sys.exit(sys.version_info < (3, 10))' # pyproject's requires-python
+# A .venv whose interpreter does not start (its base Python removed or upgraded: a dangling link, which `venv`
+# without --clear leaves as it is and PATH then skips, so pip ran on the system Python) is made again.
+if ! "$_root/.venv/bin/python" -c "$_new_enough" >/dev/null 2>&1; then
+  if ! "$_py" -c "$_new_enough" >/dev/null 2>&1; then
+    echo "setup.sh: $_py is not Python >= 3.10 (or does not run); set PYTHON to one, e.g. PYTHON=python3.12" >&2
+    return 2 2>/dev/null || exit 2
+  fi
+  "$_py" -m venv --clear "$_root/.venv"
 fi
 # shellcheck disable=SC1091
 . "$_root/.venv/bin/activate"

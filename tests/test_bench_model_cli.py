@@ -62,3 +62,15 @@ def test_repeated_set_options_all_apply_and_a_diverged_variant_keeps_the_others(
     assert [(c.kernels, c.num_layers, c.dropout) for c in seen] == [("default", 1, 0.0), ("reference", 1, 0.0)]
     assert "training diverged" in results[0]["error"] and results[1]["final_loss"] == 0.6
     assert [r["variant"] for r in json.loads(out.read_text())["results"]] == ["default", "reference"]
+
+
+@pytest.mark.parametrize("where, match", [("", "is a folder; name a file"), ("file/b.json", "is not a folder")])
+def test_an_unwritable_json_is_a_usage_error_before_anything_runs(where, match, tmp_path, monkeypatch, capsys):
+    """The JSON was written after every variant had run: ``--json`` naming a folder (or a path under a file)
+    ended the benchmark with a traceback there, and every result was lost."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(bench_model, "run", lambda *a, **kw: pytest.fail("a variant ran before --json was checked"))
+    with pytest.raises(SystemExit) as e:
+        bench_model.main([*BASE, "--kernels", "reference", "--json", str(tmp_path / where)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--json {tmp_path / where}" in err and match in err, err

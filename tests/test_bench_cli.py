@@ -1,0 +1,140 @@
+"""The benchmarks' command lines on CPU: a bad option value is a usage error naming the option before any GPU
+work, and what a benchmark writes or reports is what its options asked for (the GPU parts are stubbed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+import autotune
+from benchmarks import bench_call_host, bench_jagged_ratio, bench_layer, bench_sdpa, cute_bench_common, profile_model
+
+
+def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
+    """Fail the test if any benchmark step that would touch the GPU (or load artifacts) starts."""
+    monkeypatch.setattr(
+        autotune, "load", lambda *a, **kw: pytest.fail("artifacts loaded before the options were checked")
+    )
+    for module in modules:
+        monkeypatch.setattr(module, "measure", lambda *a, **kw: pytest.fail("a batch was timed before the check"))
+
+
+@pytest.mark.parametrize(
+    "main, argv, match",
+    [
+        (bench_jagged_ratio.main, ["--laws", "file"], "--laws file needs --lengths FILE"),
+        (bench_jagged_ratio.main, ["--batch", "0"], "--batch must be an integer >= 1"),
+        (bench_jagged_ratio.main, ["--buckets", "1024", "-1"], "--buckets must be an integer >= 1, got -1"),
+        (bench_jagged_ratio.main, ["--head-dim", "512"], "--head-dim must be an integer in [1, 256]"),
+        (bench_jagged_ratio.main, ["--lengths", "/nonexistent/lengths.json"], "--lengths /nonexistent/lengths.json"),
+        (bench_sdpa.main, ["--lengths", "0"], "--lengths must be an integer >= 1, got 0"),
+        (bench_sdpa.main, ["--heads", "0"], "--heads must be an integer >= 1"),
+    ],
+)
+def test_bad_batch_options_are_usage_errors_before_any_timing(main, argv, match, monkeypatch, capsys):
+    """``--laws file`` without ``--lengths`` timed the uniform batch of the first bucket, then raised a ValueError
+    traceback from ``law_lengths``; a batch of 0 or a negative bucket failed inside the first timing."""
+    _no_gpu_work(monkeypatch, bench_jagged_ratio, bench_sdpa)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--preset", "nope"], "unknown preset 'nope'"),
+        (["--set", "num_layers=two"], "num_layers takes an int"),
+        (["--set", "kernels=reference"], "the kernel source is each --kernels value's own"),
+        (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+        (["--json", "{tmp}"], "is a folder; name a file"),
+        (["--json", "{tmp}/file/profile.json"], "exists and is not a folder"),
+    ],
+)
+def test_profile_model_options_are_checked_before_any_profile(argv, match, tmp_path, monkeypatch, capsys):
+    """A ``--json`` that cannot be written failed after every source had been profiled (all of it lost), and
+    ``--steps 0`` divided by zero after the warm-up steps: usage errors now, before the CUDA check."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(profile_model, "profile_source", lambda *a, **kw: pytest.fail("profiled before the check"))
+    with pytest.raises(SystemExit) as e:
+        profile_model.main(["--kernels", "default", *(a.format(tmp=tmp_path) for a in argv)])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_profile_model_applies_every_repeated_set_and_creates_the_json_folder(tmp_path, monkeypatch):
+    """``--set a=1 --set b=2`` profiled with ``b`` only (the second list replaced the first), silently."""
+    seen = []
+
+    def fake_profile(preset, kernels, steps, warmup, artifacts, overrides, by_op=False):
+        seen.append(overrides)
+        return {"kernels": kernels, "overrides": overrides, "device_ms_per_step": 1.0, "groups": {"other": 1.0},
+                "copy_kernels": {"calls": 0, "ms_per_step": 0.0}, "top": [], "ops": []}  # fmt: skip
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profile_model, "profile_source", fake_profile)
+    out = tmp_path / "new" / "p.json"
+    argv = ["--preset", "tiny", "--kernels", "default", "--set", "num_layers=1", "--set", "dropout=0.0"]
+    profile_model.main([*argv, "--json", str(out)])
+    assert seen == [{"num_layers": 1, "dropout": 0.0}]
+    assert json.loads(out.read_text())["results"][0]["overrides"] == {"num_layers": 1, "dropout": 0.0}
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--columns", "zero copy"], "--columns: unknown column(s) ['zero copy']"),
+        (["--lengths", "1024", "0"], "--lengths must be an integer >= 1, got 0"),
+        (["--batch", "0"], "--batch must be an integer >= 1"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    ],
+)
+def test_bench_layer_options_are_checked_before_any_layer_runs(argv, match, monkeypatch, capsys):
+    """A misspelt ``--columns`` name (``"zero copy"`` for ``"+ zero copy"``) ran nothing and printed an empty
+    table, appending no rows, without a word."""
+    _no_gpu_work(monkeypatch)
+    monkeypatch.setattr(bench_layer, "bench", lambda *a, **kw: pytest.fail("a layer ran before the check"))
+    with pytest.raises(SystemExit) as e:
+        bench_layer.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("calls", [1, 2, 5])
+def test_call_host_refills_a_backward_block_during_the_warm_up(calls, monkeypatch):
+    """The warm-up made ``max(3, calls // 4)`` calls from one refill of ``calls`` outputs: with ``--calls`` 1 or 2
+    the backward case popped an empty list (IndexError) after the forward cases had been timed."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    pending: list[int] = []
+    popped = []
+    stats = bench_call_host.host_us(
+        lambda: popped.append(pending.pop()), calls, 2, lambda: pending.__setitem__(slice(None), range(calls))
+    )
+    assert len(popped) == max(3, calls // 4) + 2 * calls and set(stats) == {"us_p20", "us_p50", "us_p80"}
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [(["--calls", "0"], "--calls must be an integer >= 1"), (["--blocks", "0"], "--blocks must be an integer >= 1"),
+     (["--batches", "1", "0"], "--batches must be an integer >= 1, got 0")],
+)  # fmt: skip
+def test_call_host_counts_are_usage_errors_before_any_timing(argv, match, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _no_gpu_work(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bench_call_host.main(argv)
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_cute_benchmarks_check_json_up_front_and_create_out(tmp_path, monkeypatch, capsys):
+    """``--json`` under a missing or non-folder path, or a ``$OUT`` not made yet, raised from the first write,
+    after the first config's check had compiled and run."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(sys, "argv", ["bench_cute.py", "--json", str(tmp_path / "file" / "x.json")])
+    with pytest.raises(SystemExit) as e:
+        cute_bench_common.parse_args()
+    assert e.value.code == 2 and "--json" in capsys.readouterr().err
+    monkeypatch.setenv("OUT", str(tmp_path / "out" / "new"))
+    cute_bench_common.write_json(None, "bench_cute.json", {"rows": []})
+    assert json.loads((tmp_path / "out" / "new" / "bench_cute.json").read_text()) == {"rows": []}

@@ -35,7 +35,8 @@ def sdpa_row(n: int, args: argparse.Namespace, fwd_flops: float, bwd_flops: floa
 
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     shape = (args.batch, args.heads, n, args.head_dim)
-    q, k, v, do = (torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    dtype = getattr(torch, args.dtype)  # the HSTU row's dtype: the comparison is one shape, one dtype
+    q, k, v, do = (torch.randn(shape, generator=gen, device="cuda").to(dtype) for _ in range(4))
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     best: dict[str, Any] | None = None
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):

@@ -264,7 +264,9 @@ def config_type_error(cls: type, config: dict[str, Any]) -> str | None:
     return None
 
 
-def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:
+def validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:
+    """``ArtifactError`` unless ``config`` is what ``autotune.load`` takes for (kernel, backend): JSON scalars of
+    the config class's field types, every field and no other, a config the class builds."""
     for k, v in config.items():
         if not isinstance(k, str) or not isinstance(v, (int, float, str, bool)):
             raise ArtifactError(f"{where}.config: {k!r}={v!r} is not a JSON scalar")
@@ -319,7 +321,7 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
             raise ArtifactError(
                 f"{where}.backend {entry['backend']!r} is not a backend of {kernel} (declared: {', '.join(declared)})"
             )
-        _validate_config(kernel, entry["backend"], entry["config"], where)
+        validate_config(kernel, entry["backend"], entry["config"], where)
 
 
 def _check_fill(value: Any, where: str) -> None:

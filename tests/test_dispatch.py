@@ -634,3 +634,39 @@ def test_a_load_during_a_choice_never_leaves_the_old_files_choice_cached(tmp_pat
         after = dispatch.select(FWD, "bfloat16", 64, 64, 4, 1000, "uniform")
     assert during.source == "tuned" and dispatch.summary()["path"] == str(new)
     assert after.source == "default"
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_warps": 4.0}, "num_warps"),  # 4.0 in (1, 2, 4, 8, 16): the class's own check took it
+        ({"l2_group": True}, "l2_group"),  # True == 1: a bool ran as an int
+        ({"num_stages": "2"}, "num_stages"),
+    ],
+)
+def test_a_config_json_of_wrong_field_types_is_refused_by_name(change, field):
+    """A config string (a direct ``torch.ops.hstu`` call, a hand-made Choice) is held to the field types an
+    artifact's config is: a float or bool for an int field never reaches the launcher."""
+    good = default_fwd_config(64, 64).to_dict()
+    assert dispatch.decode_config("triton", FWD, json.dumps(good)) is not None
+    with pytest.raises(ValueError, match=rf"config\.{field} must be int"):
+        dispatch.decode_config("triton", FWD, json.dumps({**good, **change}))
+
+
+@pytest.mark.parametrize("text", ["not json", "null", "[64]", '"block_m"'])
+def test_a_config_string_that_is_no_json_object_names_config(text):
+    with pytest.raises(ValueError, match="config"):
+        dispatch.decode_config("triton", FWD, text)
+
+
+def test_the_custom_op_refuses_a_bad_config_before_launching():
+    """The explicit-config op names its config argument instead of failing inside the decode or the kernel."""
+    import torch
+
+    from autotune.runtime import ops
+
+    q = torch.zeros(4, 1, 32)
+    offsets = torch.tensor([0, 4], dtype=torch.int64)
+    bad = json.dumps({**default_fwd_config(32, 32).to_dict(), "num_warps": 4.0})
+    with pytest.raises(ValueError, match=r"config\.num_warps"):
+        ops.attention_fwd(q, q, q, offsets, None, 4, 1.0, 0, 0, None, "triton", bad, "triton", "{}")

@@ -231,3 +231,22 @@ def test_interpreter_reports_gpu_only_entries_as_not_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0 of 0 entries passed" in out and "not run under the interpreter: 1 entries" in out
     assert "crash" not in out and "FAILED" not in out
+
+
+@pytest.mark.parametrize("config", [{"mode": "ok"}, {"mode": "ok", "size": True}, {"mode": "ok", "size": 1.0}])
+def test_an_entry_config_load_would_refuse_is_invalid_not_vouched_for(tmp_path, monkeypatch, config):
+    """A config missing a field (or of another type) runs in the worker as its default-filled config, but
+    ``autotune.load`` refuses the file: the re-check names the field instead of passing and writing ``verified``."""
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")
+    env = dict.fromkeys(art.ENV_KEYS, None)
+    hashes = {"fake": art.current_template_hash("fake_faults", "fake")}
+    path = art.save_artifact(
+        art.Artifact("fake_faults", "h100", env, hashes, "space", [_entry(256, "ok")]),
+        art.artifact_path("h100", "fake_faults", tmp_path),
+    )
+    data = json.loads(path.read_text())
+    data["entries"][0]["config"] = config  # hand-edited: save_artifact would refuse it
+    path.write_text(json.dumps(data))
+    (r,) = recheck_artifacts(tmp_path, "h100", level="quick", jobs=1, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
+    assert (r.status, r.checked) == ("invalid", []) and "size" in r.error
+    assert write_verified(tmp_path, "h100", [r]) == []

@@ -245,12 +245,14 @@ def _field_types(default: Any) -> tuple[type, ...] | None:
     return None
 
 
-def _check_config_types(cls: type, config: dict[str, Any], where: str) -> None:
-    """Each value has the JSON type of its dataclass field's default (an int field takes no float or bool)."""
+def config_type_error(cls: type, config: dict[str, Any]) -> str | None:
+    """``"<field> must be <types> ..."`` for the first value without the JSON type of its dataclass field's default
+    (an int field takes no float or bool: the config classes' membership checks take 4.0 and True), else None.
+    The one rule for a config read from JSON: an artifact's entries and a config string given to dispatch."""
     import dataclasses
 
     if not dataclasses.is_dataclass(cls):
-        return
+        return None
     for f in dataclasses.fields(cls):
         if f.name not in config or f.default is dataclasses.MISSING:
             continue
@@ -258,16 +260,21 @@ def _check_config_types(cls: type, config: dict[str, Any], where: str) -> None:
         v = config[f.name]
         if types is not None and (isinstance(v, bool) and bool not in types or not isinstance(v, types)):
             names = "/".join("null" if t is type(None) else t.__name__ for t in types)
-            raise ArtifactError(f"{where}.config.{f.name} must be {names} (as {cls.__name__}), got {v!r}")
+            return f"{f.name} must be {names} (as {cls.__name__}), got {v!r:.60}"
+    return None
 
 
-def _validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:
+def validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:
+    """``ArtifactError`` unless ``config`` is what ``autotune.load`` takes for (kernel, backend): JSON scalars of
+    the config class's field types, every field and no other, a config the class builds."""
     for k, v in config.items():
         if not isinstance(k, str) or not isinstance(v, (int, float, str, bool)):
             raise ArtifactError(f"{where}.config: {k!r}={v!r} is not a JSON scalar")
     cls = _config_class(kernel, backend)
     if cls is not None:
-        _check_config_types(cls, config, where)
+        problem = config_type_error(cls, config)
+        if problem:
+            raise ArtifactError(f"{where}.config.{problem}")
         try:
             cls.from_dict(config)
         except Exception as e:  # noqa: BLE001 - any failure to build it (huge ints: OverflowError) = invalid
@@ -314,7 +321,7 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
             raise ArtifactError(
                 f"{where}.backend {entry['backend']!r} is not a backend of {kernel} (declared: {', '.join(declared)})"
             )
-        _validate_config(kernel, entry["backend"], entry["config"], where)
+        validate_config(kernel, entry["backend"], entry["config"], where)
 
 
 def _check_fill(value: Any, where: str) -> None:

@@ -80,13 +80,29 @@ def index_dtype(backend: str, kind: str) -> torch.dtype | None:
 
 @functools.lru_cache(maxsize=512)
 def decode_config(backend: str, kind: str, config_json: str) -> Any:
-    """Config object for a backend from its JSON string (cached: same string, same object)."""
+    """Config object for a backend from its JSON string (cached: same string, same object). The string may come
+    from outside an artifact (a direct ``torch.ops.hstu`` call), so it is held to the field types an artifact's
+    config is: a ``ValueError`` naming ``config`` rather than a float tile reaching the launcher."""
+    from autotune.runtime.artifacts import config_type_error
+
     if backend == "reference":
         return None
     cls_spec = spec.kernel(kind).backend(backend).config
     if cls_spec is None:
         return None
-    return spec.resolve(cls_spec).from_dict(json.loads(config_json))
+    cls = spec.resolve(cls_spec)
+    try:
+        values = json.loads(config_json)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config of {kind} ({backend}) must be a JSON object, got {config_json!r:.80}: {e}") from None
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"config of {kind} ({backend}) must be a JSON object of {cls.__name__}, got {config_json!r:.80}"
+        )
+    problem = config_type_error(cls, values)
+    if problem:
+        raise ValueError(f"config.{problem} ({kind}, backend {backend!r})")
+    return cls.from_dict(values)
 
 
 _RUNNERS: dict[tuple[str, str, str], tuple] = {}

@@ -192,6 +192,9 @@ def recheck_artifacts(
         if reason := _unavailable(r):
             r.status, r.error = "unavailable", reason  # e.g. a CuTe entry under the interpreter: not a crash
             done(r)
+        elif reason := _invalid(r):
+            r.status, r.error = "invalid", reason
+            done(r)
         else:
             runnable.append(r)
     queues = _groups(runnable, jobs)
@@ -204,6 +207,19 @@ def recheck_artifacts(
     for t in threads:
         t.join()
     return items
+
+
+def _invalid(r: Recheck) -> str | None:
+    """Why ``autotune.load`` refuses the entry's config (``artifacts.validate_config``), or None. The worker's
+    ``space.make`` fills a missing field with its default and takes a bool for an int, so such an entry passed
+    as a config the runtime never runs (the file is read without that check, for the entries it holds)."""
+    from autotune.runtime import artifacts as art
+
+    try:
+        art.validate_config(r.kernel, r.entry["backend"], r.entry["config"], "config")
+    except art.ArtifactError as e:
+        return str(e)
+    return None
 
 
 def _unavailable(r: Recheck) -> str | None:

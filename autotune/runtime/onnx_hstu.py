@@ -100,12 +100,18 @@ def JaggedAttention(  # noqa: N802 - the ONNX op name
     context_rows = op.And(op.Equal(id_i, zero), op.Less(id_j, op.Unsqueeze(m, [1])))
     valid = op.Or(valid, op.And(op.Greater(c, zero), context_rows))
     pair = op.And(valid, op.Equal(op.Unsqueeze(seg, [1]), op.Unsqueeze(seg, [0])))
-    s = op.MatMul(op.Transpose(q, perm=[1, 0, 2]), op.Transpose(k, perm=[1, 2, 0]))
-    s = s * op.CastLike(op.Constant(value_float=alpha), q)
     divisor = op.Constant(value_int=scaling_seqlen)
     divisor = op.Where(op.Greater(divisor, zero), divisor, op.Constant(value_int=max_seq_len))
-    p = s * op.Sigmoid(s) * op.CastLike(pair, q) / op.CastLike(divisor, q)
-    return op.Transpose(op.MatMul(p, op.Transpose(v, perm=[1, 0, 2])), perm=[1, 0, 2])
+    # No rows: v is the (0, H, Dv) output. ONNX Runtime up to 1.30 dies of SIGFPE (the process, not the call) in
+    # the MatMul its optimizer fuses with these transposes when the batch has no rows at all.
+    if op.Equal(op.Gather(op.Shape(q), zero), zero):
+        out = op.Identity(v)
+    else:
+        s = op.MatMul(op.Transpose(q, perm=[1, 0, 2]), op.Transpose(k, perm=[1, 2, 0]))
+        s = s * op.CastLike(op.Constant(value_float=alpha), q)
+        p = s * op.Sigmoid(s) * op.CastLike(pair, q) / op.CastLike(divisor, q)
+        out = op.Transpose(op.MatMul(p, op.Transpose(v, perm=[1, 0, 2])), perm=[1, 0, 2])
+    return out
 
 
 def register_schema() -> None:

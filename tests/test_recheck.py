@@ -214,9 +214,13 @@ def test_json_files_of_no_registered_kernel_are_not_re_checked(root, capsys):
     assert "of 5 entries passed" in out and out.count("fake_faults.old") == 1  # named in the note only
 
 
-def test_interpreter_reports_gpu_only_entries_as_not_run(tmp_path, capsys):
+def test_interpreter_reports_gpu_only_entries_as_not_run(tmp_path, capsys, monkeypatch):
     """A CuTe entry re-checked under --interpret was reported as a worker crash (exit 1); it is now
     "unavailable" with the reason, and a re-check that ran nothing still exits 1."""
+    from autotune.tuning import registry
+
+    real = registry.unavailable_reason  # a GPU host can run CuTe: say it cannot, as a CPU host does
+    monkeypatch.setattr(registry, "unavailable_reason", lambda b: "needs a CUDA GPU" if b.name == "cute" else real(b))
     committed = art.load_artifact(art.artifact_path("h100", "hstu_attention_fwd"), check_stale=False)
     cute = next(e for e in committed.entries if e["backend"] == "cute")
     copy = art.Artifact(

@@ -491,6 +491,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from autotune.tuning.recheck import recheck_status
 
     console = _console()
+    load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels' specs hash and check their artifacts
     root = Path(args.artifacts) if args.artifacts else DEFAULT_ROOT
     gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
     if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:

@@ -137,8 +137,42 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _length_label(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def figure(rows: list[dict[str, Any]]) -> Any:
+    """Bar chart per length and column: TFLOP/s, and beside it peak memory where the rows have it (a GPU run),
+    since what recompute buys is memory, not speed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({r["seq_len"] for r in rows})
+    names = [c for c, _ in COLUMNS if any(r["column"] == c for r in rows)]
+    cell = {(r["column"], r["seq_len"]): r for r in rows}
+    panels = [("tflops", "TFLOP/s (fwd + bwd)")]
+    if any(r.get("peak_mem_gib") is not None for r in rows):
+        panels.append(("peak_mem_gib", "peak memory (GiB, fwd + bwd)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(9 * len(panels), 4.5), squeeze=False)
+    width = 0.8 / max(1, len(names))
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
+        for i, c in enumerate(names):
+            vals = [cell.get((c, n), {}).get(key) or 0.0 for n in lengths]
+            ax.bar([j + i * width for j in range(len(lengths))], vals, width, label=c)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))])
+        ax.set_xticklabels([_length_label(n) for n in lengths])
+        ax.set_ylabel(label)
+        gpu = rows[0].get("gpu")
+        ax.set_title(f"One HSTU layer, {gpu}" if gpu else "One HSTU layer")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def render(rows: list[dict[str, Any]], png: str | None) -> str:
-    """Markdown table (TFLOP/s and peak GiB per column and length) and an optional bar chart."""
+    """Markdown table (TFLOP/s and peak GiB per column and length) and an optional bar chart (``figure``)."""
     lengths = sorted({r["seq_len"] for r in rows})
     names = [c for c, _ in COLUMNS if any(r["column"] == c for r in rows)]
     cell = {(r["column"], r["seq_len"]): r for r in rows}
@@ -150,30 +184,14 @@ def render(rows: list[dict[str, Any]], png: str | None) -> str:
             return "error"
         if r.get("tflops") is None:  # a NaN timing, written as null (rows.append_rows)
             return "nan"
-        mem = f" / {r['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in r else ""
+        mem = f" / {r['peak_mem_gib']:.1f} GiB" if r.get("peak_mem_gib") is not None else ""
         return f"{r['tflops']:.0f}{mem}"
 
-    head = "| column | " + " | ".join(f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths) + " |"
+    head = "| column | " + " | ".join(_length_label(n) for n in lengths) + " |"
     lines = [head, "|---" * (len(lengths) + 1) + "|"]
     lines += ["| " + c + " | " + " | ".join(fmt(cell.get((c, n))) for n in lengths) + " |" for c in names]
     if png:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        width = 0.8 / max(1, len(names))
-        for i, c in enumerate(names):
-            vals = [cell.get((c, n), {}).get("tflops") or 0.0 for n in lengths]
-            ax.bar([j + i * width for j in range(len(lengths))], vals, width, label=c)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))])
-        ax.set_xticklabels([f"{n // 1024}K" for n in lengths])
-        ax.set_ylabel("TFLOP/s (fwd + bwd)")
-        ax.set_title(f"One HSTU layer, {rows[0].get('gpu', '')}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(png, dpi=120)
+        figure(rows).savefig(png, dpi=120)
     return "\n".join(lines)
 
 

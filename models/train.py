@@ -26,7 +26,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from . import distributed
-from .config import PRESETS, ModelConfig, get_config, parse_overrides
+from .config import (
+    KERNEL_SOURCES,
+    LAYER_IMPLS,
+    PRECISIONS,
+    PRESETS,
+    RECOMPUTE,
+    ModelConfig,
+    get_config,
+    parse_overrides,
+)
 from .data import JaggedBatch, make_loader
 from .hstu import HSTURankingModel
 from .metrics import detect_gpu_name, model_flops_utilization, peak_tflops, step_flops
@@ -441,10 +450,20 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
-    p.add_argument("--kernels", default=None, help="reference | default | tuned (default: the preset's, 'default')")
-    p.add_argument("--layer", default=None, help="unfused | fused (one autograd function over tuned kernels)")
-    p.add_argument("--precision", default=None, help="autocast (fp32 residual stream) | bf16 (fused layer)")
-    p.add_argument("--recompute", default=None, help="none | uvqk | ln | uvqk+ln (fused layer)")
+    p.add_argument("--kernels", default=None, help=f"{' | '.join(KERNEL_SOURCES)} (default: the preset's, 'default')")
+    p.add_argument(
+        "--layer", default=None, help=f"{' | '.join(LAYER_IMPLS)} (fused: one autograd function over tuned kernels)"
+    )
+    p.add_argument(
+        "--precision",
+        default=None,
+        help=f"{' | '.join(PRECISIONS)} (autocast: fp32 residual stream; bf16: fused layer)",
+    )
+    p.add_argument(
+        "--recompute",
+        default=None,
+        help=f"{' | '.join(RECOMPUTE)} (fused layer; pre: the pre-activation by a GEMM, SiLU's output kept)",
+    )
     p.add_argument(
         "--cuda-graph",
         action="store_true",

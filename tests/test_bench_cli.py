@@ -138,3 +138,38 @@ def test_cute_benchmarks_check_json_up_front_and_create_out(tmp_path, monkeypatc
     monkeypatch.setenv("OUT", str(tmp_path / "out" / "new"))
     cute_bench_common.write_json(None, "bench_cute.json", {"rows": []})
     assert json.loads((tmp_path / "out" / "new" / "bench_cute.json").read_text()) == {"rows": []}
+
+
+def _layer_rows() -> list[dict]:
+    """Two columns at a sub-1K and a 1K length, with TFLOP/s and peak memory as a GPU run writes them."""
+    rows = []
+    for column, tflops, mem in (("default unfused", 100.0, 9.0), ("+ recompute", 150.0, 5.0)):
+        for n in (512, 1024):
+            rows.append({"bench": "layer", "column": column, "seq_len": n, "tflops": tflops + n / 512,
+                         "peak_mem_gib": mem + n / 1024, "gpu": "H100"})  # fmt: skip
+    return rows
+
+
+def test_bench_layer_render_writes_tflops_and_peak_memory_bars_with_length_labels(tmp_path):
+    """The chart labelled a 512-row length "0K" (the table said 512) and drew TFLOP/s only, though the columns'
+    point is the memory recompute saves: a second panel now holds each column's peak memory."""
+    pytest.importorskip("matplotlib")
+    rows = _layer_rows()
+    table = bench_layer.render(rows, str(tmp_path / "layer.png"))
+    assert (tmp_path / "layer.png").stat().st_size > 0
+    assert "| column | 512 | 1K |" in table and "| + recompute | 151 / 5.5 GiB | 152 / 6.0 GiB |" in table
+    fig = bench_layer.figure(rows)
+    speed, memory = fig.axes[:2]
+    for ax in (speed, memory):
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["512", "1K"]
+    assert "TFLOP/s" in speed.get_ylabel() and "GiB" in memory.get_ylabel()
+    heights = sorted(round(p.get_height(), 3) for p in memory.patches)
+    assert heights == sorted(round(r["peak_mem_gib"], 3) for r in rows)
+
+
+def test_bench_layer_chart_of_cpu_rows_has_no_memory_panel():
+    """CPU rows carry no peak memory: one panel, and the title names no GPU with a dangling comma."""
+    pytest.importorskip("matplotlib")
+    rows = [{k: v for k, v in r.items() if k not in ("peak_mem_gib", "gpu")} for r in _layer_rows()]
+    fig = bench_layer.figure(rows)
+    assert len(fig.axes) == 1 and not fig.axes[0].get_title().endswith(", ")

@@ -283,3 +283,50 @@ def test_show_names_an_artifacts_root_that_is_a_file(capsys, tmp_path):
     (tmp_path / "root").write_text("{}")
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path / "root"))
     assert rc == 2 and "--artifacts" in text and "not a folder" in text
+
+
+def _plugin_artifact(root, monkeypatch) -> str:
+    """An artifact of the test plugin's kernel under ``root``, the plugin then unregistered and unimported,
+    as a fresh ``autotune show`` process would find it."""
+    import sys
+    from pathlib import Path
+
+    from autotune import spec
+
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.syspath_prepend(tests)
+    import spec_plugin_op as plugin
+
+    env = {k: None for k in art.ENV_KEYS}
+    env["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    entry = {"dtype": "float32", "dqk": 32, "dv": 32, "num_heads": 1, "bucket": 256, "distribution": "uniform",
+             "mask": "causal", "backend": "torch", "config": {"chunks": 1}, "median_ms": 0.01, "spread_ms": 0.001,
+             "tflops": 0.0, "default_ms": 0.02, "default_tflops": 0.0, "speedup": 2.0, "trials": 3,
+             "tuning_s": 1.0}  # fmt: skip
+    hashes = {"torch": art.current_template_hash(plugin.NAME, "torch")}
+    artifact = art.Artifact(plugin.NAME, "h100", env, hashes, "abc", [entry])
+    art.save_artifact(artifact, art.artifact_path("h100", plugin.NAME, root))
+    spec.unregister(plugin.NAME)
+    monkeypatch.delitem(sys.modules, "spec_plugin_op")
+    return plugin.NAME
+
+
+def test_show_loads_autotune_plugins_and_names_a_kernel_without_a_spec(capsys, tmp_path, monkeypatch):
+    """``show`` never imported ``AUTOTUNE_PLUGINS`` (``merge`` and ``run`` do): a plugin kernel's freshly tuned
+    artifact was reported "stale artifact: the torch template ... changed" (its sources hashed as none), with or
+    without the variable, and ``--kernel NAME`` was an unknown kernel. Without the plugin the verdict now says
+    that no spec registers the kernel."""
+    from autotune import spec
+
+    name = _plugin_artifact(tmp_path, monkeypatch)
+    try:
+        rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path))
+        text = " ".join(text.split())  # rich wraps long lines
+        assert "stale" not in text and f"no registered op spec declares kernel {name!r}" in text
+        assert "AUTOTUNE_PLUGINS" in text
+        monkeypatch.setenv("AUTOTUNE_PLUGINS", "spec_plugin_op")
+        rc, text = _run(capsys, "show", "--gpu", "h100", "--kernel", name, "--artifacts", str(tmp_path))
+        text = " ".join(text.split())
+        assert "stale" not in text and "no registered op spec" not in text and "chunks=1" in text
+    finally:
+        spec.unregister(name)

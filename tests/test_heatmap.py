@@ -323,3 +323,16 @@ def test_a_cell_the_call_refuses_is_left_out_and_the_others_kept(monkeypatch):
     with pytest.warns(UserWarning, match=r"cell d64 h2 b1 length 1024 \(tuned\) left out: max_seq_len"):
         rows = heatmap.measure_grid([64], [2], [1], [256, 1024], ["fwd"], ["tuned"], device="cpu")
     assert [(r["length"], r["direction"]) for r in rows] == [(256, "fwd")] and rows[0]["ms"] == 1.0
+
+
+def test_bench_help_names_every_heatmap_grid_default():
+    """``--heatmap-batches``, ``--heatmap-lengths`` and ``--directions`` had no help at all: ``autotune bench
+    --help`` showed neither what they take nor the grid (batch 1-128 x length 128-16K) a bare run measures."""
+    from autotune.tuning.cli import build_parser
+
+    bench = next(a for a in build_parser()._actions if a.dest == "cmd" or getattr(a, "choices", None))
+    text = bench.choices["bench"].format_help()
+    expected = {"--heatmap-batches": "1,2,4,8,16,32,64,128", "--heatmap-lengths": "128,256,512,1K,2K,4K,8K,16K",
+                "--heatmap-heads": "default 4", "--directions": "fwd,bwd,both"}  # fmt: skip
+    for option, default in expected.items():
+        assert option in text and default in text, option

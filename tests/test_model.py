@@ -294,3 +294,16 @@ def test_mfu_counts_every_gpu_of_a_data_parallel_run():
     assert model_flops_utilization(100.0, None, 2) is None
     with pytest.raises(ValueError, match="gpus must be a positive int"):
         model_flops_utilization(100.0, 989.0, 0)
+
+
+def test_train_help_lists_every_accepted_recompute_layer_and_precision():
+    """``--recompute``'s help listed none | uvqk | ln | uvqk+ln: ``pre`` and ``pre+ln`` (the fused GEMM + SiLU
+    forward keeping SiLU's output only), which the config accepts and bench_layer's last column runs, were
+    not named, so a user reading ``--help`` could not find them."""
+    from models.config import KERNEL_SOURCES, LAYER_IMPLS, PRECISIONS, RECOMPUTE
+    from models.train import make_parser
+
+    helps = {a.dest: a.help for a in make_parser()._actions}
+    for dest, allowed in (("recompute", RECOMPUTE), ("layer", LAYER_IMPLS), ("precision", PRECISIONS),
+                          ("kernels", KERNEL_SOURCES)):  # fmt: skip
+        assert all(value in helps[dest] for value in allowed), (dest, helps[dest])

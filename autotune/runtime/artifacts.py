@@ -401,10 +401,20 @@ def changed_templates(artifact: Artifact) -> tuple[list[str], list[str]]:
 
 
 def stale_reason(artifact: Artifact, source: str = "artifact") -> str | None:
-    """Why ``artifact`` is stale (a template its entries use changed since tuning), or None."""
+    """Why ``artifact`` is stale (a template its entries use changed since tuning), or None.
+
+    A kernel no registered spec declares hashes no sources: that is said as such, not as a changed template
+    (a plugin's fresh artifact read where its module was not imported)."""
+    from autotune.spec import kernels
+
     used, _ = changed_templates(artifact)
     if not used:
         return None
+    if artifact.kernel not in kernels():
+        return (
+            f"{source}: no registered op spec declares kernel {artifact.kernel!r}; import the module that "
+            f"registers it first (the autotune CLI: AUTOTUNE_PLUGINS=module)"
+        )
     b = used[0]
     return (
         f"{source}: stale artifact: the {b} template of {artifact.kernel} changed since it was tuned "

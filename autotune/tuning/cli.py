@@ -491,6 +491,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from autotune.tuning.recheck import recheck_status
 
     console = _console()
+    load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels' specs hash and check their artifacts
     root = Path(args.artifacts) if args.artifacts else DEFAULT_ROOT
     gpus = sorted(GPUS) if args.gpu in (None, "all") else [args.gpu.lower()]
     if args.gpu not in (None, "all") and args.gpu.lower() not in GPUS:
@@ -707,10 +708,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--cuda-graph", action="store_true", help="heatmap: time CUDA-graph replays of each call (no host time)"
     )
-    bench.add_argument("--heatmap-batches", default="1,2,4,8,16,32,64,128")
-    bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K")
-    bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8")
-    bench.add_argument("--directions", default="fwd,bwd,both")
+    bench.add_argument("--heatmap-batches", default="1,2,4,8,16,32,64,128", help="default %(default)s")
+    bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K", help="default %(default)s")
+    bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8 (default %(default)s)")
+    bench.add_argument("--directions", default="fwd,bwd,both", help="heatmap directions (default %(default)s)")
     bench.add_argument(
         "--reference",
         help="CSV with direction,dqk,heads,batch,length,tflops (and optionally source): ratio maps against it; "

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from . import distributed
-from .config import PRESETS, ModelConfig, get_config, parse_overrides
+from .config import PRESETS, RECOMPUTE, ModelConfig, get_config, parse_overrides
 from .data import JaggedBatch, make_loader
 from .hstu import HSTURankingModel
 from .metrics import detect_gpu_name, model_flops_utilization, peak_tflops, step_flops
@@ -444,7 +444,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", default=None, help="reference | default | tuned (default: the preset's, 'default')")
     p.add_argument("--layer", default=None, help="unfused | fused (one autograd function over tuned kernels)")
     p.add_argument("--precision", default=None, help="autocast (fp32 residual stream) | bf16 (fused layer)")
-    p.add_argument("--recompute", default=None, help="none | uvqk | ln | uvqk+ln (fused layer)")
+    p.add_argument(
+        "--recompute",
+        default=None,
+        help=f"{' | '.join(RECOMPUTE)} (fused layer; pre = the pre-activation, by a GEMM, keeping SiLU's output only)",
+    )
     p.add_argument(
         "--cuda-graph",
         action="store_true",

@@ -294,3 +294,12 @@ def test_mfu_counts_every_gpu_of_a_data_parallel_run():
     assert model_flops_utilization(100.0, None, 2) is None
     with pytest.raises(ValueError, match="gpus must be a positive int"):
         model_flops_utilization(100.0, 989.0, 0)
+
+
+def test_recompute_help_lists_every_accepted_value():
+    """``--help`` listed none | uvqk | ln | uvqk+ln: the accepted ``pre`` and ``pre+ln`` were undiscoverable."""
+    from models.config import RECOMPUTE
+    from models.train import make_parser
+
+    action = next(a for a in make_parser()._actions if "--recompute" in a.option_strings)
+    assert action.help.startswith(" | ".join(RECOMPUTE))

@@ -138,3 +138,20 @@ def test_cute_benchmarks_check_json_up_front_and_create_out(tmp_path, monkeypatc
     monkeypatch.setenv("OUT", str(tmp_path / "out" / "new"))
     cute_bench_common.write_json(None, "bench_cute.json", {"rows": []})
     assert json.loads((tmp_path / "out" / "new" / "bench_cute.json").read_text()) == {"rows": []}
+
+
+@pytest.mark.parametrize(
+    "name", ["bench_jagged_ratio", "bench_sdpa", "bench_compact", "sweep_triton_bwd", "bench_layer_ops"]
+)
+def test_gpu_benchmarks_say_they_need_a_gpu(name, monkeypatch):
+    """Without CUDA, bench_jagged_ratio and bench_sdpa died of a CUDA generator's RuntimeError and bench_compact
+    and sweep_triton_bwd of torch's "not compiled with CUDA" AssertionError, as tracebacks."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sweep's sibling import
+    module = importlib.import_module(f"benchmarks.{name}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(autotune, "load", lambda *a, **kw: pytest.fail("artifacts loaded without a GPU"))
+    with pytest.raises(SystemExit, match=f"{name}.py needs a CUDA GPU"):
+        module.main([])

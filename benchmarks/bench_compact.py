@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--artifacts", default=str(Path(__file__).resolve().parents[1] / "artifacts"))
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():  # torch's "not compiled with CUDA" AssertionError traceback otherwise
+        raise SystemExit("bench_compact.py needs a CUDA GPU")
     gpu = args.gpu or ("h200" if "H200" in torch.cuda.get_device_name() else "h100")
     rows: list[dict[str, Any]] = []
     for bucket in args.buckets:

@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
         sample = read_length_sample(args.lengths) if args.lengths else None
     except ValueError as e:
         p.error(str(e))
+    if not torch.cuda.is_available():  # a CUDA generator's RuntimeError traceback otherwise
+        raise SystemExit("bench_jagged_ratio.py needs a CUDA GPU")
     autotune.load(args.artifacts, allow_same_arch=args.allow_same_arch)
     laws = list(args.laws) + (["file"] if sample is not None and "file" not in args.laws else [])
     rows: list[dict[str, Any]] = []

@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(cuda_graph=False)  # both sides timed as eager calls, host time included
     args = p.parse_args(argv)
     check_batch_args(p, args, "--lengths")
+    if not torch.cuda.is_available():  # a CUDA generator's RuntimeError traceback otherwise
+        raise SystemExit("bench_sdpa.py needs a CUDA GPU")
     import autotune
 
     autotune.load(args.artifacts)

@@ -83,7 +83,7 @@ def time_config(bc: HSTUBwdConfig, n: int, dim: int, dist: str, batch: int, head
     return dict(shape, cfg=bc.to_dict(), **t, ms=ms, tflops=bwd_flops / ms * 1e-9, parts=parts)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=[], help="positional HSTUBwdConfig fields, CSV; none = default")
     p.add_argument("--dim", type=int, default=256)
@@ -94,7 +94,9 @@ def main() -> None:
     p.add_argument("--no-check", action="store_true", help="skip the small-batch correctness check")
     p.add_argument("--json", default=None, help="also write the rows here (one JSON file)")
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():  # torch's "not compiled with CUDA" AssertionError traceback otherwise
+        raise SystemExit("sweep_triton_bwd.py needs a CUDA GPU")
     configs = [parse_config(c) for c in a.configs] or [default_bwd_config(a.dim, a.dim)]
     print(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     rows = []

@@ -173,3 +173,20 @@ def test_bench_layer_chart_of_cpu_rows_has_no_memory_panel():
     rows = [{k: v for k, v in r.items() if k not in ("peak_mem_gib", "gpu")} for r in _layer_rows()]
     fig = bench_layer.figure(rows)
     assert len(fig.axes) == 1 and not fig.axes[0].get_title().endswith(", ")
+
+
+@pytest.mark.parametrize(
+    "name", ["bench_jagged_ratio", "bench_sdpa", "bench_compact", "sweep_triton_bwd", "bench_layer_ops"]
+)
+def test_gpu_benchmarks_say_they_need_a_gpu(name, monkeypatch):
+    """Without CUDA, bench_jagged_ratio and bench_sdpa died of a CUDA generator's RuntimeError and bench_compact
+    and sweep_triton_bwd of torch's "not compiled with CUDA" AssertionError, as tracebacks."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sweep's sibling import
+    module = importlib.import_module(f"benchmarks.{name}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(autotune, "load", lambda *a, **kw: pytest.fail("artifacts loaded without a GPU"))
+    with pytest.raises(SystemExit, match=f"{name}.py needs a CUDA GPU"):
+        module.main([])

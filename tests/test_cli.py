@@ -55,6 +55,10 @@ def test_no_gpu_is_refused_without_dry_run_or_interpret(capsys, monkeypatch):
         (["--distributions", ","], "--distributions ',' names nothing"),
         (["--masks", ","], "--masks ',' names nothing"),
         (["--backends", "triton,nope"], "--backends: nope is no backend"),
+        # These named no option (and --backends printed a Python list).
+        (["--backends", "nope"], "--backends: nope is no backend of hstu_attention_bwd"),
+        (["--distributions", "zipf"], "--distributions: unknown distribution 'zipf'"),
+        (["--masks", "diagonal"], "--masks: unknown mask 'diagonal'"),
         (["--backends", ","], "--backends names nothing"),
         (["--time-budget", "nan"], "positive and finite"),
         (["--time-budget", "inf"], "positive and finite"),

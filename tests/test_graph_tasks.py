@@ -198,6 +198,22 @@ def test_tasks_command_prints_and_writes_json(capsys, monkeypatch, tmp_path):
     assert Task.from_dict({k: v for k, v in data["tasks"][0].items() if k not in ("count", "nodes")}).bucket == 256
 
 
+def test_tasks_with_a_lengths_file_say_the_file_replaced_the_model_sample(capsys, monkeypatch, tmp_path):
+    """``--lengths FILE`` printed (and wrote to --json) "draw their batches from the model's length sample ...;
+    --lengths FILE replaces it", as if the file had not been read."""
+    monkeypatch.setenv("COLUMNS", "220")
+    lengths, out = tmp_path / "l.json", tmp_path / "tasks.json"
+    lengths.write_text("[5, 17, 30, 12]\n")
+    rc, text = _run(
+        capsys, "tasks", "--from-model", "tiny", "--gpu", "h100", "--lengths", str(lengths), "--json", str(out)
+    )
+    assert rc == 0, text
+    assert "model's length sample" not in text
+    assert f"--lengths {lengths} (4 lengths, mean 16, max 30)" in " ".join(text.split())
+    notes = json.loads(out.read_text())["notes"]
+    assert not any("model's length sample" in n for n in notes) and any(str(lengths) in n for n in notes)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -185,11 +185,11 @@ def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
     dists = _nonempty("--distributions", args.distributions)
     for d in dists:
         if d not in DISTRIBUTIONS:
-            raise CLIError(f"unknown distribution {d!r}; choose from {', '.join(DISTRIBUTIONS)}")
+            raise CLIError(f"--distributions: unknown distribution {d!r}; choose from {', '.join(DISTRIBUTIONS)}")
     masks = _nonempty("--masks", args.masks)
     for m in masks:
         if m not in MASKS:
-            raise CLIError(f"unknown mask {m!r}; choose from {', '.join(MASKS)}")
+            raise CLIError(f"--masks: unknown mask {m!r}; choose from {', '.join(MASKS)}")
     sample = None
     if getattr(args, "lengths", None):
         from autotune.runtime.lengths import compact, read_length_sample
@@ -252,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise CLIError(str(e)) from None
         if not backends_for(k, args.backends, available_only=False):
-            raise CLIError(f"no backend {args.backends} registered for {k}")
+            raise CLIError(f"--backends: {', '.join(args.backends)} is no backend of {k}")
         declared |= {b.name for b in backends_for(k, None, available_only=False)}
     unknown = [b for b in args.backends or () if b not in declared]
     if unknown:

@@ -143,7 +143,13 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
 def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
     """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
     from autotune.runtime.lengths import read_lengths_file
-    from autotune.tuning.graph_tasks import GraphTaskError, build_tasks, ops_from_model, ops_from_onnx
+    from autotune.tuning.graph_tasks import (
+        GraphTaskError,
+        build_tasks,
+        note_lengths_file,
+        ops_from_model,
+        ops_from_onnx,
+    )
 
     try:
         with warnings.catch_warnings():
@@ -153,7 +159,10 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
             else:
                 graph = ops_from_model(args.from_model, dtype=dtype, training=training)
         lengths = read_lengths_file(args.lengths) if args.lengths else None
-        return graph, build_tasks(graph, gpu, lengths, seq_cap, default_batch=batch)
+        tasks = build_tasks(graph, gpu, lengths, seq_cap, default_batch=batch)
+        if lengths is not None:
+            note_lengths_file(graph, lengths, args.lengths)
+        return graph, tasks
     except (GraphTaskError, ValueError) as e:
         raise CLIError(str(e)) from None
 

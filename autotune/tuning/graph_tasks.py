@@ -417,15 +417,26 @@ def config_length_sample(config: dict[str, Any]) -> list[int] | None:
     return None if cfg.length_dist == "full" else length_sample(cfg)
 
 
+MODEL_SAMPLE_NOTE = "jagged tasks draw their batches from the model's length sample"
+
+
+def _sample_stats(sample: list[int]) -> str:
+    return f"{len(sample)} lengths, mean {sum(sample) / len(sample):.0f}, max {max(sample)}"
+
+
 def _with_lengths(graph: GraphOps, sample: list[int] | None) -> GraphOps:
     """``graph`` with the model's length sample attached (and said in its notes)."""
     if sample is not None and any(sample):
         graph.lengths = compact(sample)
-        graph.notes.append(
-            f"jagged tasks draw their batches from the model's length sample ({len(sample)} lengths, "
-            f"mean {sum(sample) / len(sample):.0f}, max {max(sample)}); --lengths FILE replaces it"
-        )
+        graph.notes.append(f"{MODEL_SAMPLE_NOTE} ({_sample_stats(sample)}); --lengths FILE replaces it")
     return graph
+
+
+def note_lengths_file(graph: GraphOps, lengths: LengthsFile, path: str) -> None:
+    """Say in ``graph``'s notes that ``--lengths`` replaces the model's sample: the model's note stayed
+    and told the reader the file was not used."""
+    graph.notes[:] = [n for n in graph.notes if not n.startswith(MODEL_SAMPLE_NOTE)]
+    graph.notes.append(f"jagged tasks draw their batches from --lengths {path} ({_sample_stats(lengths.sample)})")
 
 
 def ops_from_model(spec: str, dtype: str = "bfloat16", training: bool = True) -> GraphOps:

@@ -217,10 +217,13 @@ def test_head_dims_the_kernels_lack_run_zero_padded(dqk, dv, dtype, device):
     for i, (name, got) in enumerate(zip(("out", "dq", "dk", "dv"), (out, *grads), strict=True)):
         assert got.shape == results["ref32"][i].shape and got.dtype == dtype
         check_tolerance(f"d{dqk}/{dv} {name}", got, results["ref32"][i], results["lowp"][i])
-    with pytest.raises(ValueError, match=r"q/k head dim \(Dqk\) must be one of .*got 320"):
-        ops.hstu_attention(
-            torch.randn(6, 1, 320), torch.randn(6, 1, 320), torch.randn(6, 1, 8), torch.tensor([0, 6]), 8
-        )
+    # Above the largest kernel head dim: said as such (it read "must be one of (32, 64, 128, 256)", as if the
+    # padded 48 or 96 were refused too).
+    for dqk, dv, name in ((320, 8, r"q/k head dim \(Dqk\)"), (8, 300, r"v head dim \(Dv\)")):
+        with pytest.raises(ValueError, match=name + r" must be at most 256 \(a smaller one is zero-padded.*got 3"):
+            ops.hstu_attention(
+                torch.randn(6, 1, dqk), torch.randn(6, 1, dqk), torch.randn(6, 1, dv), torch.tensor([0, 6]), 8
+            )
     for shapes, name in ((((6, 1, 0), (6, 1, 8)), "Dqk"), (((6, 1, 8), (6, 1, 0)), "Dv")):
         for source in ("tuned", "reference"):
             with pytest.raises(ValueError, match=rf"\({name}\) must be at least 1, got 0"):

@@ -417,11 +417,13 @@ def hstu_attention(
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
     if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
         check_alpha(alpha)
-    if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
-        return _padded_call(
-            q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
-            source, distribution, mode,
-        )  # fmt: skip
+    if source != "reference" and (q.dim() == 3 and v.dim() == 3):
+        if _needs_padding(q.shape[2], v.shape[2]):
+            return _padded_call(
+                q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+                scaling_seqlen, source, distribution, mode,
+            )  # fmt: skip
+        _check_largest_head_dim(q.shape[2], v.shape[2])
     if mode != "none":
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
@@ -489,6 +491,17 @@ def _static_int(x: object) -> int:
     ``int()`` keeps them so (``_choose`` then cannot trace); ``operator.index`` specialises one with a guard.
     A float (only unchecked calls, ``validate="none"``, get here with one) is truncated as ``int()`` does."""
     return int(x) if isinstance(x, float) else operator.index(x)
+
+
+def _check_largest_head_dim(dqk: int, dv: int) -> None:
+    """A head dim above the kernels' largest is refused as such: the template's "must be one of (32, 64, 128,
+    256)" read as if 48 or 96 were refused too, which this call pads."""
+    for name, d in (("q/k head dim (Dqk)", dqk), ("v head dim (Dv)", dv)):
+        if d > SUPPORTED_HEAD_DIMS[-1]:
+            raise ValueError(
+                f"{name} must be at most {SUPPORTED_HEAD_DIMS[-1]} (a smaller one is zero-padded to the next of "
+                f"{SUPPORTED_HEAD_DIMS}), got {d}"
+            )
 
 
 def _needs_padding(dqk: int, dv: int) -> bool:

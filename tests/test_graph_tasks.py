@@ -453,3 +453,26 @@ def test_tasks_json_never_overwrites_its_input(capsys, tmp_path):
         err = capsys.readouterr().err
         assert rc == 2 and f"is the {option} file" in err, err
     assert (tmp_path / "m.onnx").read_bytes() == before and lengths.read_text() == "100 200\n"
+
+
+@pytest.mark.parametrize("hint", ["uniform", None])
+def test_a_lengths_file_no_task_draws_from_is_said_to_be_unused(tmp_path, hint):
+    """A model whose attention calls declare distribution 'uniform' (the seed preset) got uniform tasks, and the
+    note said "jagged tasks draw their batches from --lengths FILE": there were none. Now the note says the file
+    is not used and why; without a hint the jagged tasks do draw from it."""
+    path = tmp_path / "l.json"
+    path.write_text("[5, 17, 30, 12]\n")
+    lengths = read_lengths_file(str(path))
+    graph = gt.GraphOps("test", [gt.GraphOp(gt.FWD, "attn", "bfloat16", 64, 64, 2, 64, distribution=hint)])
+    tasks = gt.build_tasks(graph, "h100", lengths)
+    gt.note_lengths_file(graph, lengths, str(path), tasks)
+    if hint:
+        assert [t.task.distribution for t in tasks] == ["uniform"]
+        assert graph.notes == [
+            f"--lengths {path} is not used: the attention calls declare distribution 'uniform'; dispatch keys on a "
+            "call's hint, so tasks of the file's lengths would not serve these calls (pass distribution=None in the "
+            "model to use it)"
+        ]
+    else:
+        assert [t.task.distribution for t in tasks] == ["jagged"] and tasks[0].task.sample
+        assert graph.notes == [f"jagged tasks draw their batches from --lengths {path} (4 lengths, mean 16, max 30)"]

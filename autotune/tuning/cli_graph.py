@@ -161,7 +161,7 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
         lengths = read_lengths_file(args.lengths) if args.lengths else None
         tasks = build_tasks(graph, gpu, lengths, seq_cap, default_batch=batch)
         if lengths is not None:
-            note_lengths_file(graph, lengths, args.lengths)
+            note_lengths_file(graph, lengths, args.lengths, tasks)
         return graph, tasks
     except (GraphTaskError, ValueError) as e:
         raise CLIError(str(e)) from None

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from plugin_specs import torch_op_spec
 
 from autotune.spec import register
 from kernel_templates.config_base import JsonConfig
-from kernel_templates.spec_base import BackendSpec, KernelSpec, OpSpec
 from search_spaces.base import SearchSpace
 
 NAME = "spec_plugin_bad_default"
@@ -65,30 +65,4 @@ def defaults(dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool) 
 
 SPACE = SearchSpace(f"{NAME}/torch", ModeConfig, {"mode": tuple(SLEEP_S)}, (), lambda ctx: ModeConfig())
 
-SPEC = register(
-    OpSpec(
-        name=NAME,
-        kernels=(
-            KernelSpec(
-                name=NAME,
-                direction="fwd",
-                make_inputs=f"{__name__}:make_inputs",
-                reference=f"{__name__}:reference",
-                flops=f"{__name__}:flops",
-                alloc_out=f"{__name__}:alloc_out",
-                default=f"{__name__}:defaults",
-                backends=(
-                    BackendSpec(
-                        name="torch",
-                        launcher=f"{__name__}:double",
-                        config=f"{__name__}:ModeConfig",
-                        space=f"{__name__}:SPACE",
-                        tune_launch=f"{__name__}:tune_launch",
-                        sources=("tests/spec_plugin_bad_default.py",),
-                        interpretable=True,
-                    ),
-                ),
-            ),
-        ),
-    )
-)
+SPEC = register(torch_op_spec(__name__, NAME, "double", "ModeConfig"))

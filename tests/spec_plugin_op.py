@@ -1,4 +1,5 @@
-"""A test op defined only by its spec: kernel, reference, tuner adapter and the spec, in one module.
+"""A test op defined only by its spec: kernel, reference, tuner adapter and the spec (``plugin_specs.torch_op_spec``),
+in one module.
 
 ``tests/test_spec_end_to_end.py`` tunes it, saves the artifact, loads it and dispatches a call to it
 without any other registration; the tuner's workers import this module as a plugin.
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from plugin_specs import torch_op_spec
 
 from autotune.spec import register
 from kernel_templates.config_base import JsonConfig
-from kernel_templates.spec_base import BackendSpec, KernelSpec, OpSpec
 from search_spaces.base import SearchSpace
 
 NAME = "spec_plugin_scale"
@@ -63,30 +64,4 @@ def defaults(dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool) 
 
 SPACE = SearchSpace(f"{NAME}/torch", ScaleConfig, {"chunks": (1, 4, 16)}, (), lambda ctx: ScaleConfig())
 
-SPEC = register(
-    OpSpec(
-        name=NAME,
-        kernels=(
-            KernelSpec(
-                name=NAME,
-                direction="fwd",
-                make_inputs=f"{__name__}:make_inputs",
-                reference=f"{__name__}:reference",
-                flops=f"{__name__}:flops",
-                alloc_out=f"{__name__}:alloc_out",
-                default=f"{__name__}:defaults",
-                backends=(
-                    BackendSpec(
-                        name="torch",
-                        launcher=f"{__name__}:scale",
-                        config=f"{__name__}:ScaleConfig",
-                        space=f"{__name__}:SPACE",
-                        tune_launch=f"{__name__}:tune_launch",
-                        sources=("tests/spec_plugin_op.py",),
-                        interpretable=True,
-                    ),
-                ),
-            ),
-        ),
-    )
-)
+SPEC = register(torch_op_spec(__name__, NAME, "scale", "ScaleConfig"))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from plugin_specs import registered_plugin
 
 from autotune import spec
 from autotune.runtime import artifacts as art
@@ -21,11 +21,8 @@ PLUGIN = "spec_plugin_op"
 
 @pytest.fixture
 def plugin(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    from autotune.tuning.registry import load_plugins
-
-    load_plugins([PLUGIN])
-    yield __import__(PLUGIN)
+    with registered_plugin(monkeypatch, PLUGIN) as module:
+        yield module
     dispatch.reset()
 
 

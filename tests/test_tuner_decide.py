@@ -7,26 +7,20 @@ whatever its comparison with the default said, in the run that found the default
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from plugin_specs import registered_plugin
 
 from autotune.runtime import artifacts as art
 from autotune.tuning.tasks import Task
 from autotune.tuning.tuner import TuneOptions, run_tasks
 
-TESTS = Path(__file__).resolve().parent
 PLUGIN = "spec_plugin_bad_default"
 
 
 @pytest.fixture
 def plugin(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    from autotune.tuning.registry import load_plugins
-
-    load_plugins([PLUGIN])
-    return __import__(PLUGIN)
+    with registered_plugin(monkeypatch, PLUGIN) as module:
+        yield module
 
 
 def test_a_default_failing_its_recheck_leaves_the_rechecked_candidate_the_winner(tmp_path, plugin):

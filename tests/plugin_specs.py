@@ -1,0 +1,65 @@
+"""What the test plugins (``spec_plugin_op``, ``spec_plugin_bad_default``) share: the spec of a one-kernel op
+with one interpretable torch backend, and loading a plugin the tuner's worker processes can import too."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kernel_templates.spec_base import BackendSpec, KernelSpec, OpSpec
+
+TESTS = Path(__file__).resolve().parent
+
+
+def torch_op_spec(module: str, name: str, launcher: str, config: str) -> OpSpec:
+    """The op ``name`` whose callables (make_inputs, reference, flops, alloc_out, defaults, SPACE, tune_launch,
+    ``launcher``, ``config``) all live in ``module``, hashed as that module's file."""
+    return OpSpec(
+        name=name,
+        kernels=(
+            KernelSpec(
+                name=name,
+                direction="fwd",
+                make_inputs=f"{module}:make_inputs",
+                reference=f"{module}:reference",
+                flops=f"{module}:flops",
+                alloc_out=f"{module}:alloc_out",
+                default=f"{module}:defaults",
+                backends=(
+                    BackendSpec(
+                        name="torch",
+                        launcher=f"{module}:{launcher}",
+                        config=f"{module}:{config}",
+                        space=f"{module}:SPACE",
+                        tune_launch=f"{module}:tune_launch",
+                        sources=(f"tests/{module}.py",),
+                        interpretable=True,
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+@contextlib.contextmanager
+def registered_plugin(monkeypatch: Any, module: str) -> Iterator[ModuleType]:
+    """The plugin ``module``, registered here and on the workers' PYTHONPATH; unregistered and forgotten after
+    (a registered leftover made later tests see a plugin they had not loaded, and skip loading it)."""
+    from autotune import spec
+    from autotune.tuning import registry
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    registry.load_plugins([module])
+    plugin = __import__(module)
+    try:
+        yield plugin
+    finally:
+        spec.unregister(plugin.NAME)
+        sys.modules.pop(module, None)
+        if module in registry._loaded:
+            registry._loaded.remove(module)

@@ -53,13 +53,17 @@ def registered_plugin(monkeypatch: Any, module: str) -> Iterator[ModuleType]:
     from autotune import spec
     from autotune.tuning import registry
 
+    def forget() -> None:
+        sys.modules.pop(module, None)
+        if module in registry._loaded:
+            registry._loaded.remove(module)
+
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    forget()  # an earlier test's import (say AUTOTUNE_PLUGINS in a CLI test) must not stand in for registering it
     registry.load_plugins([module])
     plugin = __import__(module)
     try:
         yield plugin
     finally:
         spec.unregister(plugin.NAME)
-        sys.modules.pop(module, None)
-        if module in registry._loaded:
-            registry._loaded.remove(module)
+        forget()

@@ -412,18 +412,17 @@ def hstu_attention(
         _refuse_tangents(q, k, v)
     if torch._C._are_functorch_transforms_active() and torch.is_grad_enabled():
         _refuse_func_grad(q, k, v)
-    _check_distribution(distribution)
+    if distribution is not None and distribution not in DISTRIBUTIONS:
+        _check_distribution(distribution)
     # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
     if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
         check_alpha(alpha)
-    if source != "reference" and (q.dim() == 3 and v.dim() == 3):
-        if _needs_padding(q.shape[2], v.shape[2]):
-            return _padded_call(
-                q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
-                scaling_seqlen, source, distribution, mode,
-            )  # fmt: skip
-        _check_largest_head_dim(q.shape[2], v.shape[2])
+    if source != "reference" and (q.dim() == 3 and v.dim() == 3) and _needs_padding(q.shape[2], v.shape[2]):
+        return _padded_call(
+            q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+            source, distribution, mode,
+        )  # fmt: skip
     if mode != "none":
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
@@ -493,7 +492,7 @@ def _static_int(x: object) -> int:
     return int(x) if isinstance(x, float) else operator.index(x)
 
 
-def _check_largest_head_dim(dqk: int, dv: int) -> None:
+def _refuse_large_head_dims(dqk: int, dv: int) -> None:
     """A head dim above the kernels' largest is refused as such: the template's "must be one of (32, 64, 128,
     256)" read as if 48 or 96 were refused too, which this call pads."""
     for name, d in (("q/k head dim (Dqk)", dqk), ("v head dim (Dv)", dv)):
@@ -505,9 +504,13 @@ def _check_largest_head_dim(dqk: int, dv: int) -> None:
 
 
 def _needs_padding(dqk: int, dv: int) -> bool:
-    """A head dim the kernels lack while a larger one covers both (above the largest: the shape check's error)."""
+    """A head dim the kernels lack while a larger one covers both; one above the largest is refused here, off
+    the hot path (a kernel head dim never gets past the first test)."""
     dims = (dqk, dv)
-    return any(d not in SUPPORTED_HEAD_DIMS for d in dims) and all(padded_head_dim(d) is not None for d in dims)
+    if any(d not in SUPPORTED_HEAD_DIMS for d in dims):
+        _refuse_large_head_dims(dqk, dv)
+        return all(padded_head_dim(d) is not None for d in dims)
+    return False
 
 
 def _padded_call(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, source, dist, mode):

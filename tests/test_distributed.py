@@ -38,7 +38,7 @@ def _rank_main(rank: int, world: int, port: int, out: str, balance: str) -> None
     train.build = build
     result = train.run(cfg, steps=3, warmup=0, progress=False, balance=balance)
     torch.save({"params": captured["model"].state_dict(), "result": result}, f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
+    _leave(dist)
 
 
 def _mismatch(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -91,7 +91,15 @@ def _grad_rank_main(rank: int, world: int, port: int, out: str) -> None:
     ddp = DistributedDataParallel(distributed.LossModule(model))  # kept: its reducer all-reduces in backward
     ddp(sub).backward()
     torch.save({"grads": {n: p.grad for n, p in model.named_parameters()}, "rows": sub.num_tokens}, f"{out}/g{rank}.pt")
-    dist.destroy_process_group()
+    _leave(dist)
+
+
+def _leave(dist) -> None:
+    """End a rank once every rank has saved its results. Not by tearing the gloo group down: its destructor joins
+    the worker threads while holding the GIL, and a worker still holding the backward's all-reduce (whose thread
+    state keeps a Python object) waits for the GIL to free it, a deadlock seen as a hung CI run."""
+    dist.barrier()
+    os._exit(0)  # what mp.spawn counts as success
 
 
 def _global_batch(cfg, world: int):

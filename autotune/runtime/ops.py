@@ -413,7 +413,7 @@ def hstu_attention(
     if torch._C._are_functorch_transforms_active() and torch.is_grad_enabled():
         _refuse_func_grad(q, k, v)
     if distribution is not None and distribution not in DISTRIBUTIONS:
-        _check_distribution(distribution)
+        _refuse_distribution(distribution)
     # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
     if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
@@ -598,10 +598,9 @@ def backward_call(out: torch.Tensor, do: torch.Tensor):
     return run
 
 
-def _check_distribution(distribution: str | None) -> None:
+def _refuse_distribution(distribution: object) -> None:
     """The length-law hint must be None or a known law (a typo would silently serve the nearest entry)."""
-    if distribution is not None and distribution not in DISTRIBUTIONS:
-        raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
+    raise ValueError(f"distribution must be None or one of {DISTRIBUTIONS}, got {distribution!r}")
 
 
 class HSTUAttention(nn.Module):
@@ -623,7 +622,8 @@ class HSTUAttention(nn.Module):
         if source not in dispatch.SOURCES:
             raise ValueError(f"unknown kernel source {source!r}; expected one of {dispatch.SOURCES}")
         # Checked here as the call checks them: a module built with a typo failed only at its first call.
-        _check_distribution(distribution)
+        if distribution is not None and distribution not in DISTRIBUTIONS:
+            _refuse_distribution(distribution)
         for name, value in (("contextual_seq_len", contextual_seq_len), ("max_attn_len", max_attn_len)):
             if not _is_int(value) or not 0 <= value < MAX_SEQ_LEN_LIMIT:
                 raise ValueError(f"{name} must be a non-negative int below 2**31, got {value!r}")

@@ -432,12 +432,12 @@ def _with_lengths(graph: GraphOps, sample: list[int] | None) -> GraphOps:
     return graph
 
 
-def note_lengths_file(graph: GraphOps, lengths: LengthsFile, path: str, tasks: list[GraphTask] | None = None) -> None:
+def note_lengths_file(graph: GraphOps, lengths: LengthsFile, path: str, tasks: list[GraphTask]) -> None:
     """Say in ``graph``'s notes that ``--lengths`` replaces the model's sample (the model's note stayed and told
     the reader the file was not used), or, when no task draws from it, why: every attention call declares its
     distribution (dispatch keys on that hint, so tasks of the file's law would never serve these calls)."""
     graph.notes[:] = [n for n in graph.notes if not n.startswith(MODEL_SAMPLE_NOTE)]
-    if tasks is not None and not any(gt.task.sample for gt in tasks):
+    if not any(gt.task.sample for gt in tasks):
         hints = sorted({op.distribution for op in graph.ops if op.kernel in (FWD, BWD) and op.distribution})
         why = f"the attention calls declare distribution {', '.join(map(repr, hints))}" if hints else "no jagged task"
         graph.notes.append(

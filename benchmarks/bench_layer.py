@@ -198,8 +198,7 @@ def render(rows: list[dict[str, Any]], png: str | None) -> str:
 def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors before any layer runs: a misspelt ``--columns`` name ran no column at all (an empty table,
     nothing said), and a length or batch below 1 failed inside the first column."""
-    from autotune.tuning.cli import CLIError
-    from autotune.tuning.cli_checks import int_in
+    from benchmarks.bench_jagged import check_batch_args
 
     names = [name for name, _ in COLUMNS]
     unknown = [c for c in args.columns or [] if c not in names]
@@ -207,14 +206,7 @@ def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--columns: unknown column(s) {unknown}; known: {names}")
     if not 0.0 <= args.dropout < 1.0:
         p.error(f"--dropout must be in [0, 1), got {args.dropout}")
-    try:
-        for n in args.lengths:
-            int_in("--lengths", n, 1)
-        for option in ("--batch", "--heads"):
-            int_in(option, getattr(args, option[2:]), 1)
-        int_in("--head-dim", args.head_dim, 1, 256)
-    except CLIError as e:
-        p.error(str(e))
+    check_batch_args(p, args, "--lengths")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -61,7 +61,7 @@ def linear_residual_bwd(dout: torch.Tensor, y: torch.Tensor, weight: torch.Tenso
         raise ValueError(f"dout must have shape ({m}, {n}) (y's rows, weight's rows), got {tuple(dout.shape)}")
     out, pending = kw.get("out"), kw.get("pending")
     if pending is not None and not isinstance(pending, list):
-        raise ValueError(f"pending must be a list (it receives events to wait on) or None, got {type(pending).__name__}")
+        raise ValueError(f"pending must be a list (it receives events) or None, got {type(pending).__name__}")
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             got = f"{type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__

@@ -20,7 +20,8 @@ BF16="tuned:layer=fused,precision=bf16"
 case "$step" in
 tests)
   python -m pytest -q tests/test_layer_norm.py tests/test_fused_ln_mul_dropout.py tests/test_gemm_silu_bwd.py \
-    tests/test_linear_residual.py tests/test_fused_layer.py tests/test_strided_views.py tests/test_gemm_silu.py "$@" 2>&1 |
+    tests/test_linear_residual.py tests/test_linear_residual_bwd.py tests/test_fused_layer.py tests/test_strided_views.py \
+    tests/test_gemm_silu.py "$@" 2>&1 |
     tee "$OUT/tests.log" | tail -15
   ;;
 tune)

@@ -119,6 +119,46 @@ def test_du_silu_gives_the_gradients_of_the_silu_pass(device, recompute):
         _close(grads[name], g, f"d{name}", device)
 
 
+@pytest.mark.parametrize("order", ["wgrad_first", "side_stream"])
+def test_output_projection_backward_runs_the_dispatched_order(device, monkeypatch, order):
+    """The layer's backward runs ``linear_residual_bwd`` as dispatch chooses it: with another order chosen (as a
+    tuned entry would), the launcher is called with that config, and the output and every gradient still match the
+    unfused layer (the side stream's work joined before the backward returns; on CPU it runs serial)."""
+    import dataclasses
+
+    from kernel_templates.linear_residual.bwd_impl import LinearResidualBwdConfig
+
+    kind, select, launcher = "linear_residual_bwd", dispatch.select, dispatch.launcher
+    seen = []
+
+    def tuned(k, *args, **kw):
+        c = select(k, *args, **kw)
+        return dataclasses.replace(c, config=f'{{"order": "{order}"}}', source="tuned") if k == kind else c
+
+    def spy(backend, k):
+        fn = launcher(backend, k)
+        if k != kind:
+            return fn
+
+        def run(*args, **kw):
+            seen.append(kw["config"])
+            assert isinstance(kw.get("pending"), list)
+            return fn(*args, **kw)
+
+        return run
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32)
+    x, off, dout = _batch(device, cfg.hidden_dim, seed=4)
+    ref_out, ref_grads, sd = _run(cfg, x, off, dout, device)
+    monkeypatch.setattr(dispatch, "select", tuned)
+    monkeypatch.setattr(dispatch, "launcher", spy)
+    out, grads, _ = _run(cfg.replace(layer="fused"), x, off, dout, device, sd)
+    assert seen and all(c == LinearResidualBwdConfig(order) for c in seen)
+    _close(out, ref_out, "out", device)
+    for name, g in ref_grads.items():
+        _close(grads[name], g, f"d{name}", device)
+
+
 def test_layer_flags_are_checked():
     from autotune.runtime.layer import plan_layer
 

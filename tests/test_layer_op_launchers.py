@@ -105,6 +105,7 @@ def _grad_calls() -> dict:
     def rows(*shapes):
         return tuple(None if s is None else torch.empty(*s) for s in shapes)
 
+    from kernel_templates.linear_residual.bwd_impl import LinearResidualBwdConfig
     from kernel_templates.linear_residual.impl import LinearResidualConfig
 
     return {
@@ -123,10 +124,17 @@ def _grad_calls() -> dict:
             (torch.randn(L, 32, requires_grad=True), wk, bk, dy),
             {"out": torch.empty(L, D), "config": LinearResidualConfig("addmm")},
         ),
+        "linear_residual_bwd": (
+            "linear_residual_bwd",
+            (dy, torch.randn(L, 32, requires_grad=True), wk),
+            {"out": rows((L, 32), (D, 32)), "config": LinearResidualBwdConfig("wgrad_first")},
+        ),
     }
 
 
-GRAD_CASES = ["ln_fwd", "ln_bwd", "lnmd_fwd", "lnmd_bwd", "gemm_silu", "gemm_silu_bwd", "linear_residual"]
+GRAD_CASES = [
+    "ln_fwd", "ln_bwd", "lnmd_fwd", "lnmd_bwd", "gemm_silu", "gemm_silu_bwd", "linear_residual", "linear_residual_bwd",
+]  # fmt: skip
 
 
 def test_grad_cases_cover_every_torch_launcher_call():

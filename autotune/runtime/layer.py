@@ -3,7 +3,7 @@
 ``x -> LN -> uvqk = silu(LN(x) W^T + b) -> u, v, q, k (views) -> attention -> dropout(LN(attn) * u)
 -> out = x + y W_o^T + b_o``. Every step runs the kernel ``autotune.runtime.dispatch`` selects for the call's
 shape (tuned artifact entry, else the heuristic default): ``layer_norm_fwd/bwd``, ``gemm_silu`` /
-``gemm_silu_bwd``, ``hstu_attention_fwd/bwd``, ``ln_mul_dropout_fwd/bwd``, ``linear_residual_fwd``.
+``gemm_silu_bwd``, ``hstu_attention_fwd/bwd``, ``ln_mul_dropout_fwd/bwd``, ``linear_residual_fwd/bwd``.
 
 Why one function instead of chaining autograd ops:
 
@@ -48,6 +48,7 @@ LAYER_KERNELS = (
     "ln_mul_dropout_fwd",
     "ln_mul_dropout_bwd",
     "linear_residual_fwd",
+    "linear_residual_bwd",
 )
 
 
@@ -231,9 +232,11 @@ class HSTULayerFunction(torch.autograd.Function):
          ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, seq_offsets, seed) = ctx.saved_tensors  # fmt: skip
         dout = dout.contiguous()
         dout_c = dout.to(plan.dtype)
-        # Output projection: plain GEMMs (cuBLAS); the residual's gradient is dout itself.
-        dy = dout_c @ w_o
-        dw_o = dout_c.t() @ y
+        # Output projection (dy, dW_o); the residual's gradient is dout itself. Work the step leaves on another
+        # stream (its events in ``pending``) runs on beside the ops below and is joined before returning.
+        pending: list = []
+        s = cfg("linear_residual_bwd")
+        dy, dw_o = s.launch(dout_c, y, w_o, config=s.config, pending=pending)
         if xn is None:
             s = cfg("layer_norm_fwd")
             xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
@@ -271,6 +274,8 @@ class HSTULayerFunction(torch.autograd.Function):
         dx, dw1, db1, db_o = s.launch(
             dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout, residual_grad_sum=True
         )
+        for event in pending:
+            event.wait()  # the caller's stream waits: dW_o is complete before autograd reads it
         return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
 
 

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
 from autotune.runtime.buckets import batch_fill, bucket_for
+from autotune.runtime.defaults import space_default
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
@@ -233,7 +234,7 @@ def bench_launches(
         return Launch(backend.name, config, lambda: backend.launch(inputs, config, out))
 
     first = backends.get("triton") or next(iter(backends.values()))
-    default = bind(first, first.space.default(space_context(task, False)))
+    default = bind(first, space_default(first.space, space_context(task, False)))
     bucket = bucket_for(task.max_len)
     entry = artifact.lookup(task.dtype, task.dqk, task.dv, bucket, task.distribution) if artifact else None
     tuned = None
@@ -320,7 +321,7 @@ class _Study:
         # The baseline is what runs without artifacts: the Triton heuristic default when Triton is a backend.
         first = self.backends.get("triton") or next(iter(self.backends.values()))
         self.default_backend = first
-        self.defaults = {n: b.space.values(b.space.default(self.ctx)) for n, b in self.backends.items()}
+        self.defaults = {n: b.space.values(space_default(b.space, self.ctx)) for n, b in self.backends.items()}
         self.default_values = self.defaults[first.name]
         self.default_key = _key(first.name, self.default_values)
         self.choices = {n: _choices(b, self.ctx, self.defaults[n]) for n, b in self.backends.items()}

@@ -340,10 +340,18 @@ class _Study:
         self.flops: float | None = None
         self._requeue_interrupted()
         done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        sooner = []
         for t in self.study.get_trials(deepcopy=False, states=done):
             k = t.user_attrs.get("config_key")
-            if k and not t.user_attrs.get("duplicate") and t.user_attrs.get("status") not in RETRY_STATUSES:
+            if not k or t.user_attrs.get("duplicate") or t.user_attrs.get("status") in RETRY_STATUSES:
+                continue
+            if self._timed_out_sooner(t):
+                sooner.append(t)
+            else:
                 self.seen[k] = t
+        for t in sooner:
+            if t.user_attrs["config_key"] not in self.seen:
+                self._requeue(t, "requeued: timed out under a shorter --eval-timeout")
         # A default that timed out or crashed in an earlier run is measured again: the cause may have been
         # the environment (a short --eval-timeout, a busy GPU), and no winner is written without it.
         last_default = self.seen.get(self.default_key)
@@ -370,6 +378,18 @@ class _Study:
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except UpdateFinishedTrialError:
             return
+        self._requeue(t, "requeued after an interrupted run")
+
+    def _timed_out_sooner(self, t: optuna.trial.FrozenTrial) -> bool:
+        """Whether ``t`` timed out under a shorter limit than this run's (or an unrecorded one): a plain run's
+        study name does not carry ``--eval-timeout``, so a resume with a longer one would otherwise never time
+        again the configs (a long compile) that the shorter limit cut off."""
+        limit = t.user_attrs.get("eval_timeout_s", 0.0)
+        return t.user_attrs.get("status") == "timeout" and limit < self.opts.eval_timeout_s
+
+    def _requeue(self, t: optuna.trial.FrozenTrial, source: str) -> None:
+        """Queue ``t``'s config again: its params, or those it was enqueued with if it was asked but not yet
+        suggested."""
         params = t.params or t.system_attrs.get("fixed_params") or {}
         key = t.user_attrs.get("config_key") or _key_of_params(params)
         backend = t.user_attrs.get("backend") or params.get("backend")
@@ -377,7 +397,7 @@ class _Study:
             prefix = f"{backend}."
             values = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
             if values:
-                self.queue(backend, values, "requeued after an interrupted run")
+                self.queue(backend, values, source)
 
     @property
     def measured(self) -> int:
@@ -529,7 +549,9 @@ class _Study:
         attrs["config"] = _config_dict(config)
         msg = {"cmd": "evaluate", "backend": bname, "config": values, "quick": not is_default}
         res = self.request({**msg, "spill_limit": self.opts.spill_limit})
-        attrs.update(measured=True, status=res["status"], attempts=res["attempts"])
+        attrs.update(
+            measured=True, status=res["status"], attempts=res["attempts"], eval_timeout_s=self.opts.eval_timeout_s
+        )
         for k in ("compile_s", "error", "check", "first_error", "samples"):
             if k in res:
                 attrs[k] = res[k] if k != "error" else str(res[k])[-800:]

@@ -52,8 +52,11 @@ def fit_default(space: SearchSpace, config: Any, ctx: SpaceContext) -> Any:
 
 
 def space_default(space: SearchSpace, ctx: SpaceContext) -> Any:
-    """The space's heuristic default for ``ctx``, fitted to its rules: the tuner's baseline."""
-    return fit_default(space, space.default(ctx), ctx)
+    """The space's heuristic default for ``ctx``, fitted to its rules: the tuner's baseline, what dispatch runs
+    (``fit_spec_default``). Under the interpreter as given, as dispatch runs it there: any tile runs (the
+    interpreter's own rules only keep tuning short)."""
+    config = space.default(ctx)
+    return config if ctx.interpret else fit_default(space, config, ctx)
 
 
 def fit_spec_default(

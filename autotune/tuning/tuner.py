@@ -340,16 +340,16 @@ class _Study:
         self.flops: float | None = None
         self._requeue_interrupted()
         done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-        sooner = []
+        sooner = []  # timeouts under a shorter (or unrecorded) --eval-timeout, which a plain study's name lacks
         for t in self.study.get_trials(deepcopy=False, states=done):
-            k = t.user_attrs.get("config_key")
-            if not k or t.user_attrs.get("duplicate") or t.user_attrs.get("status") in RETRY_STATUSES:
+            k, status = t.user_attrs.get("config_key"), t.user_attrs.get("status")
+            if not k or t.user_attrs.get("duplicate") or status in RETRY_STATUSES:
                 continue
-            if self._timed_out_sooner(t):
+            if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
                 sooner.append(t)
             else:
                 self.seen[k] = t
-        for t in sooner:
+        for t in sooner:  # timed again: the shorter limit may have cut off a long compile
             if t.user_attrs["config_key"] not in self.seen:
                 self._requeue(t, "requeued: timed out under a shorter --eval-timeout")
         # A default that timed out or crashed in an earlier run is measured again: the cause may have been
@@ -379,13 +379,6 @@ class _Study:
         except UpdateFinishedTrialError:
             return
         self._requeue(t, "requeued after an interrupted run")
-
-    def _timed_out_sooner(self, t: optuna.trial.FrozenTrial) -> bool:
-        """Whether ``t`` timed out under a shorter limit than this run's (or an unrecorded one): a plain run's
-        study name does not carry ``--eval-timeout``, so a resume with a longer one would otherwise never time
-        again the configs (a long compile) that the shorter limit cut off."""
-        limit = t.user_attrs.get("eval_timeout_s", 0.0)
-        return t.user_attrs.get("status") == "timeout" and limit < self.opts.eval_timeout_s
 
     def _requeue(self, t: optuna.trial.FrozenTrial, source: str) -> None:
         """Queue ``t``'s config again: its params, or those it was enqueued with if it was asked but not yet
@@ -549,9 +542,8 @@ class _Study:
         attrs["config"] = _config_dict(config)
         msg = {"cmd": "evaluate", "backend": bname, "config": values, "quick": not is_default}
         res = self.request({**msg, "spill_limit": self.opts.spill_limit})
-        attrs.update(
-            measured=True, status=res["status"], attempts=res["attempts"], eval_timeout_s=self.opts.eval_timeout_s
-        )
+        attrs.update(measured=True, status=res["status"], attempts=res["attempts"])
+        attrs["eval_timeout_s"] = self.opts.eval_timeout_s  # a resume with a longer limit times its timeouts again
         for k in ("compile_s", "error", "check", "first_error", "samples"):
             if k in res:
                 attrs[k] = res[k] if k != "error" else str(res[k])[-800:]

@@ -12,8 +12,10 @@ allows it.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,27 @@ def setup(device_type: str) -> DistInfo:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return info
+
+
+@contextlib.contextmanager
+def group_scope() -> Iterator[None]:
+    """Destroy, on leaving, a process group ``setup`` created inside (never one that existed before: a caller's).
+
+    On a clean exit every rank first meets at a barrier: a gloo group's destructor joins its worker threads
+    holding the GIL, and one still holding a peer's collective in flight (DDP's last all-reduce) waits for the
+    GIL, a deadlock (seen as a hung run). After a failure no barrier: a failed peer would never reach it."""
+    import torch.distributed as dist
+
+    existed = dist.is_available() and dist.is_initialized()
+    clean = False
+    try:
+        yield
+        clean = True
+    finally:
+        if not existed and dist.is_available() and dist.is_initialized():
+            if clean:
+                dist.barrier()
+            dist.destroy_process_group()
 
 
 def token_weight(cfg: Any) -> float:

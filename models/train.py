@@ -583,10 +583,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json and rank0:  # a run that fails writes no JSON: an older file there would read as this run's
         Path(args.json).unlink(missing_ok=True)
     try:
-        result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
-                     args.workers, progress=not args.no_progress and rank0, console=console,
-                     balance=args.balance, allow_same_arch=args.allow_same_arch,
-                     prime=False if args.no_prime else None)  # fmt: skip
+        with distributed.group_scope():  # under torchrun: the group run() joins is left at the end
+            result = run(cfg, args.steps, device, args.warmup, args.dtype, args.artifacts, args.gpu, args.log_every,
+                         args.workers, progress=not args.no_progress and rank0, console=console,
+                         balance=args.balance, allow_same_arch=args.allow_same_arch,
+                         prime=False if args.no_prime else None)  # fmt: skip
     except FloatingPointError as e:
         console.print(f"[red]error:[/red] {e}")
         raise SystemExit(1) from None

@@ -4,6 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
-set -euo pipefail
 if [ $# -eq 0 ]; then set -- --gpu h100; fi
 exec autotune run "$@"

@@ -5,5 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
-set -euo pipefail
 python -m pytest -q "$@"

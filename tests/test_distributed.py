@@ -102,6 +102,36 @@ def _leave(dist) -> None:
     os._exit(0)  # what mp.spawn counts as success
 
 
+def _cli_rank_main(rank: int, world: int, port: int, out: str, joined_before: bool) -> None:
+    """``python -m models.train`` as torchrun starts it on this rank; then whether a process group is left."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))  # fmt: skip
+    import torch.distributed as dist
+
+    from models import train
+
+    if joined_before:  # a caller's own group: not the CLI's to destroy
+        dist.init_process_group("gloo")
+    args = ["--preset", "tiny", "--kernels", "reference", "--device", "cpu", "--steps", "2", "--warmup", "0"]
+    result = train.main([*args, "--no-progress", "--log-every", "1"])
+    torch.save({"initialized": dist.is_initialized(), "world": result["world"]}, f"{out}/cli{rank}.pt")
+    if dist.is_initialized():
+        _leave(dist)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("joined_before", [False, True])
+def test_the_training_cli_destroys_the_process_group_it_created(tmp_path, joined_before):
+    """Under torchrun ``python -m models.train`` joined a group and never destroyed it (its resources were left to
+    process exit); it now destroys it after a barrier (the safe order for gloo), and only a group it made."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_cli_rank_main, args=(2, _free_port(), str(tmp_path), joined_before), nprocs=2, join=True)
+    for rank in (0, 1):
+        done = torch.load(tmp_path / f"cli{rank}.pt", weights_only=False)
+        assert done == {"initialized": joined_before, "world": 2}
+
+
 def _global_batch(cfg, world: int):
     from models.data import make_loader
 

@@ -130,6 +130,20 @@ def test_module_arguments_are_checked_when_it_is_built(kwargs, name):
         ops.HSTUAttention(**kwargs)
 
 
+@pytest.mark.parametrize("name", ["contextual_seq_len", "max_attn_len"])
+@pytest.mark.parametrize("bad", [-1, 2**31, 2.5, True, "3", None])
+def test_module_and_call_reject_a_bad_context_or_window_alike(name, bad):
+    """The module's constructor and the call's validation hold one rule (``op.check_mask_lengths``): the same
+    values are refused with the same message."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=name) as built:
+        ops.HSTUAttention(**{name: bad})
+    with pytest.raises(ValueError, match=name) as called:
+        ops.hstu_attention(q, k, v, torch.tensor(GOOD_OFFSETS), MAX_LEN, source="reference", **{name: bad})
+    assert str(built.value) == str(called.value)
+    assert not hasattr(ops, "_is_int")  # the rule is op.py's public check, not its private helper
+
+
 def test_custom_op_called_directly_checks_offsets():
     """The op under the call checks too (its default is "async"), so torch.ops callers are covered."""
     q, k, v = _qkv()

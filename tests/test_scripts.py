@@ -142,3 +142,34 @@ def test_setup_refuses_a_python_older_than_the_project_needs(tmp_path):
     done = _source_setup(root, {**env, "PYTHON": str(old)}, cwd=tmp_path)
     assert done.returncode == 2 and "is not Python >= 3.10" in done.stderr and "PYTHON" in done.stderr, done.stderr
     assert not (tmp_path / "system.log").exists()
+
+
+def _flags_after_sourcing(root: Path, env: dict[str, str], cwd: Path, before: str) -> subprocess.CompletedProcess:
+    """Source setup.sh in a shell whose options are ``before``, then print its status, the shell's option
+    letters and pipefail, run a failing command and say the shell is still there."""
+    cmd = (
+        f'{before}; . "{root}/scripts/setup.sh"; echo "rc=$? flags=$-"; shopt -qo pipefail && echo pipefail; '
+        'false; echo alive; python -c "import sys; print(sys.prefix)"'
+    )
+    return subprocess.run(["bash", "-c", cmd], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("before", ["true", "set -u", "set -o pipefail"])
+def test_sourcing_setup_leaves_the_callers_shell_options_as_they_were(before, tmp_path):
+    """Sourced in an interactive shell, setup.sh left ``set -euo pipefail`` behind where it failed (the user's
+    shell then exited on their next failing command) and turned a caller's own ``-u`` off where it succeeded."""
+    root, env = _setup_env(tmp_path)
+    done = _flags_after_sourcing(root, env, tmp_path, before)
+    flags = done.stdout.split("flags=")[1].split()[0]
+    assert "rc=0" in done.stdout and "e" not in flags and ("u" in flags) == (before == "set -u"), done.stdout
+    assert ("pipefail" in done.stdout.split()) == ("pipefail" in before) and "alive" in done.stdout
+    assert Path(done.stdout.strip().splitlines()[-1]) == root / ".venv"  # still in the environment afterwards
+    old = tmp_path / "bin" / "python3.9"
+    old.write_text('#!/usr/bin/env bash\n[ "$1" = "-c" ] && exit 1\nmkdir -p "${@: -1}"; exit 0\n')
+    old.chmod(0o755)
+    shutil.rmtree(root / ".venv")
+    failed = _flags_after_sourcing(root, {**env, "PYTHON": str(old)}, tmp_path, before)
+    assert "flags=" in failed.stdout, f"the caller's shell exited: {failed.stdout!r} {failed.stderr!r}"
+    flags = failed.stdout.split("flags=")[1].split()[0]
+    assert "rc=2" in failed.stdout and "e" not in flags and ("u" in flags) == (before == "set -u"), failed.stdout
+    assert ("pipefail" in failed.stdout.split()) == ("pipefail" in before) and "alive" in failed.stdout

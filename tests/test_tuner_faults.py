@@ -233,6 +233,31 @@ def test_a_default_that_timed_out_is_measured_again_on_resume_and_nothing_is_wri
     assert entry["default_ms"] is not None and entry["compare"]["rounds"] >= 6
 
 
+def test_a_config_that_timed_out_under_a_shorter_eval_timeout_is_timed_again_on_resume(tmp_path, monkeypatch):
+    """A resumed plain run (no farm namespace) with a longer --eval-timeout times again the configs that timed
+    out under the shorter one (a long compile); under the same limit a timeout stays final."""
+    _plant(monkeypatch, "ok")
+    monkeypatch.setenv("AUTOTUNE_FAKE_OK_FIRST_SLEEP", "4")
+    task = _task()
+
+    def ok_trials() -> list[optuna.trial.FrozenTrial]:
+        storage = make_storage(None, task.gpu, tmp_path)
+        name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+        return [t for t in trials if t.params.get("fake.mode") == "ok" and not t.user_attrs.get("duplicate")]
+
+    (first,) = run_tasks([task], _opts(tmp_path, eval_timeout_s=1.5))
+    (ok,) = ok_trials()
+    assert ok.user_attrs["status"] == "timeout" and first.config != OK
+    run_tasks([task], _opts(tmp_path, eval_timeout_s=1.5))
+    assert len(ok_trials()) == 1  # the same limit: not timed again
+    (again,) = run_tasks([task], _opts(tmp_path, eval_timeout_s=30.0))
+    timed = ok_trials()
+    assert [t.user_attrs["status"] for t in timed] == ["timeout", "ok"]
+    assert [t.user_attrs["eval_timeout_s"] for t in timed] == [1.5, 30.0]
+    assert again.error is None and again.config == OK and _written(tmp_path) == OK
+
+
 def test_compare_verdict_needs_a_gain_beyond_the_spread():
     steady = compare_verdict([1.0] * 6, [1.10] * 6)
     assert steady["beats"] and steady["speedup"] == pytest.approx(1.10) and steady["rounds"] == 6

@@ -43,6 +43,7 @@ import torch
 
 from autotune import spec
 from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, bucket_for
+from autotune.runtime.defaults import fit_spec_default
 from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX
 
 SOURCES = ("tuned", "default", "reference")
@@ -403,20 +404,24 @@ def preferred_default(
     """The spec's first default (its preferred backend), whether or not it runs in this process: what a GPU
     with every backend runs without artifacts, and what a trace records."""
     backend, config = next(iter(_spec_defaults(kind, dqk, dv, dtype, num_heads, interpret).items()))
+    config = fit_spec_default(kind, backend, config, dqk, dv, num_heads, dtype, interpret)
     return Choice(backend, _config_json(config), "default")
 
 
 def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_heads: int = 1) -> Choice:
     """The heuristic default for these dims and dtype: the first available backend of the kernel
-    spec's defaults (float32 takes smaller attention tiles)."""
-    defaults = _spec_defaults(kind, dqk, dv, dtype, num_heads, _interpreting())
+    spec's defaults (float32 takes smaller attention tiles), fitted to the running GPU's rules
+    (``defaults.fit_spec_default``)."""
+    interpret = _interpreting()
+    defaults = _spec_defaults(kind, dqk, dv, dtype, num_heads, interpret)
     for backend, config in defaults.items():
         if backend_available(backend, kind):
+            config = fit_spec_default(kind, backend, config, dqk, dv, num_heads, dtype, interpret)
             return Choice(backend, _config_json(config), "default")
     if _tracing():  # a trace (torch.export of the model for its tasks) only records the choice: no kernel runs
-        return preferred_default(kind, dqk, dv, dtype, num_heads, _interpreting())
+        return preferred_default(kind, dqk, dv, dtype, num_heads, interpret)
     hint = ""
-    if not torch.cuda.is_available() and not _interpreting():
+    if not torch.cuda.is_available() and not interpret:
         hint = (
             "; there is no CUDA GPU here: set TRITON_INTERPRET=1 to run the Triton kernels on the CPU (slow), or "
             "use the 'reference' source (source='reference', or kernels='reference' in the model)"
@@ -438,13 +443,14 @@ def for_batch(
     c = json.loads(config) if isinstance(config, str) else config.to_dict()
     if c.get("compact") or c.get("persistent"):
         return backend, config
-    defaults = spec.resolve(spec.kernel(kind).default)(dqk, dv, heads, dtype, _interpreting())
+    interpret = _interpreting()
+    config = _spec_defaults(kind, dqk, dv, dtype, heads, interpret)["triton"]
     _warn_once(
         f"{kind}: a batch of {batch} sequences is over the {GRID_YZ_MAX} the chosen CuTe config's launch grid holds "
         "(its grid order puts sequences in the grid's y dimension); running the Triton default",
         key=f"{kind}:wide-batch",
     )
-    return "triton", _config_json(defaults["triton"])
+    return "triton", _config_json(fit_spec_default(kind, "triton", config, dqk, dv, heads, dtype, interpret))
 
 
 @functools.lru_cache(maxsize=512)

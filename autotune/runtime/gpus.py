@@ -8,6 +8,7 @@ Adding a GPU: add one ``GPUSpec`` to ``GPUS`` and, if its marketing name differs
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from dataclasses import dataclass
 
@@ -72,6 +73,22 @@ def detect_gpu() -> str:
         known = ", ".join(sorted(GPUS))
         raise RuntimeError(f"GPU {name!r} is not in the registry ({known}); add it to autotune/runtime/gpus.py")
     return key
+
+
+def running_gpu() -> GPUSpec | None:
+    """The registry spec of the current CUDA device; None without CUDA or for a GPU the registry lacks (what
+    the heuristic defaults are fitted to: ``autotune.runtime.defaults``)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return _spec_named(torch.cuda.get_device_name())
+
+
+@functools.cache
+def _spec_named(device_name: str) -> GPUSpec | None:
+    key = gpu_from_name(device_name)
+    return GPUS[key] if key else None
 
 
 def environment() -> dict[str, object]:

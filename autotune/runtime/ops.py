@@ -35,9 +35,8 @@ from kernel_templates.hstu_attention.input_check import (
     validate_mode,
 )
 from kernel_templates.hstu_attention.op import (
-    MAX_SEQ_LEN_LIMIT,
-    _is_int,
     check_grad,
+    check_mask_lengths,
     first_order_only,
     kernel_targets,
     validate_hstu_grad,
@@ -624,9 +623,7 @@ class HSTUAttention(nn.Module):
         # Checked here as the call checks them: a module built with a typo failed only at its first call.
         if distribution is not None and distribution not in DISTRIBUTIONS:
             _refuse_distribution(distribution)
-        for name, value in (("contextual_seq_len", contextual_seq_len), ("max_attn_len", max_attn_len)):
-            if not _is_int(value) or not 0 <= value < MAX_SEQ_LEN_LIMIT:
-                raise ValueError(f"{name} must be a non-negative int below 2**31, got {value!r}")
+        check_mask_lengths(contextual_seq_len, max_attn_len)
         self.validate = validate_mode(validate)
         self.source = source
         self.distribution = distribution

@@ -22,7 +22,8 @@ imported (``plugins=["autotune.tuning.fake"]``); its worker imports it too. Two 
 
 Environment hooks for process-level faults: ``AUTOTUNE_FAKE_SETUP_DEATHS=PATH:N`` makes the first N
 worker set-ups die (a counter in PATH), ``AUTOTUNE_FAKE_DEFAULT_SLEEP=S`` makes the default sleep S
-seconds per launch (a test kills the run during it).
+seconds per launch (a test kills the run during it), ``AUTOTUNE_FAKE_OK_FIRST_SLEEP=S`` makes the first 'ok'
+launch of each worker sleep S seconds (a compile longer than a short ``--eval-timeout``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ SLEEP_S = {"slow": _DEFAULT_S, "ok": 0.004, "ok2": 0.006, "wrong": 0.0, "nan": 0
 FAULT_SLEEP_S = {**SLEEP_S, "sticky": 0.0, "bigwrong": 0.001, "narrow": 0.002, "overrun": 0.0, "clobber": 0.0}
 CHECK_BATCH = 5  # sequences in the worker's check batch (autotune.tuning.worker.check_lengths)
 _BROKEN: list[str] = []  # set by a 'sticky' launch: this process is unusable from then on
+_FIRST_DONE: list[str] = []  # modes whose first launch in this process ran (AUTOTUNE_FAKE_OK_FIRST_SLEEP)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ def _launch(inputs: dict, config: FakeConfig, out: tuple | None) -> tuple:
         _BROKEN.append("sticky")
         raise RuntimeError("launch failed with an unrecognised status")
     delay = FAULT_SLEEP_S[mode]
+    if mode == "ok" and os.environ.get("AUTOTUNE_FAKE_OK_FIRST_SLEEP") and mode not in _FIRST_DONE:
+        _FIRST_DONE.append(mode)
+        delay = float(os.environ["AUTOTUNE_FAKE_OK_FIRST_SLEEP"])
     if mode == "slow" and os.environ.get("AUTOTUNE_FAKE_DEFAULT_SLEEP"):
         delay = float(os.environ["AUTOTUNE_FAKE_DEFAULT_SLEEP"])
     time.sleep(delay)

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
 from autotune.runtime.buckets import batch_fill, bucket_for
+from autotune.runtime.defaults import space_default
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
@@ -233,7 +234,7 @@ def bench_launches(
         return Launch(backend.name, config, lambda: backend.launch(inputs, config, out))
 
     first = backends.get("triton") or next(iter(backends.values()))
-    default = bind(first, first.space.default(space_context(task, False)))
+    default = bind(first, space_default(first.space, space_context(task, False)))
     bucket = bucket_for(task.max_len)
     entry = artifact.lookup(task.dtype, task.dqk, task.dv, bucket, task.distribution) if artifact else None
     tuned = None
@@ -320,7 +321,7 @@ class _Study:
         # The baseline is what runs without artifacts: the Triton heuristic default when Triton is a backend.
         first = self.backends.get("triton") or next(iter(self.backends.values()))
         self.default_backend = first
-        self.defaults = {n: b.space.values(b.space.default(self.ctx)) for n, b in self.backends.items()}
+        self.defaults = {n: b.space.values(space_default(b.space, self.ctx)) for n, b in self.backends.items()}
         self.default_values = self.defaults[first.name]
         self.default_key = _key(first.name, self.default_values)
         self.choices = {n: _choices(b, self.ctx, self.defaults[n]) for n, b in self.backends.items()}
@@ -339,10 +340,18 @@ class _Study:
         self.flops: float | None = None
         self._requeue_interrupted()
         done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        sooner = []  # timeouts under a shorter (or unrecorded) --eval-timeout, which a plain study's name lacks
         for t in self.study.get_trials(deepcopy=False, states=done):
-            k = t.user_attrs.get("config_key")
-            if k and not t.user_attrs.get("duplicate") and t.user_attrs.get("status") not in RETRY_STATUSES:
+            k, status = t.user_attrs.get("config_key"), t.user_attrs.get("status")
+            if not k or t.user_attrs.get("duplicate") or status in RETRY_STATUSES:
+                continue
+            if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
+                sooner.append(t)
+            else:
                 self.seen[k] = t
+        for t in sooner:  # timed again: the shorter limit may have cut off a long compile
+            if t.user_attrs["config_key"] not in self.seen:
+                self._requeue(t, "requeued: timed out under a shorter --eval-timeout")
         # A default that timed out or crashed in an earlier run is measured again: the cause may have been
         # the environment (a short --eval-timeout, a busy GPU), and no winner is written without it.
         last_default = self.seen.get(self.default_key)
@@ -369,6 +378,11 @@ class _Study:
             storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except UpdateFinishedTrialError:
             return
+        self._requeue(t, "requeued after an interrupted run")
+
+    def _requeue(self, t: optuna.trial.FrozenTrial, source: str) -> None:
+        """Queue ``t``'s config again: its params, or those it was enqueued with if it was asked but not yet
+        suggested."""
         params = t.params or t.system_attrs.get("fixed_params") or {}
         key = t.user_attrs.get("config_key") or _key_of_params(params)
         backend = t.user_attrs.get("backend") or params.get("backend")
@@ -376,7 +390,7 @@ class _Study:
             prefix = f"{backend}."
             values = {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
             if values:
-                self.queue(backend, values, "requeued after an interrupted run")
+                self.queue(backend, values, source)
 
     @property
     def measured(self) -> int:
@@ -529,6 +543,7 @@ class _Study:
         msg = {"cmd": "evaluate", "backend": bname, "config": values, "quick": not is_default}
         res = self.request({**msg, "spill_limit": self.opts.spill_limit})
         attrs.update(measured=True, status=res["status"], attempts=res["attempts"])
+        attrs["eval_timeout_s"] = self.opts.eval_timeout_s  # a resume with a longer limit times its timeouts again
         for k in ("compile_s", "error", "check", "first_error", "samples"):
             if k in res:
                 attrs[k] = res[k] if k != "error" else str(res[k])[-800:]

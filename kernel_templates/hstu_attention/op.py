@@ -24,6 +24,16 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def check_mask_lengths(contextual_seq_len: object, max_attn_len: object) -> None:
+    """Raise ``ValueError`` naming ``contextual_seq_len`` or ``max_attn_len`` unless each is a non-negative int
+    below 2**31: the kernels take them as int32 (a larger context or window would wrap to a negative one). The
+    call's validation and ``HSTUAttention``'s constructor (which fixes them for every call) share it."""
+    if not _is_int(contextual_seq_len) or not 0 <= contextual_seq_len < MAX_SEQ_LEN_LIMIT:
+        raise ValueError(f"contextual_seq_len must be a non-negative int below 2**31, got {contextual_seq_len!r}")
+    if not _is_int(max_attn_len) or not 0 <= max_attn_len < MAX_SEQ_LEN_LIMIT:
+        raise ValueError(f"max_attn_len must be a non-negative int below 2**31 (0 = no window), got {max_attn_len!r}")
+
+
 def kernel_targets(
     num_targets: torch.Tensor | None, contextual_seq_len: int, seq_offsets: torch.Tensor
 ) -> torch.Tensor | None:
@@ -131,11 +141,7 @@ def validate_hstu_inputs(
             raise ValueError(f"num_targets must have shape ({batch},), got {tuple(num_targets.shape)}")
         if num_targets.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"num_targets must be int32 or int64, got {num_targets.dtype}")
-    # The kernels take these as int32 (a larger context or window would wrap to a negative one).
-    if not _is_int(contextual_seq_len) or not 0 <= contextual_seq_len < MAX_SEQ_LEN_LIMIT:
-        raise ValueError(f"contextual_seq_len must be a non-negative int below 2**31, got {contextual_seq_len!r}")
-    if not _is_int(max_attn_len) or not 0 <= max_attn_len < MAX_SEQ_LEN_LIMIT:
-        raise ValueError(f"max_attn_len must be a non-negative int below 2**31 (0 = no window), got {max_attn_len!r}")
+    check_mask_lengths(contextual_seq_len, max_attn_len)
     if scaling_seqlen is not None and (not _is_int(scaling_seqlen) or not 0 < scaling_seqlen < MAX_SEQ_LEN_LIMIT):
         raise ValueError(f"scaling_seqlen must be a positive int below 2**31 or None, got {scaling_seqlen!r}")
     if scaling_seqlen is None and max_seq_len == 0 and q.shape[0] > 0:

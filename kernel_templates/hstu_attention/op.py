@@ -221,28 +221,32 @@ class HSTUAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
+ATTENTION_SECOND_ORDER = (
+    "hstu_attention: the kernels' gradients are not differentiable (no double backward); "
+    "use source='reference' for higher-order gradients"
+)
+
+
 class _FirstOrderOnly(torch.autograd.Function):
     """A kernel gradient passed through unchanged, whose own gradient raises when anything needs it."""
 
     @staticmethod
-    def forward(ctx, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, message: str, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
+        ctx.message = message
         return grad.clone()  # not a view: the caller may update it in place
 
     @staticmethod
     def backward(ctx, *_):
-        raise RuntimeError(
-            "hstu_attention: the kernels' gradients are not differentiable (no double backward); "
-            "use source='reference' for higher-order gradients"
-        )
+        raise RuntimeError(ctx.message)
 
 
-def first_order_only(grads: tuple, sources: tuple) -> tuple:
+def first_order_only(grads: tuple, sources: tuple, message: str = ATTENTION_SECOND_ORDER) -> tuple:
     """``grads`` as they are, unless the backward builds a graph (``create_graph=True``): then each is tied to
-    ``sources`` through a node that raises when differentiated, so a gradient of a gradient fails loudly
-    instead of treating the kernels' gradients as constants (silently dropping second-order terms)."""
+    ``sources`` through a node that raises ``message`` when differentiated, so a gradient of a gradient fails
+    loudly instead of treating the kernels' gradients as constants (silently dropping second-order terms)."""
     if not torch.is_grad_enabled() or not any(isinstance(t, torch.Tensor) and t.requires_grad for t in sources):
         return grads
-    return tuple(g if g is None else _FirstOrderOnly.apply(g, *sources) for g in grads)
+    return tuple(g if g is None else _FirstOrderOnly.apply(message, g, *sources) for g in grads)
 
 
 def hstu_attention(

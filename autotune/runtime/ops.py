@@ -545,9 +545,10 @@ _PADDED = "hstu_attention.padded"
 
 
 def _eager(*tensors: torch.Tensor) -> bool:
-    """Plain tensors and nothing tracing: the custom op's dispatch can be skipped."""
+    """Plain tensors with data (meta tensors have none: the custom op's fake gives their shapes) and nothing
+    tracing: the custom op's dispatch can be skipped."""
     return (
-        all(type(t) is torch.Tensor for t in tensors)
+        all(type(t) is torch.Tensor and not t.is_meta for t in tensors)
         and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._are_functorch_transforms_active()

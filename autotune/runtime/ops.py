@@ -32,6 +32,7 @@ from kernel_templates.hstu_attention.input_check import (
     check_offsets,
     fit_grid,
     launch_lengths,
+    launch_mask_lengths,
     validate_mode,
 )
 from kernel_templates.hstu_attention.op import (
@@ -225,6 +226,7 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     max_seq_len, scaling = launch_lengths(max_seq_len, scaling, q.shape[0])
+    ctx_len, win = launch_mask_lengths(ctx_len, win, q.shape[0])
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
 
@@ -282,6 +284,7 @@ def _bwd_impl(
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     max_seq_len, scaling = launch_lengths(max_seq_len, scaling, q.shape[0])
+    ctx_len, win = launch_mask_lengths(ctx_len, win, q.shape[0])
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
 

@@ -269,7 +269,7 @@ def hstu_attention(
     ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
     True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.
     """
-    from .input_check import check_alpha, fit_grid, launch_lengths, validate_mode
+    from .input_check import check_alpha, fit_grid, launch_lengths, launch_mask_lengths, validate_mode
     from .spec import grid_rows_triton_bwd, grid_rows_triton_fwd
 
     if alpha is not None:
@@ -279,6 +279,7 @@ def hstu_attention(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
     max_seq_len, scaling_seqlen = launch_lengths(max_seq_len, scaling_seqlen, q.shape[0])
+    contextual_seq_len, max_attn_len = launch_mask_lengths(contextual_seq_len, max_attn_len, q.shape[0])
     # The kernels index offsets and targets densely: a strided view (a table's column) is compacted first.
     seq_offsets = seq_offsets.contiguous()
     num_targets = kernel_targets(None if num_targets is None else num_targets.contiguous(), contextual_seq_len,

@@ -441,3 +441,21 @@ def test_the_cute_entry_names_a_grid_order_config_over_65535_sequences():
     with pytest.raises(ValueError, match="bwd_config: a batch of 65536"):
         hstu_attention_cute(q, q, q, off, 1, fwd_config=dataclasses.replace(fc, compact=True),
                             bwd_config=dataclasses.replace(bc, compact=False))  # fmt: skip
+
+
+@pytest.mark.parametrize("source", ["default", "tuned", "reference"])
+@pytest.mark.parametrize("validate", ["async", "full", "none"])
+def test_meta_tensors_give_shapes_as_the_custom_op_does(source, validate):
+    """Meta tensors (shape inference, a model built on the meta device) have no data: the eager path ran the
+    kernels' launchers and host checks on them, a NotImplementedError ("Cannot copy out of meta tensor") in every
+    mode, while the custom op under the call answers them from its fake. They now get the fake's output and
+    gradient shapes, a zero-padded head dim included."""
+    for dqk, dv in ((32, 32), (48, 40)):
+        q, k, v = (torch.empty(10, 2, d, device="meta", requires_grad=True) for d in (dqk, dqk, dv))
+        off, nt = torch.tensor([0, 4, 10], device="meta"), torch.tensor([1, 2], device="meta")
+        out = ops.hstu_attention(q, k, v, off, 8, None, nt, 1, 2, source=source, validate=validate)
+        assert out.shape == (10, 2, dv) and out.is_meta
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        assert [g.shape for g in grads] == [t.shape for t in (q, k, v)] and all(g.is_meta for g in grads)
+        with torch.no_grad():
+            assert ops.HSTUAttention(source=source, validate=validate)(q, k, v, off, 8).shape == (10, 2, dv)

@@ -35,7 +35,7 @@ import torch
 from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
-from kernel_templates.hstu_attention.op import check_offsets_format
+from kernel_templates.hstu_attention.op import check_offsets_format, first_order_only
 from kernel_templates.launch_checks import dropout_p, finite_eps, unit_columns
 
 LAYER_KERNELS = (
@@ -49,6 +49,12 @@ LAYER_KERNELS = (
     "ln_mul_dropout_bwd",
     "linear_residual_fwd",
     "linear_residual_bwd",
+)
+
+# The kernels' backward is first order: a gradient of the layer's gradients raises this instead of being zero.
+SECOND_ORDER = (
+    "hstu_layer: the fused layer's gradients are not differentiable (no double backward); "
+    "use the unfused layer (models.hstu, layer='unfused') for higher-order gradients"
 )
 
 
@@ -276,7 +282,9 @@ class HSTULayerFunction(torch.autograd.Function):
         )
         for event in pending:
             event.wait()  # the caller's stream waits: dW_o is complete before autograd reads it
-        return dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o, None, None, None
+        grads = (dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o)
+        inputs = (dout, *ctx.saved_tensors)
+        return *first_order_only(grads, inputs, SECOND_ORDER), None, None, None
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -297,7 +305,7 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         s = ctx.plan.step("layer_norm_bwd")
         dx, dw, db = s.launch(dy.contiguous(), x, weight, bias, mean, rstd, config=s.config)
-        return dx, dw, db, None, None
+        return *first_order_only((dx, dw, db), (dy, x, weight, bias), SECOND_ORDER), None, None
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:

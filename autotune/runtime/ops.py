@@ -32,6 +32,7 @@ from kernel_templates.hstu_attention.input_check import (
     check_offsets,
     fit_grid,
     launch_lengths,
+    launch_mask_lengths,
     validate_mode,
 )
 from kernel_templates.hstu_attention.op import (
@@ -224,6 +225,7 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     max_seq_len, scaling = launch_lengths(max_seq_len, scaling, q.shape[0])
+    ctx_len, win = launch_mask_lengths(ctx_len, win, q.shape[0])
     return launcher(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
 
 
@@ -281,6 +283,7 @@ def _bwd_impl(
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
     max_seq_len, scaling = launch_lengths(max_seq_len, scaling, q.shape[0])
+    ctx_len, win = launch_mask_lengths(ctx_len, win, q.shape[0])
     dq, dk, dv = launcher(do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, cfg)
     return dq.to(q.dtype), dk, dv
 
@@ -544,9 +547,10 @@ _PADDED = "hstu_attention.padded"
 
 
 def _eager(*tensors: torch.Tensor) -> bool:
-    """Plain tensors and nothing tracing: the custom op's dispatch can be skipped."""
+    """Plain tensors with data (meta tensors have none: the custom op's fake gives their shapes) and nothing
+    tracing: the custom op's dispatch can be skipped."""
     return (
-        all(type(t) is torch.Tensor for t in tensors)
+        all(type(t) is torch.Tensor and not t.is_meta for t in tensors)
         and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._are_functorch_transforms_active()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX, check_alpha, fit_grid, launch_lengths
+from kernel_templates.hstu_attention.input_check import (
+    GRID_YZ_MAX,
+    check_alpha,
+    fit_grid,
+    launch_lengths,
+    launch_mask_lengths,
+)
 from kernel_templates.hstu_attention.op import first_order_only, kernel_targets, validate_hstu_inputs
 
 from . import op as _op
@@ -49,6 +55,7 @@ def hstu_attention_cute(
         validate_hstu_inputs(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
+    contextual_seq_len, max_attn_len = launch_mask_lengths(contextual_seq_len, max_attn_len, q.shape[0])
     # The kernels index offsets and targets densely (an int32 strided view would be read as if compact).
     seq_offsets = seq_offsets.contiguous()
     num_targets = kernel_targets(None if num_targets is None else num_targets.contiguous(), contextual_seq_len,

@@ -69,6 +69,18 @@ def launch_lengths(max_seq_len: int, scaling_seqlen: int | None, rows: int) -> t
     return rows, max_seq_len if scaling_seqlen is None else scaling_seqlen
 
 
+def launch_mask_lengths(contextual_seq_len: int, max_attn_len: int, rows: int) -> tuple[int, int]:
+    """(context, window) a launch takes: each capped at ``rows + 1``, which leaves every sequence's mask as it is.
+
+    The kernels add a position id, the window and the context in int32: a window near 2**31 (an "unbounded"
+    one) wrapped in the backward's row range and dropped every gradient term, and a context and window both
+    that large wrapped the forward's key range to rows outside the sequence (an out-of-bounds read). No
+    sequence has more than ``rows`` positions (the kernels clamp the offsets to them), so its ids differ by at
+    most ``rows`` and a window above that masks nothing, and a context longer than the sequence leaves the
+    diagonal alone whatever its length; both keep their on/off flags (kernel variant and dispatch mask)."""
+    return min(contextual_seq_len, rows + 1), min(max_attn_len, rows + 1)
+
+
 def fit_grid(
     max_seq_len: int, scaling_seqlen: int | None, seq_offsets: torch.Tensor, rows: int, block_rows: Iterable[int | None]
 ) -> tuple[int, int | None]:

@@ -227,28 +227,32 @@ class HSTUAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
+ATTENTION_SECOND_ORDER = (
+    "hstu_attention: the kernels' gradients are not differentiable (no double backward); "
+    "use source='reference' for higher-order gradients"
+)
+
+
 class _FirstOrderOnly(torch.autograd.Function):
     """A kernel gradient passed through unchanged, whose own gradient raises when anything needs it."""
 
     @staticmethod
-    def forward(ctx, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, message: str, grad: torch.Tensor, *sources: torch.Tensor) -> torch.Tensor:
+        ctx.message = message
         return grad.clone()  # not a view: the caller may update it in place
 
     @staticmethod
     def backward(ctx, *_):
-        raise RuntimeError(
-            "hstu_attention: the kernels' gradients are not differentiable (no double backward); "
-            "use source='reference' for higher-order gradients"
-        )
+        raise RuntimeError(ctx.message)
 
 
-def first_order_only(grads: tuple, sources: tuple) -> tuple:
+def first_order_only(grads: tuple, sources: tuple, message: str = ATTENTION_SECOND_ORDER) -> tuple:
     """``grads`` as they are, unless the backward builds a graph (``create_graph=True``): then each is tied to
-    ``sources`` through a node that raises when differentiated, so a gradient of a gradient fails loudly
-    instead of treating the kernels' gradients as constants (silently dropping second-order terms)."""
+    ``sources`` through a node that raises ``message`` when differentiated, so a gradient of a gradient fails
+    loudly instead of treating the kernels' gradients as constants (silently dropping second-order terms)."""
     if not torch.is_grad_enabled() or not any(isinstance(t, torch.Tensor) and t.requires_grad for t in sources):
         return grads
-    return tuple(g if g is None else _FirstOrderOnly.apply(g, *sources) for g in grads)
+    return tuple(g if g is None else _FirstOrderOnly.apply(message, g, *sources) for g in grads)
 
 
 def hstu_attention(
@@ -271,7 +275,7 @@ def hstu_attention(
     ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
     True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.
     """
-    from .input_check import check_alpha, fit_grid, launch_lengths, validate_mode
+    from .input_check import check_alpha, fit_grid, launch_lengths, launch_mask_lengths, validate_mode
     from .spec import grid_rows_triton_bwd, grid_rows_triton_fwd
 
     if alpha is not None:
@@ -281,6 +285,7 @@ def hstu_attention(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen
         )
     max_seq_len, scaling_seqlen = launch_lengths(max_seq_len, scaling_seqlen, q.shape[0])
+    contextual_seq_len, max_attn_len = launch_mask_lengths(contextual_seq_len, max_attn_len, q.shape[0])
     # The kernels index offsets and targets densely: a strided view (a table's column) is compacted first.
     seq_offsets = seq_offsets.contiguous()
     num_targets = kernel_targets(None if num_targets is None else num_targets.contiguous(), contextual_seq_len,

@@ -68,9 +68,11 @@ def group_scope() -> Iterator[None]:
         clean = True
     finally:
         if not existed and dist.is_available() and dist.is_initialized():
-            if clean:
-                dist.barrier()
-            dist.destroy_process_group()
+            try:
+                if clean:
+                    dist.barrier()
+            finally:  # a barrier that raised (a peer gone) still leaves no group behind
+                dist.destroy_process_group()
 
 
 def token_weight(cfg: Any) -> float:

@@ -213,3 +213,43 @@ def test_fused_layer_with_the_side_stream_matches_serial():
             assert torch.equal(a, b)
         else:  # the attention backward may sum dQ by atomics, in any order
             torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_the_side_streams_work_is_joined_when_a_later_backward_step_raises(monkeypatch):
+    """The layer's backward joins the output projection's side-stream work (its ``pending`` events) at its end.
+    A step after the launch that raised left the events unwaited: under CUDA-graph capture that is an unjoined
+    fork (capture end then fails with it, hiding the step's own error). They are now waited on the way out."""
+    from autotune.runtime.layer import hstu_layer, plan_layer
+
+    class Event:
+        waits = 0
+
+        def wait(self) -> None:
+            self.waits += 1
+
+    event, launcher = Event(), dispatch.launcher
+
+    def spy(backend, kind):
+        fn = launcher(backend, kind)
+
+        def deferred(*args, **kw):
+            result = fn(*args, **kw)
+            kw["pending"].append(event)  # as the side stream hands out its event
+            return result
+
+        def fails(*args, **kw):
+            raise RuntimeError("gemm_silu_bwd failed")
+
+        return {"linear_residual_bwd": deferred, "gemm_silu_bwd": fails}.get(kind, fn)
+
+    plan = plan_layer(torch.float32, 2, 32, 16, 0.1, 1e-5, 0.0, "default")
+    g = torch.Generator().manual_seed(0)
+    shapes = {"ln1_w": (64,), "ln1_b": (64,), "w_uvqk": (256, 64), "b_uvqk": (256,),
+              "ln2_w": (64,), "ln2_b": (64,), "w_o": (64, 64), "b_o": (64,)}  # fmt: skip
+    params = {k: (torch.randn(s, generator=g) * 0.1).requires_grad_(True) for k, s in shapes.items()}
+    off = torch.tensor([0, 5, 16], dtype=torch.int64)
+    out = hstu_layer(torch.randn(16, 64, generator=g), params, off, plan, torch.zeros(1, dtype=torch.int64))
+    monkeypatch.setattr(dispatch, "launcher", spy)
+    with pytest.raises(RuntimeError, match="gemm_silu_bwd failed"):
+        out.sum().backward()
+    assert event.waits == 1

@@ -243,45 +243,47 @@ class HSTULayerFunction(torch.autograd.Function):
         pending: list = []
         s = cfg("linear_residual_bwd")
         dy, dw_o = s.launch(dout_c, y, w_o, config=s.config, pending=pending)
-        if xn is None:
-            s = cfg("layer_norm_fwd")
-            xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
-        if uvqk is None:  # keep == "pre": SiLU recomputed from the kept pre-activation
-            uvqk = torch.nn.functional.silu(pre)
-        L, hd = x.shape[0], plan.heads * plan.head_dim
-        d_uvqk = torch.empty((L, 4 * hd), dtype=uvqk.dtype, device=uvqk.device)
-        du, dq, dk, dv = _views(d_uvqk, plan.heads, plan.head_dim)
-        u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
-        if not plan.zero_copy:  # separate gradient tensors, concatenated below as split's backward does
-            u, q, k, v = (t.contiguous() for t in (u, q, k, v))
-            du, dq, dk, dv = (torch.empty_like(t) for t in (u, q, k, v))
-        s = cfg("ln_mul_dropout_bwd")
-        d_attn = torch.empty_like(attn2)
-        dw2 = torch.empty_like(ln2_w)
-        db2 = torch.empty_like(ln2_b)
-        # u's columns go through SiLU' inside this kernel (pre kept, one d(uvqk) buffer): the SiLU' pass below
-        # then skips them, and writes d pre over d(uvqk) in place.
-        silu_u = plan.zero_copy and plan.du_silu and pre is not None
-        more = {"silu_pre": pre[:, :hd]} if silu_u else {}
-        res = s.launch(
-            dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config, out=(d_attn, du, dw2, db2),
-            **more,
-        )  # fmt: skip
-        s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
-        d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
-        s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
-        if not plan.zero_copy:
-            d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
-        s = cfg("gemm_silu_bwd")
-        more = {"done_cols": hd, "done_db": res[4]} if silu_u else {}
-        dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre, **more)
-        s = cfg("layer_norm_bwd")
-        # The output projection's bias gradient is dout's column sum: the LN backward reads dout anyway.
-        dx, dw1, db1, db_o = s.launch(
-            dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout, residual_grad_sum=True
-        )
-        for event in pending:
-            event.wait()  # the caller's stream waits: dW_o is complete before autograd reads it
+        try:
+            if xn is None:
+                s = cfg("layer_norm_fwd")
+                xn = s.launch(x, ln1_w, ln1_b, plan.eps, config=s.config, out_dtype=plan.dtype)[0]
+            if uvqk is None:  # keep == "pre": SiLU recomputed from the kept pre-activation
+                uvqk = torch.nn.functional.silu(pre)
+            L, hd = x.shape[0], plan.heads * plan.head_dim
+            d_uvqk = torch.empty((L, 4 * hd), dtype=uvqk.dtype, device=uvqk.device)
+            du, dq, dk, dv = _views(d_uvqk, plan.heads, plan.head_dim)
+            u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
+            if not plan.zero_copy:  # separate gradient tensors, concatenated below as split's backward does
+                u, q, k, v = (t.contiguous() for t in (u, q, k, v))
+                du, dq, dk, dv = (torch.empty_like(t) for t in (u, q, k, v))
+            s = cfg("ln_mul_dropout_bwd")
+            d_attn = torch.empty_like(attn2)
+            dw2 = torch.empty_like(ln2_w)
+            db2 = torch.empty_like(ln2_b)
+            # u's columns go through SiLU' inside this kernel (pre kept, one d(uvqk) buffer): the SiLU' pass below
+            # then skips them, and writes d pre over d(uvqk) in place.
+            silu_u = plan.zero_copy and plan.du_silu and pre is not None
+            more = {"silu_pre": pre[:, :hd]} if silu_u else {}
+            res = s.launch(
+                dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config,
+                out=(d_attn, du, dw2, db2), **more,
+            )  # fmt: skip
+            s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
+            d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
+            s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
+            if not plan.zero_copy:
+                d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)
+            s = cfg("gemm_silu_bwd")
+            more = {"done_cols": hd, "done_db": res[4]} if silu_u else {}
+            dxn, dw_uvqk, db_uvqk = s.launch(d_uvqk, xn, w_uvqk, b_uvqk, config=s.config, pre=pre, **more)
+            s = cfg("layer_norm_bwd")
+            # The output projection's bias gradient is dout's column sum: the LN backward reads dout anyway.
+            dx, dw1, db1, db_o = s.launch(
+                dxn, x, ln1_w, ln1_b, mean1, rstd1, config=s.config, residual_grad=dout, residual_grad_sum=True
+            )
+        finally:  # also on an error: a fork left unjoined fails a CUDA-graph capture with its own error
+            for event in pending:
+                event.wait()  # the caller's stream waits: dW_o is complete before autograd reads it
         grads = (dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o)
         inputs = (dout, *ctx.saved_tensors)
         return *first_order_only(grads, inputs, SECOND_ORDER), None, None, None

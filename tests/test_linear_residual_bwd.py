@@ -253,3 +253,24 @@ def test_the_side_streams_work_is_joined_when_a_later_backward_step_raises(monke
     with pytest.raises(RuntimeError, match="gemm_silu_bwd failed"):
         out.sum().backward()
     assert event.waits == 1
+
+
+@pytest.mark.gpu
+def test_side_stream_hands_back_its_event_when_the_dgrad_raises(monkeypatch):
+    """A dgrad that raises (say out of memory) after the wgrad was queued on the side stream still records the
+    side stream's event and hands it to ``pending``: the layer's join then closes the fork."""
+    from kernel_templates.linear_residual import bwd_impl
+
+    def fail(*_args, **_kw):
+        raise RuntimeError("dgrad failed")
+
+    monkeypatch.setattr(bwd_impl, "_dgrad", fail)
+    i = _inputs(256, 128, 64, "cuda", torch.bfloat16, seed=5)
+    pending: list = []
+    with pytest.raises(RuntimeError, match="dgrad failed"):
+        linear_residual_bwd(
+            i["dout"], i["y"], i["weight"], config=LinearResidualBwdConfig("side_stream"), pending=pending
+        )
+    assert len(pending) == 1 and isinstance(pending[0], torch.cuda.Event)
+    pending[0].wait()
+    torch.cuda.synchronize()

@@ -68,13 +68,15 @@ def _side_stream(
     # stays reserved until the side stream's work queued now is done.
     for t in (g, y, dw):
         t.record_stream(side)
-    dy = _dgrad(g, weight, out[0])
-    done = torch.cuda.Event()
-    done.record(side)
-    if pending is None:
-        main.wait_event(done)
-    else:
-        pending.append(done)
+    try:
+        dy = _dgrad(g, weight, out[0])
+    finally:  # joined or handed back even when the dgrad raises: an unjoined fork fails a graph capture
+        done = torch.cuda.Event()
+        done.record(side)
+        if pending is None:
+            main.wait_event(done)
+        else:
+            pending.append(done)
     return dy, dw
 
 

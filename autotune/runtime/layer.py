@@ -130,7 +130,7 @@ def plan_layer(
     alpha = float(alpha)
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
-    if not isinstance(heads, int) or heads < 1:
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
         raise ValueError(f"heads must be a positive int, got {heads!r}")
     for name, flag in (("recompute_ln", recompute_ln), ("zero_copy", zero_copy), ("du_silu", du_silu)):
         if not isinstance(flag, bool):
@@ -310,8 +310,15 @@ class LayerNormFunction(torch.autograd.Function):
         return *first_order_only((dx, dw, db), (dy, x, weight, bias), SECOND_ORDER), None, None
 
 
+def _check_plan(plan: Any) -> None:
+    """A plan from ``plan_layer`` (``ValueError`` naming it): anything else failed inside as an AttributeError."""
+    if not isinstance(plan, LayerPlan):
+        raise ValueError(f"plan must be a LayerPlan (from plan_layer), got {type(plan).__name__}")
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:
     """LayerNorm of a 2-D (rows, D) activation through ``plan``'s dispatched kernels, output in ``plan.dtype``."""
+    _check_plan(plan)
     return LayerNormFunction.apply(unit_columns(x), weight, bias, eps, plan)
 
 
@@ -345,6 +352,7 @@ def _check_call(
     as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    _check_plan(plan)
     _check_params(x, params, plan)
     check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend

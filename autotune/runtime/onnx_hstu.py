@@ -32,6 +32,7 @@ from onnxscript.values import Opset
 DOMAIN = "hstu"
 OPSET_VERSION = 18  # of the default domain, in the function body and the exported model
 NAME = "JaggedAttention"
+DOMAIN_VERSION = 1  # of the hstu domain: what the node's attributes and inputs mean
 _INT64_MAX = 9223372036854775807
 
 # Node attributes: (name, ONNX type, meaning). The first five define the maths (used by the body);
@@ -55,7 +56,7 @@ ATTRIBUTES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-@script(Opset(DOMAIN, 1), default_opset=op)
+@script(Opset(DOMAIN, DOMAIN_VERSION), default_opset=op)
 def JaggedAttention(  # noqa: N802 - the ONNX op name
     q,
     k,
@@ -125,7 +126,7 @@ def register_schema() -> None:
     schema = OpSchema(
         NAME,
         DOMAIN,
-        1,
+        DOMAIN_VERSION,
         "Jagged HSTU attention (see the model-local function for its definition).",
         inputs=[param(x, "T") for x in ("q", "k", "v")] + [param(x, "I") for x in ("seq_offsets", "num_targets")],
         outputs=[param("out", "T")],
@@ -165,7 +166,7 @@ def _attention_fwd(
         num_targets = op.ConstantOfShape(batch, value=onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0]))
     else:
         num_targets = op.Cast(num_targets, to=onnx.TensorProto.INT64)
-    return Opset(DOMAIN, 1)[NAME](
+    return Opset(DOMAIN, DOMAIN_VERSION)[NAME](
         q,
         k,
         v,
@@ -221,7 +222,7 @@ def attach_functions(model: onnx.ModelProto) -> None:
     if not any(f.domain == DOMAIN and f.name == NAME for f in model.functions):
         model.functions.append(function_proto())
     if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
 
 
 def set_attributes(node: onnx.NodeProto, values: dict[str, Any]) -> None:

@@ -535,7 +535,7 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
     """Templated calls of an ONNX file (``hstu.JaggedAttention`` nodes, silu(linear) projections)."""
     import onnx
 
-    from autotune.runtime.onnx_hstu import DOMAIN, NAME, node_attributes
+    from autotune.runtime.onnx_hstu import DOMAIN, DOMAIN_VERSION, NAME, node_attributes
 
     path = Path(path)
     if not path.is_file():
@@ -544,8 +544,17 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - protobuf raises several types for a bad file
         raise GraphTaskError(f"--from-onnx {path}: not a readable ONNX model ({e})") from None
-    if not model.ir_version:  # an empty file (or bytes that happen to parse) is an empty ModelProto: 0 tasks, rc 0
-        raise GraphTaskError(f"--from-onnx {path}: not an ONNX model (no IR version; empty or another format)")
+    if not model.ir_version or not model.HasField("graph") or not model.opset_import:
+        # An empty file, or another protobuf (a TensorProto's dims parse as an IR version): 0 tasks, rc 0 before.
+        raise GraphTaskError(
+            f"--from-onnx {path}: not an ONNX model (no IR version, graph or opset import; empty or another format)"
+        )
+    version = {o.domain: o.version for o in model.opset_import}.get(DOMAIN)
+    if version != DOMAIN_VERSION and any(n.domain == DOMAIN for n in model.graph.node):
+        raise GraphTaskError(
+            f"--from-onnx {path}: its {DOMAIN} nodes are of opset version {version or 'none'}; this reader knows "
+            f"{DOMAIN} version {DOMAIN_VERSION} (models.export)"
+        )
     shapes = _onnx_shapes(model)
     missing = [n.input[0] for n in model.graph.node if n.domain == DOMAIN and n.input and n.input[0] not in shapes]
     if missing:
@@ -555,7 +564,10 @@ def ops_from_onnx(path: str | Path, training: bool = True) -> GraphOps:
     for i, n in enumerate(model.graph.node):
         if n.domain != DOMAIN or n.op_type != NAME:
             continue
-        op = _onnx_attention_op(n, node_attributes(n), shapes)
+        try:
+            op = _onnx_attention_op(n, node_attributes(n), shapes)
+        except GraphTaskError as e:  # which node, and of which file
+            raise GraphTaskError(f"--from-onnx {path}: {e}") from None
         fwd.append(op)
         attention.append((i, op))
     gemm, notes = match_gemm_silu(_onnx_gemm_silu_calls(model, shapes), attention)
@@ -628,12 +640,17 @@ def _onnx_attention_op(node: Any, attrs: dict[str, Any], shapes: dict) -> GraphO
             raise GraphTaskError(f"{name}: the {node.domain}.{node.op_type} node has no attribute {attr}")
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise GraphTaskError(f"{name}: attribute {attr} must be an integer >= {low}, got {value!r:.60}")
-    q, v, off = (shapes.get(node.input[i]) for i in (0, 2, 3))
+    q, k, v, off = (shapes.get(node.input[i]) for i in range(4))
     if q is None or v is None or len(q[1]) != 3 or len(v[1]) != 3:
         raise GraphTaskError(f"{name}: the shapes of q/v are unknown; run onnx shape inference on the file first")
     for what, dim in (("q's heads", q[1][1]), ("q's head dim", q[1][2]), ("v's head dim", v[1][2])):
         if not isinstance(dim, int) or dim < 1:  # a symbolic 'H' was an int() traceback, 0 an unnamed task error
             raise GraphTaskError(f"{name}: {what} must be a fixed positive size, got {dim!r}")
+    # A k of other dims (or a v of other heads) was a task of q's shape; the function body would not run.
+    for what, dim, want in (("k's heads", k and k[1][1:2], q[1][1]), ("k's head dim", k and k[1][2:], q[1][2]),
+                            ("v's heads", v[1][1:2], q[1][1])):  # fmt: skip
+        if dim and isinstance(dim[0], int) and dim[0] != want:
+            raise GraphTaskError(f"{name}: {what} {dim[0]} differ{'s' * what.endswith('dim')} from q's {want}")
     if off is not None and off[1] and isinstance(off[1][0], int) and off[1][0] < 2:
         raise GraphTaskError(f"{name}: seq_offsets holds {off[1][0]} entries; a batch of B takes B + 1 >= 2")
     dtype = attrs.get("kernel_dtype") or _ONNX_DTYPES.get(q[0])

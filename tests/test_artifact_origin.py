@@ -348,3 +348,25 @@ def test_an_interpreter_file_is_rejected_on_a_gpu(tmp_path, monkeypatch):
     _running(monkeypatch, H100)
     v = art.assess_artifact(root / "h100" / f"{FWD}.json", "h100", gpus.environment())
     assert not v.usable and "no registry GPU" in v.reason
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder", "dangling link", "link loop"])
+def test_a_path_that_is_no_regular_file_is_rejected_not_missing(tmp_path, what):
+    """A FIFO, folder or broken link at <gpu>/<kernel>.json was reported as "does not exist" (and, with
+    allow_same_arch, silently replaced by a sibling GPU's file): it is a rejected file, with the reason."""
+    import os
+
+    root = write(tmp_path, "h100", "h100", CPU)
+    write(tmp_path, "h200", "h200", CPU)
+    path = root / "h100" / f"{FWD}.json"
+    path.unlink()
+    {
+        "fifo": lambda: os.mkfifo(path),
+        "folder": path.mkdir,
+        "dangling link": lambda: path.symlink_to(tmp_path / "nowhere.json"),
+        "link loop": lambda: path.symlink_to(path),
+    }[what]()
+    for same_arch in (False, True):
+        loaded = autotune.load(str(root), gpu="h100", allow_same_arch=same_arch)
+        assert FWD not in loaded["missing"] and FWD not in loaded["kernels"], loaded
+        assert str(path) in loaded["problems"][FWD] and "does not exist" not in loaded["problems"][FWD]

@@ -373,3 +373,22 @@ def test_a_fifo_or_huge_artifact_is_refused_without_reading_it(tmp_path, capsys)
     assert art.read_regular_file(small, 9) == b"[1, 2, 3]"
     with pytest.raises(art.ArtifactError, match="larger than"):
         art.read_regular_file(small, 8)
+
+
+def test_a_write_over_an_unusable_file_keeps_its_old_content_aside(tmp_path):
+    """A tuner writing into a folder whose file holds one bad entry replaced the file whole: the old bytes
+    are renamed to <kernel>.json.unusable-<time> (which load, show and verify do not read), not lost."""
+    from autotune.tuning.artifact_io import merge_entries
+
+    a = _artifact()
+    path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
+    path.parent.mkdir(parents=True)
+    data = a.to_dict()
+    data["entries"][0]["config"]["block_m"] = "128"
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.warns(RuntimeWarning, match="kept as"):
+        merge_entries("hstu_attention_fwd", "h100", [_entry(bucket=1024)], tmp_path, a.environment)
+    assert [e["bucket"] for e in art.load_artifact(path).entries] == [1024]
+    (aside,) = [p for p in path.parent.glob(f"{path.name}.unusable-*")]
+    assert aside.read_bytes() == before and not list(path.parent.glob("*.json.*.tmp"))

@@ -334,3 +334,29 @@ def test_show_loads_autotune_plugins_and_names_a_kernel_without_a_spec(capsys, t
         assert "stale" not in text and "no registered op spec" not in text and "chunks=1" in text
     finally:
         spec.unregister(name)
+
+
+def test_merge_keeps_the_entries_of_an_invalid_target(capsys, tmp_path):
+    """One hand-edited entry made the target invalid and a merge replaced it whole, dropping every other entry
+    without --replace: refused; with --replace the old file is renamed aside (no *.json), not lost."""
+    import json
+
+    shipped = art.artifact_path("h100", "hstu_attention_bwd")
+    data = json.loads(shipped.read_text())
+    root = tmp_path / "artifacts"
+    target = art.artifact_path("h100", "hstu_attention_bwd", root)
+    target.parent.mkdir(parents=True)
+    bad = json.loads(shipped.read_text())
+    bad["entries"][1]["config"] = {**bad["entries"][1]["config"], "typo": 1}
+    target.write_text(json.dumps(bad))
+    before = target.read_bytes()
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({**data, "entries": data["entries"][:1]}))
+    rc, text = _run(capsys, "merge", str(one), "--artifacts", str(root))
+    assert rc == 2 and "one.json" in text and "unusable" in text and "--replace" in text
+    assert target.read_bytes() == before
+    with pytest.warns(RuntimeWarning, match="kept as"):
+        rc, text = _run(capsys, "merge", str(one), "--artifacts", str(root), "--replace")
+    assert rc == 0 and len(art.load_artifact(target).entries) == 1
+    (aside,) = [p for p in target.parent.iterdir() if p.name.startswith(f"{target.name}.unusable-")]
+    assert aside.read_bytes() == before

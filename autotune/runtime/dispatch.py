@@ -290,9 +290,9 @@ def load(
     running = gpus.running_environment() if gpu is not None else None
     for kind in kinds() if gpu is not None else ():
         file = Path(path) / gpu / f"{kind}.json"
-        if not file.is_file():
+        if not os.path.lexists(file):
             file = (_same_arch_file(Path(path), gpu, kind) if allow_same_arch else None) or file
-        if not file.is_file():
+        if not os.path.lexists(file):  # a FIFO, folder or dangling link there is rejected by assess, not "missing"
             hint = ""
             if (Path(path) / f"{kind}.json").is_file():
                 hint = f" ({path} holds {kind}.json itself: pass the folder above it, which holds one folder per GPU)"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,7 @@ def merge_entries(
     re-read, merged and replaced atomically, so no writer overwrites another's entries. Entries of an
     artifact written in another timing environment (GPU, SMs, driver, versions) are dropped with a
     warning instead of being relabelled with this one (``replace=False``: ``EnvironmentMismatch`` and
-    nothing written); stale or invalid files are replaced as before.
+    nothing written); a stale or invalid file is replaced, its old content renamed aside (``keep_aside``).
     """
     import fcntl
 
@@ -72,15 +74,17 @@ def merge_entries(
     with open(path.parent / f".{path.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         existing = None
-        if path.exists():
+        if os.path.lexists(path):
             try:
                 existing = art.load_artifact(path)
             except art.ArtifactError as e:
-                warnings.warn(f"replacing unusable artifact: {e}", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"replacing unusable artifact: {e}; {keep_aside(path)}", RuntimeWarning, stacklevel=3)
         if existing is not None and (existing.kernel, existing.gpu) != (kernel, gpu):
             # Another kernel's (or GPU's) file under this name: dispatch rejects it, its entries are not ours.
             what = f"kernel {existing.kernel!r} of gpu {existing.gpu!r}, not {kernel!r} of {gpu!r}"
-            warnings.warn(f"replacing unusable artifact: {path} holds {what}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"replacing unusable artifact: {path} holds {what}; {keep_aside(path)}", RuntimeWarning, stacklevel=3
+            )
             existing = None
         hashes = {b.name: art.current_template_hash(kernel, b.name) for b in backends}
         artifact = art.Artifact(kernel, gpu, env, hashes, search_space_hash(kernel))
@@ -96,6 +100,16 @@ def merge_entries(
         for entry in entries:
             artifact.upsert(entry)
         return art.save_artifact(artifact, path)
+
+
+def keep_aside(path: Path) -> str:
+    """Rename an unusable artifact that a write replaces to ``<kernel>.json.unusable-<UTC time>`` (no ``*.json``: load,
+    show and verify ignore it) and say where: a hand-edit typo in one entry made the file invalid, and replacing it
+    dropped every other entry with it."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    aside = path.with_name(f"{path.name}.unusable-{stamp}")
+    os.replace(path, aside)
+    return f"its old content is kept as {aside}"
 
 
 def completed_hints(values: dict[str, Any], choices: dict[str, tuple], cap: int = 4) -> list[dict[str, Any]]:

@@ -452,7 +452,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for f, a in loaded:
         path = art.artifact_path(a.gpu, a.kernel, root)
         if path not in targets:
-            old = art.load_artifact_or_none(path) if path.exists() else None
+            old, unusable = _merge_target(path, a.kernel, a.gpu)
+            if unusable:
+                losses.append(f"{f} would replace {path}, which {unusable} (its entries would be set aside)")
             targets[path] = (old.environment, len(old.entries), str(path)) if old else ({}, 0, str(path))
         env, count, owner = targets[path]
         differ = environment_differences(env, a.environment)
@@ -462,7 +464,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         targets[path] = (a.environment, count + len(a.entries), f)
     if losses and not args.replace:
         raise CLIError(
-            "refusing to merge files of another timing environment: "
+            "refusing to drop entries of a target (another timing environment, or a file dispatch rejects): "
             + "; ".join(losses)
             + " (pass --replace to drop them)"
         )
@@ -477,6 +479,27 @@ def cmd_merge(args: argparse.Namespace) -> int:
             raise CLIError(f"cannot merge {f}: {e} (pass --replace to drop them)") from None
         print(f"merged {len(a.entries)} entries of {f} into {path}")
     return 0
+
+
+def _merge_target(path: Path, kernel: str, gpu: str) -> tuple[Any, str | None]:
+    """(the merge target's artifact or None, why its entries would be lost or None). A stale target is replaced
+    as a re-tune replaces it (its entries are of old templates); an invalid one (a hand-edit typo in one entry)
+    or another kernel's file under this name is not: without ``--replace`` its good entries were dropped."""
+    from autotune.runtime import artifacts as art
+
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        old = art.load_artifact(path)
+    except art.ArtifactError as e:
+        try:
+            art.load_artifact(path, check_stale=False)
+        except art.ArtifactError:
+            return None, f"is unusable ({e})"
+        return None, None
+    if (old.kernel, old.gpu) != (kernel, gpu):
+        return None, f"holds kernel {old.kernel!r} of gpu {old.gpu!r}"
+    return old, None
 
 
 def cmd_show(args: argparse.Namespace) -> int:

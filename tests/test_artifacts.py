@@ -184,6 +184,41 @@ def test_save_refuses_invalid_and_keeps_the_old_file(tmp_path):
     assert path.read_text() == before
 
 
+@pytest.mark.parametrize(
+    "field, value, where",
+    [
+        ("compare", {"a_ms": float("inf"), "b_ms": 1.0}, "compare.a_ms"),
+        ("compare", {"rounds": 3, "speedup": float("nan")}, "compare.speedup"),
+        ("compare", {"samples": [1.0, float("-inf")]}, r"compare.samples\[1\]"),
+        ("lengths", {"count": 10, "mean": float("inf")}, "lengths.mean"),
+        ("lengths", {"count": 10**400}, "lengths.count"),  # valid JSON, no float holds it
+    ],
+)
+def test_non_finite_numbers_inside_compare_or_lengths_are_refused(tmp_path, field, value, where):
+    """Only top-level numbers were checked: ``compare.a_ms: Infinity`` loaded as usable and a later save wrote
+    the non-standard ``Infinity`` back. Load names the field, and save refuses before writing anything."""
+    data = _artifact().to_dict()
+    data["entries"][0][field] = value
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(data))  # Python's json writes Infinity/NaN, as a hand edit might
+    with pytest.raises(art.ArtifactError, match=rf"entries\[0\]\.{where} must be finite"):
+        art.load_artifact(path)
+    target = tmp_path / "b.json"
+    with pytest.raises(art.ArtifactError, match=rf"entries\[0\]\.{where} must be finite"):
+        art.save_artifact(_artifact([_entry(**{field: value})]), target)
+    assert not target.exists()
+
+
+def test_saved_files_are_strict_json(tmp_path):
+    """Every written file parses with a reader that refuses Infinity/NaN (``allow_nan=False`` on the write)."""
+    path = art.save_artifact(_artifact([_entry(compare={"a_ms": 1.0, "b_ms": 2.0})]), tmp_path / "a.json")
+
+    def refuse(token: str) -> float:
+        raise ValueError(f"non-standard JSON number {token}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse)["entries"][0]["compare"]["b_ms"] == 2.0
+
+
 def test_optional_timing_key_is_typed_and_unknown_keys_still_fail(tmp_path):
     path = art.artifact_path("h100", "hstu_attention_fwd", tmp_path)
     art.save_artifact(_artifact([_entry(timing="do_bench+cuda_graph")]), path)

@@ -128,8 +128,8 @@ def test_cli_refuses_a_missing_folder_and_bad_jobs(tmp_path, capsys):
     capsys.readouterr()
     (tmp_path / "h100").mkdir()
     (tmp_path / "h100" / "hstu_attention_fwd.json").write_text("{not json")
-    assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 2
-    assert "hstu_attention_fwd.json" in capsys.readouterr().err
+    assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 1  # reported
+    assert "FAILED hstu_attention_fwd: file not re-checked" in capsys.readouterr().out
     assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--kernel", "nope", "--interpret"]) == 2
     assert "no artifact" in capsys.readouterr().err
 
@@ -254,3 +254,52 @@ def test_an_entry_config_load_would_refuse_is_invalid_not_vouched_for(tmp_path, 
     (r,) = recheck_artifacts(tmp_path, "h100", level="quick", jobs=1, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
     assert (r.status, r.checked) == ("invalid", []) and "size" in r.error
     assert write_verified(tmp_path, "h100", [r]) == []
+
+
+def _two_ok_entries(tmp_path, monkeypatch):
+    """A fake_faults file of two passing entries (fast: no crash, no hang), the path it was written to."""
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")
+    env = dict.fromkeys(art.ENV_KEYS, None)
+    hashes = {"fake": art.current_template_hash("fake_faults", "fake")}
+    entries = [_entry(256, "ok"), _entry(512, "ok")]
+    return art.save_artifact(
+        art.Artifact("fake_faults", "h100", env, hashes, "space", entries),
+        art.artifact_path("h100", "fake_faults", tmp_path),
+    )
+
+
+VERIFY = ["verify", "--gpu", "h100", "--plugin", PLUGINS[0], "--interpret", "--timeout", "5", "--seq-cap", "16"]
+
+
+def test_write_records_the_passing_entries_beside_an_invalid_one(tmp_path, monkeypatch, capsys):
+    """The re-save checked every config, so one hand-edited entry (``"size": "1"``) raised ArtifactError after
+    the re-check and no passing entry's ``verified`` was recorded; the invalid entry is now kept as it was."""
+    path = _two_ok_entries(tmp_path, monkeypatch)
+    data = json.loads(path.read_text())
+    data["entries"][1]["config"]["size"] = "1"
+    path.write_text(json.dumps(data))
+    before = json.loads(path.read_text())["entries"][1]
+    code = cli.main([*VERIFY, "--artifacts", str(tmp_path), "--level", "quick", "--write"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED fake_faults entry 1: invalid: entries[1].config.size must be int" in out
+    assert "recorded the passing cases" in out
+    after = json.loads(path.read_text())["entries"]
+    assert after[0]["verified"] and after[1] == before
+
+
+def test_an_unreadable_file_is_reported_and_the_others_are_re_checked(tmp_path, monkeypatch, capsys):
+    """A corrupt file aborted the whole re-check (exit 2, nothing checked); it is now one failure among results."""
+    path = _two_ok_entries(tmp_path, monkeypatch)
+    (path.parent / "hstu_attention_fwd.json").write_text("{not json")
+    rows = tmp_path / "rows.json"
+    code = cli.main([*VERIFY, "--artifacts", str(tmp_path), "--level", "quick", "--write", "--json", str(rows)])
+    out = capsys.readouterr().out
+    assert code == 1 and "2 of 2 entries passed" in out
+    assert "FAILED hstu_attention_fwd: file not re-checked" in out and "not valid JSON" in out
+    assert all(e["verified"] for e in json.loads(path.read_text())["entries"])
+    assert [(r["kernel"], r["status"]) for r in json.loads(rows.read_text())] == [
+        ("fake_faults", "ok"), ("fake_faults", "ok"), ("hstu_attention_fwd", "unreadable"),
+    ]  # fmt: skip
+    assert (path.parent / "hstu_attention_fwd.json").read_text() == "{not json"
+    with pytest.raises(art.ArtifactError, match="not valid JSON"):  # the library call still raises without a handler
+        recheck_artifacts(tmp_path, "h100", ["hstu_attention_fwd"], "quick", 1, PLUGINS, 5.0, 16)

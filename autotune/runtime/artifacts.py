@@ -291,6 +291,9 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
     for k, types in {**ENTRY_KEYS, **OPTIONAL_ENTRY_KEYS}.items():
         if k in entry:
             _check_type(entry[k], types, f"{where}.{k}")
+    for k in ("config", "compare", "lengths"):
+        if k in entry:
+            _check_finite_within(entry[k], f"{where}.{k}")
     if entry["dtype"] not in DTYPES:
         raise ArtifactError(f"{where}.dtype must be one of {DTYPES}, got {entry['dtype']!r}")
     if entry["bucket"] not in BUCKETS:
@@ -322,6 +325,19 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
                 f"{where}.backend {entry['backend']!r} is not a backend of {kernel} (declared: {', '.join(declared)})"
             )
         validate_config(kernel, entry["backend"], entry["config"], where)
+
+
+def _check_finite_within(value: Any, where: str) -> None:
+    """``ArtifactError`` naming the first inf/NaN number inside a dict or list: the top-level numbers are checked by
+    type, but one nested in ``compare`` or ``lengths`` loaded as usable and was saved as non-standard ``Infinity``."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite_within(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite_within(v, f"{where}[{i}]")
+    elif isinstance(value, float | int) and not isinstance(value, bool) and not _finite(value):
+        raise ArtifactError(f"{where} must be finite, got {value!r:.40}")
 
 
 def _check_fill(value: Any, where: str) -> None:
@@ -622,16 +638,18 @@ def assess_artifact(
     return Verdict(str(path), True, notes=tuple(notes), info=info, artifact=artifact)
 
 
-def save_artifact(artifact: Artifact, path: str | Path) -> Path:
-    """Validate, then write atomically (temp file in the same directory + os.replace)."""
+def save_artifact(artifact: Artifact, path: str | Path, check_configs: bool = True) -> Path:
+    """Validate, then write atomically (temp file in the same directory + os.replace). ``check_configs=False``:
+    entry configs are not built, so a re-write of a file read that way (``autotune verify --write``) keeps an
+    entry ``autotune.load`` refuses as it was instead of refusing the whole file."""
     path = Path(path)
     data = artifact.to_dict()
-    validate_artifact(data, str(path), check_stale=False)
+    validate_artifact(data, str(path), check_stale=False, check_configs=check_configs)
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
+            json.dump(data, f, indent=2, sort_keys=False, allow_nan=False)  # strict JSON, never Infinity/NaN
             f.write("\n")
 
     return write_atomically(path, write)

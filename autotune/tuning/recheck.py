@@ -157,10 +157,13 @@ def recheck_artifacts(
     seq_cap: int | None = None,
     on_done: Callable[[Recheck], None] | None = None,
     only_missing: bool = False,
+    on_unreadable: Callable[[str, str], None] | None = None,
 ) -> list[Recheck]:
     """Re-check every entry of ``root/gpu/<kernel>.json`` (all kernels there, or ``kernels``) in ``jobs``
     worker processes; returns one ``Recheck`` per entry, in file order. ``only_missing``: just the entries
-    whose ``verified`` list lacks a case of the ``level`` (``missing_cases``)."""
+    whose ``verified`` list lacks a case of the ``level`` (``missing_cases``). A file that cannot be read
+    (corrupt JSON, an invalid entry structure) raises ``ArtifactError``, or with ``on_unreadable`` is passed to
+    it as (kernel, reason) and the other files are re-checked: one bad file does not hide the rest."""
     from autotune.runtime import artifacts as art
     from autotune.tuning import measure
 
@@ -174,7 +177,13 @@ def recheck_artifacts(
         path = art.artifact_path(gpu, kernel, root)
         if not path.exists():
             raise FileNotFoundError(f"kernels: no artifact {path}")
-        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+        try:
+            artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+        except art.ArtifactError as e:
+            if on_unreadable is None:
+                raise
+            on_unreadable(kernel, str(e))
+            continue
         items += [
             Recheck(kernel, i, dict(e))
             for i, e in enumerate(artifact.entries)
@@ -216,7 +225,7 @@ def _invalid(r: Recheck) -> str | None:
     from autotune.runtime import artifacts as art
 
     try:
-        art.validate_config(r.kernel, r.entry["backend"], r.entry["config"], "config")
+        art.validate_config(r.kernel, r.entry["backend"], r.entry["config"], f"entries[{r.index}]")
     except art.ArtifactError as e:
         return str(e)
     return None
@@ -249,7 +258,9 @@ def artifact_files(folder: Path, plugins: list[str] | None = None) -> tuple[list
 
 
 def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[Path]:
-    """Record each passing entry's checked cases in its ``verified`` list (other fields untouched)."""
+    """Record each passing entry's checked cases in its ``verified`` list (other fields untouched). Configs are
+    not re-validated on the write: an entry the re-check found ``invalid`` stays as it was, and the passing
+    entries beside it are still recorded (the file was read the same way)."""
     from autotune.runtime import artifacts as art
 
     written = []
@@ -265,7 +276,7 @@ def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[P
                 entry["verified"] = sorted(_verified(entry) | {c for c in r.checked if isinstance(c, str)})
                 changed = True
         if changed:
-            written.append(art.save_artifact(artifact, path))
+            written.append(art.save_artifact(artifact, path, check_configs=False))
     return written
 
 
@@ -322,6 +333,12 @@ def cmd_verify(args: Any) -> int:
         detail = f"{len(r.checked)} cases" + (f", {len(r.skipped)} skipped" if r.skipped else "")
         console.print(f"{r.status:9s} {what} {e['backend']}: {detail if r.status == 'ok' else r.error[:300]}")
 
+    unreadable: list[tuple[str, str]] = []
+
+    def skip_file(kernel: str, reason: str) -> None:
+        console.print(f"{'unreadable':9s} {kernel}: {reason[:300]}")
+        unreadable.append((kernel, reason))
+
     try:
         results = recheck_artifacts(
             root,
@@ -334,6 +351,7 @@ def cmd_verify(args: Any) -> int:
             args.seq_cap,
             on_done=line,
             only_missing=args.missing,
+            on_unreadable=skip_file,
         )
     except (FileNotFoundError, art.ArtifactError) as e:
         raise CLIError(str(e)) from None
@@ -348,12 +366,31 @@ def cmd_verify(args: Any) -> int:
         console.print(f"not run under the interpreter: {len(not_run)} entries ({not_run[0].error})")
     for r in bad:
         console.print(f"FAILED {r.kernel} entry {r.index}: {r.status}: {r.error}")
+    for kernel, reason in unreadable:
+        console.print(f"FAILED {kernel}: file not re-checked: {reason}")
     if args.write:  # first: the verdicts reach the artifacts even if the --json file fails
         for path in write_verified(root, gpu, results):
             console.print(f"recorded the passing cases in {path}")
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps([r.row() for r in results], indent=1) + "\n")
+            rows = [r.row() for r in results] + [_unreadable_row(k, reason) for k, reason in unreadable]
+            Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         except OSError as e:
             raise CLIError(f"--json {args.json}: cannot write it ({e.strerror or e})") from None
-    return 1 if bad or (not_run and not ran) else 0  # nothing re-checked vouches for nothing
+    return 1 if bad or unreadable or (not_run and not ran) else 0  # nothing re-checked vouches for nothing
+
+
+def _unreadable_row(kernel: str, reason: str) -> dict[str, Any]:
+    """A ``--json`` row, with ``Recheck.row``'s keys, for a file that could not be read: no entry was re-checked."""
+    from autotune.runtime.artifacts import ENTRY_KEY_FIELDS
+
+    return {
+        "kernel": kernel,
+        **dict.fromkeys(ENTRY_KEY_FIELDS),
+        "backend": None,
+        "config": None,
+        "status": "unreadable",
+        "checked": [],
+        "skipped": [],
+        "error": reason,
+    }

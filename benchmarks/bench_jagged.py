@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     from autotune.runtime.buckets import sample_lengths
     from autotune.runtime.lengths import read_length_sample
 
-    sample = read_length_sample(args.lengths)
+    try:
+        sample = read_length_sample(args.lengths)
+    except ValueError as e:
+        p.error(str(e))
     rows = []
     for bucket in args.buckets:
         lengths = sample_lengths(sample, bucket, args.batch, args.seed)

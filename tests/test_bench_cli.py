@@ -10,7 +10,15 @@ import pytest
 import torch
 
 import autotune
-from benchmarks import bench_call_host, bench_jagged_ratio, bench_layer, bench_sdpa, cute_bench_common, profile_model
+from benchmarks import (
+    bench_call_host,
+    bench_jagged,
+    bench_jagged_ratio,
+    bench_layer,
+    bench_sdpa,
+    cute_bench_common,
+    profile_model,
+)
 
 
 def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
@@ -30,6 +38,7 @@ def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
         (bench_jagged_ratio.main, ["--buckets", "1024", "-1"], "--buckets must be an integer >= 1, got -1"),
         (bench_jagged_ratio.main, ["--head-dim", "512"], "--head-dim must be an integer in [1, 256]"),
         (bench_jagged_ratio.main, ["--lengths", "/nonexistent/lengths.json"], "--lengths /nonexistent/lengths.json"),
+        (bench_jagged.main, ["--lengths", "/nonexistent/lengths.json"], "--lengths /nonexistent/lengths.json"),
         (bench_sdpa.main, ["--lengths", "0"], "--lengths must be an integer >= 1, got 0"),
         (bench_sdpa.main, ["--heads", "0"], "--heads must be an integer >= 1"),
     ],
@@ -37,7 +46,7 @@ def _no_gpu_work(monkeypatch: pytest.MonkeyPatch, *modules: object) -> None:
 def test_bad_batch_options_are_usage_errors_before_any_timing(main, argv, match, monkeypatch, capsys):
     """``--laws file`` without ``--lengths`` timed the uniform batch of the first bucket, then raised a ValueError
     traceback from ``law_lengths``; a batch of 0 or a negative bucket failed inside the first timing."""
-    _no_gpu_work(monkeypatch, bench_jagged_ratio, bench_sdpa)
+    _no_gpu_work(monkeypatch, bench_jagged, bench_jagged_ratio, bench_sdpa)
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and match in capsys.readouterr().err

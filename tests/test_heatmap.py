@@ -336,3 +336,22 @@ def test_bench_help_names_every_heatmap_grid_default():
                 "--heatmap-heads": "default 4", "--directions": "fwd,bwd,both"}  # fmt: skip
     for option, default in expected.items():
         assert option in text and default in text, option
+
+
+def test_no_nan_or_inf_reaches_a_csv_and_an_overflowing_ratio_is_left_out(tmp_path):
+    """A reference value so small that the quotient overflowed (a subnormal 1e-320) wrote 'inf' into ratio.csv and
+    its map, and cells read back without a value were written 'nan' into heatmap.csv: both are now left empty."""
+    ref = [{**r, "tflops": 1e-320} if (r["batch"], r["length"]) == (1, 128) else r for r in _reference()]
+    rows = [{**r, "tflops": math.nan} if (r["batch"], r["length"]) == (4, 4096) else r for r in _rows()]
+    files = heatmap.write_report(rows, tmp_path, ref, reference_name="ref.csv")
+    for name in ("heatmap.csv", "ratio.csv"):
+        text = (tmp_path / name).read_text().lower()
+        assert "nan" not in text and "inf" not in text, name
+    with (tmp_path / "ratio.csv").open() as f:
+        ratios = list(csv.DictReader(f))
+    assert len(ratios) == 6 and all(math.isfinite(float(r["tflops"])) for r in ratios)
+    assert "ratios for 3 cells; 2 cells have no reference cell, 1 a reference value of 0 or none" in files["notes"][0]
+    back = heatmap.read_table(tmp_path / "heatmap.csv")
+    assert sum(math.isnan(r["tflops"]) for r in back) == 2 and len(back) == 12
+    with pytest.raises(ValueError, match="none of its cells"):
+        heatmap.write_report(_rows(), tmp_path / "o", [{**r, "tflops": 1e-320} for r in _reference()])

@@ -136,13 +136,29 @@ def write_csv(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
         w = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({c: r.get(c, "") for c in COLUMNS})
+            w.writerow({c: _cell(r.get(c, "")) for c in COLUMNS})
     return path
 
 
+def _cell(value: Any) -> Any:
+    """A CSV cell: a missing value ('' , None, a NaN or infinite number) is written empty, never 'nan' or 'inf'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return value
+
+
+def _ratio(ours: float, theirs: float) -> float | None:
+    """``ours / theirs`` where both are values and the quotient is finite (a reference of 0, or one so small
+    that the quotient overflows, has none)."""
+    if not (theirs > 0 and math.isfinite(ours)):
+        return None
+    q = ours / theirs
+    return q if math.isfinite(q) else None
+
+
 def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], source: str) -> list[dict]:
-    """``source`` TFLOP/s over the reference's, cell by cell (cells missing on either side, or whose reference
-    value is zero or missing, are left out: ``reference_coverage`` counts them)."""
+    """``source`` TFLOP/s over the reference's, cell by cell (cells missing on either side, or without a finite
+    ratio, say a reference value of zero or none, are left out: ``reference_coverage`` counts them)."""
     ref: dict[tuple, float] = {}
     for r in reference:
         if _key(r) in ref:
@@ -152,9 +168,9 @@ def ratio_rows(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any
     for r in rows:
         if r.get("source") != source or _key(r) not in ref:
             continue
-        theirs, ours = ref[_key(r)], float(r["tflops"])
-        if theirs > 0 and math.isfinite(ours):
-            out.append({**{k: r[k] for k in KEY}, "source": f"{source}/reference", "tflops": ours / theirs})
+        q = _ratio(float(r["tflops"]), ref[_key(r)])
+        if q is not None:
+            out.append({**{k: r[k] for k in KEY}, "source": f"{source}/reference", "tflops": q})
     return out
 
 
@@ -163,8 +179,7 @@ def reference_coverage(rows: Sequence[dict[str, Any]], reference: Sequence[dict[
     here: a ratio), matched but without a value on one side, and rows' cells it lacks."""
     ref = {_key(r): float(r["tflops"]) for r in reference}
     ours = {_key(r) for r in rows}
-    valued = {_key(r) for r in rows if math.isfinite(float(r["tflops"]))}
-    usable = {k for k in valued & set(ref) if ref[k] > 0}
+    usable = {_key(r) for r in rows if _key(r) in ref and _ratio(float(r["tflops"]), ref[_key(r)]) is not None}
     return {"matched": len(usable), "unusable": len((ours & set(ref)) - usable), "missing": len(ours - set(ref))}
 
 

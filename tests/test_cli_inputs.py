@@ -87,3 +87,28 @@ def test_a_value_named_twice_is_one_task(capsys):
     tasks = build_tasks(["hstu_attention_fwd"], "h100", "bfloat16", [(64, 64)] * 2, 4, [512, 256, 512], ["uniform"],
                         ["causal"], 32)  # fmt: skip
     assert [t.bucket for t in tasks] == [256, 512]
+
+
+def test_merge_refuses_a_folder(capsys, tmp_path):
+    """A folder given as a file was an IsADirectoryError traceback from ``os.fdopen``."""
+    rc, text = _run(capsys, "merge", str(tmp_path), "--artifacts", str(tmp_path / "out"))
+    assert rc == 2 and "not a regular file" in text and "Traceback" not in text
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # ',' showed or re-checked every kernel; 'fwd,nope' showed fwd and ignored nope.
+        (("show", "--gpu", "h100", "--kernel", ","), "--kernel ',' names nothing"),
+        (("show", "--gpu", "h100", "--kernel", "fwd,nope"), "--kernel: unknown kernel(s) nope"),
+        (("verify", "--interpret", "--kernel", ","), "--kernel ',' names nothing"),
+        (("verify", "--interpret", "--kernel", ""), "--kernel '' names nothing"),
+        (("verify", "--interpret", "--kernel", "fwd,nope"), "--kernel: unknown kernel(s) nope"),
+        # It named no option: "unknown kernel 'nope'".
+        (("run", "--gpu", "h100", "--dry-run", "--kernel", "fwd,nope"), "--kernel: unknown kernel(s) nope"),
+    ],
+)
+def test_a_kernel_list_naming_nothing_or_an_unknown_kernel(capsys, argv, message):
+    rc, text = _run(capsys, *argv)
+    assert rc == 2 and message in text and len(text.strip().splitlines()) == 1, text

@@ -131,6 +131,8 @@ def test_cli_refuses_a_missing_folder_and_bad_jobs(tmp_path, capsys):
     assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret"]) == 1  # reported
     assert "FAILED hstu_attention_fwd: file not re-checked" in capsys.readouterr().out
     assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--kernel", "nope", "--interpret"]) == 2
+    assert "--kernel: unknown kernel(s) nope" in capsys.readouterr().err
+    assert cli.main(["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--kernel", "bwd", "--interpret"]) == 2
     assert "no artifact" in capsys.readouterr().err
 
 

@@ -448,12 +448,13 @@ def read_regular_file(path: str | Path, max_bytes: int = MAX_ARTIFACT_BYTES) -> 
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ArtifactError(f"{path}: cannot read artifact ({e.strerror or e})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which raises IsADirectoryError on a folder
+        os.close(fd)
+        raise ArtifactError(
+            f"{path}: not a regular file (a directory, FIFO, device or socket); an artifact is a JSON file"
+        )
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ArtifactError(
-                f"{path}: not a regular file (a directory, FIFO, device or socket); an artifact is a JSON file"
-            )
         if st.st_size > max_bytes:
             raise ArtifactError(f"{path}: {st.st_size} bytes, larger than an artifact may be ({max_bytes} bytes)")
         try:

@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,19 @@ def _kernels(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def kernel_names(text: str, also: Collection[str] = ()) -> list[str]:
+    """The kernels ``--kernel`` names (as ``_kernels`` reads them); a usage error when it names none or one
+    neither registered (plugins loaded first) nor in ``also``."""
+    from autotune import spec
+
+    _nonempty("--kernel", text)
+    names = _kernels(text)
+    unknown = [k for k in names if k not in spec.kernels() and k not in also]
+    if unknown:
+        raise CLIError(f"--kernel: unknown kernel(s) {', '.join(unknown)}; known: {', '.join(spec.kernels())}")
+    return names
+
+
 def resolve_gpu(arg: str, interpret: bool, dry_run: bool, needs: str = "tuning needs the GPU (use --dry-run or "
                 "--interpret without one)") -> str:  # fmt: skip
     """The registry key to tune for; refuses when the GPU present does not match ``--gpu`` (``needs``: what
@@ -172,8 +186,8 @@ def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
         from autotune.tuning.cli_graph import graph_task_list
 
         return graph_task_list(args, gpu)
-    for option, text in (("--kernel", args.kernel), ("--dims", args.dims)):
-        _nonempty(option, str(text))
+    kernels = kernel_names(str(args.kernel))
+    _nonempty("--dims", str(args.dims))
     try:
         buckets = [parse_bucket(b) for b in _nonempty("--buckets", args.buckets)]
     except ValueError as e:
@@ -206,7 +220,7 @@ def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
         return artifact_task_list(args, gpu, sample)
     try:
         return build_tasks(
-            _kernels(args.kernel), gpu, args.dtype, dims, args.heads, buckets, dists, masks, args.batch, args.seq_cap,
+            kernels, gpu, args.dtype, dims, args.heads, buckets, dists, masks, args.batch, args.seq_cap,
             sample=sample,
         )  # fmt: skip
     except ValueError as e:
@@ -521,15 +535,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
     if root.exists() and not root.is_dir():  # a file root read as "no artifacts", exit 1
         raise CLIError(f"--artifacts {root}: not a folder")
-    kernels = set(_kernels(args.kernel)) if args.kernel else None
-    paths = [p for g in gpus for p in sorted((root / g).glob("*.json")) if not kernels or p.stem in kernels]
+    paths = [p for g in gpus for p in sorted((root / g).glob("*.json"))]
+    if args.kernel is not None:  # ',' showed every kernel, 'fwd,nope' ignored nope; a file's kernel is shown
+        kernels = set(kernel_names(args.kernel, {p.stem for p in paths}))
+        paths = [p for p in paths if p.stem in kernels]
     if not paths:
-        from autotune import spec
-
-        load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels are known too
-        unknown = sorted(kernels - set(spec.kernels())) if kernels else []
-        if unknown:  # a typo, not an empty folder
-            raise CLIError(f"--kernel: unknown kernel(s) {', '.join(unknown)}; known: {', '.join(spec.kernels())}")
         console.print(f"no artifacts under {root} for {', '.join(gpus)}")
         return 1
     running = running_environment()

@@ -307,7 +307,7 @@ def cmd_verify(args: Any) -> int:
     import json
 
     from autotune.runtime import artifacts as art
-    from autotune.tuning.cli import CLIError, _console, _kernels, load_plugin_modules, resolve_gpu
+    from autotune.tuning.cli import CLIError, _console, kernel_names, load_plugin_modules, resolve_gpu
     from autotune.tuning.cli_checks import positive_seconds, writable_file, writable_folder
     from autotune.tuning.registry import plugin_modules
 
@@ -317,6 +317,7 @@ def cmd_verify(args: Any) -> int:
     if args.json:  # checked now, not after the whole re-check
         writable_file("--json", args.json)
     load_plugin_modules(args.plugin)
+    kernels = kernel_names(args.kernel) if args.kernel is not None else None  # ',' re-checked every kernel
     gpu = resolve_gpu(args.gpu, args.interpret, False, "verify re-checks on the GPU (use --interpret without one)")
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     if not (root / gpu).is_dir():
@@ -343,7 +344,7 @@ def cmd_verify(args: Any) -> int:
         results = recheck_artifacts(
             root,
             gpu,
-            _kernels(args.kernel) if args.kernel else None,
+            kernels,
             args.level,
             args.jobs,
             plugin_modules(args.plugin),

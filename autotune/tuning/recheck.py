@@ -334,11 +334,13 @@ def cmd_verify(args: Any) -> int:
         detail = f"{len(r.checked)} cases" + (f", {len(r.skipped)} skipped" if r.skipped else "")
         console.print(f"{r.status:9s} {what} {e['backend']}: {detail if r.status == 'ok' else r.error[:300]}")
 
-    unreadable: list[tuple[str, str]] = []
+    unreadable: list[Recheck] = []  # one per file not read: no entry of it was re-checked
 
     def skip_file(kernel: str, reason: str) -> None:
         console.print(f"{'unreadable':9s} {kernel}: {reason[:300]}")
-        unreadable.append((kernel, reason))
+        unreadable.append(
+            Recheck(kernel, -1, {"mask": None, "backend": None, "config": None}, "unreadable", error=reason)
+        )
 
     try:
         results = recheck_artifacts(
@@ -367,31 +369,14 @@ def cmd_verify(args: Any) -> int:
         console.print(f"not run under the interpreter: {len(not_run)} entries ({not_run[0].error})")
     for r in bad:
         console.print(f"FAILED {r.kernel} entry {r.index}: {r.status}: {r.error}")
-    for kernel, reason in unreadable:
-        console.print(f"FAILED {kernel}: file not re-checked: {reason}")
+    for r in unreadable:
+        console.print(f"FAILED {r.kernel}: file not re-checked: {r.error}")
     if args.write:  # first: the verdicts reach the artifacts even if the --json file fails
         for path in write_verified(root, gpu, results):
             console.print(f"recorded the passing cases in {path}")
     if args.json:
         try:
-            rows = [r.row() for r in results] + [_unreadable_row(k, reason) for k, reason in unreadable]
-            Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+            Path(args.json).write_text(json.dumps([r.row() for r in results + unreadable], indent=1) + "\n")
         except OSError as e:
             raise CLIError(f"--json {args.json}: cannot write it ({e.strerror or e})") from None
     return 1 if bad or unreadable or (not_run and not ran) else 0  # nothing re-checked vouches for nothing
-
-
-def _unreadable_row(kernel: str, reason: str) -> dict[str, Any]:
-    """A ``--json`` row, with ``Recheck.row``'s keys, for a file that could not be read: no entry was re-checked."""
-    from autotune.runtime.artifacts import ENTRY_KEY_FIELDS
-
-    return {
-        "kernel": kernel,
-        **dict.fromkeys(ENTRY_KEY_FIELDS),
-        "backend": None,
-        "config": None,
-        "status": "unreadable",
-        "checked": [],
-        "skipped": [],
-        "error": reason,
-    }

@@ -504,12 +504,10 @@ def _merge_target(path: Path, kernel: str, gpu: str) -> tuple[Any, str | None]:
     if not os.path.lexists(path):
         return None, None
     try:
-        old = art.load_artifact(path)
+        old = art.load_artifact(path, check_stale=False)
     except art.ArtifactError as e:
-        try:
-            art.load_artifact(path, check_stale=False)
-        except art.ArtifactError:
-            return None, f"is unusable ({e})"
+        return None, f"is unusable ({e})"
+    if art.stale_reason(old):
         return None, None
     if (old.kernel, old.gpu) != (kernel, gpu):
         return None, f"holds kernel {old.kernel!r} of gpu {old.gpu!r}"

@@ -280,6 +280,9 @@ def test_export_takes_the_kernel_names_run_show_and_verify_take(tmp_path, capsys
     capsys.readouterr()
     assert main([*argv, ",", "--out", str(tmp_path / "c")]) == 2
     assert "--kernel ',' names nothing" in capsys.readouterr().err
+    assert main([*argv, "fwd,nosuch", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown kernel(s) nosuch" in err and "known:" in err and not (tmp_path / "d").exists()
 
 
 def test_verify_bundle_reports_a_manifest_nested_past_the_parser(tmp_path):

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.runtime.buckets import format_bucket
 from autotune.runtime.gpus import GPUS
-from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty
+from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty, kernel_names
 
 # Grid options of ``autotune run`` that a graph's task list replaces (refused when changed).
 GRID_OPTIONS = ("kernel", "buckets", "dims", "heads", "distributions", "masks")
@@ -245,8 +245,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
     kernels = None
     if args.kernel is not None:  # the spellings run, show and verify take: fwd, bwd, layer or spec names
-        _nonempty("--kernel", args.kernel)
-        kernels = _kernels(args.kernel)
+        kernels = kernel_names(args.kernel)  # unknown names: a usage error listing the known ones
     try:
         manifest = export_bundle(gpu, args.out, args.artifacts, kernels)
     except BundleError as e:

@@ -126,17 +126,11 @@ def cases(d: int, heads: int, batch: int, n: int, source: str, calls: int) -> li
 def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors naming the option for counts no timing can use (``--calls 0`` divided by zero, ``--blocks 0``
     took a quantile of nothing, both after the artifacts loaded and the inputs were built)."""
-    from autotune.tuning.cli import CLIError
-    from autotune.tuning.cli_checks import int_in
+    from benchmarks.cli_args import at_least, attention_head_dims, usage_errors
 
-    try:
-        for option in ("--calls", "--blocks", "--length", "--heads"):
-            int_in(option, getattr(args, option[2:]), 1)
-        int_in("--head-dim", args.head_dim, 1, 256)
-        for b in args.batches:
-            int_in("--batches", b, 1)
-    except CLIError as e:
-        p.error(str(e))
+    with usage_errors(p):
+        at_least(args, 1, "--calls", "--blocks", "--length", "--heads", "--batches")
+        attention_head_dims("--head-dim", args.head_dim, kernel=False)  # the public call pads a smaller head dim
 
 
 def main(argv: list[str] | None = None) -> None:

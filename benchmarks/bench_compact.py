@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.bench_jagged import _inputs  # noqa: E402
-from benchmarks.bench_jagged_ratio import law_lengths  # noqa: E402
+from benchmarks.bench_jagged_ratio import LAWS, law_lengths  # noqa: E402
+from benchmarks.cli_args import at_least, attention_head_dims, existing_folder, one_of, usage_errors  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
 VARIANTS = ("grid", "compact", "compact-lpt")
@@ -93,6 +94,18 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, gpu: str,
     return rows
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before the GPU check: a batch of 0 or a misspelt law failed after earlier shapes were timed,
+    and a head dim no CuTe kernel has or a missing artifacts folder ended the run at the first artifact read."""
+    with usage_errors(p):
+        at_least(args, 1, "--buckets", "--batches", "--heads")
+        attention_head_dims("--head-dim", args.head_dim, kernel=True)
+        one_of("--laws", args.laws, ("uniform", *(law for law in LAWS if law != "file")))  # 'file' needs a sample
+        existing_folder("--artifacts", args.artifacts)
+        if args.gpu is not None:
+            existing_folder("--gpu", str(Path(args.artifacts) / args.gpu))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--buckets", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -105,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--artifacts", default=str(Path(__file__).resolve().parents[1] / "artifacts"))
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
+    check_options(p, args)
     if not torch.cuda.is_available():  # torch's "not compiled with CUDA" AssertionError traceback otherwise
         raise SystemExit("bench_compact.py needs a CUDA GPU")
     gpu = args.gpu or ("h200" if "H200" in torch.cuda.get_device_name() else "h100")

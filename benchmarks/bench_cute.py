@@ -19,6 +19,7 @@ import torch
 from cute_bench_common import CHECK_LENGTHS, MASKS, feasible, parse_args, run, time_row
 
 from autotune.runtime.buckets import sequence_lengths
+from benchmarks.cli_args import needs_gpu
 from kernel_templates.cute import HSTUCuteFwdConfig, check_fwd_config, hstu_attention_cute_fwd
 from kernel_templates.hstu_attention import default_fwd_config, hstu_attention_flops, hstu_attention_reference
 from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
@@ -100,14 +101,16 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     def configs_for(d: int, dtype: str) -> list[HSTUCuteFwdConfig]:
         return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_fwd_config(c, d, d), c, d)]
 
     def tag(cfg: HSTUCuteFwdConfig, d: int) -> str:
         return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}o{int(cfg.intra_wg_overlap)}g{cfg.l2_group}"
 
-    run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute.json", "cute_fwd")
+    a = parse_args(argv, dims=tuple(CONFIGS))
+    needs_gpu("bench_cute.py")
+    run(a, configs_for, small_check, bench_shape, tag, "bench_cute.json", "cute_fwd")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 from cute_bench_common import CHECK_LENGTHS, MASKS, feasible, parse_args, run, time_row
 
 from autotune.runtime.buckets import sequence_lengths
+from benchmarks.cli_args import needs_gpu
 from kernel_templates.cute import HSTUCuteBwdConfig, check_bwd_config, hstu_attention_cute_bwd
 from kernel_templates.hstu_attention import default_bwd_config, hstu_attention_flops, hstu_attention_reference
 from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
@@ -111,7 +112,7 @@ def bench_shape(d: int, n: int, dist: str, dtype: torch.dtype, batch: int, heads
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     def configs_for(d: int, dtype: str) -> list[HSTUCuteBwdConfig]:
         return [c for c in CONFIGS.get(d, []) if feasible(lambda c=c: check_bwd_config(c, dtype, d, d), c, d)]
 
@@ -120,7 +121,9 @@ def main() -> None:
         swap = "swap" if cfg.swap_sdp else ""
         return f"d{d}-{cfg.block_m}x{cfg.block_n}s{cfg.num_stages}do{cfg.do_stages}{serial}{swap}g{cfg.l2_group}"
 
-    run(parse_args(), configs_for, small_check, bench_shape, tag, "bench_cute_bwd.json", "cute_bwd")
+    a = parse_args(argv, dims=tuple(CONFIGS))
+    needs_gpu("bench_cute_bwd.py")
+    run(a, configs_for, small_check, bench_shape, tag, "bench_cute_bwd.json", "cute_bwd")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,41 @@ def _parse_nk(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[tuple], list[str]]:
+    """(M values, (N, K) pairs, config names), once every option is usable: a malformed ``--m`` or ``--nk`` was a
+    ValueError traceback, an unknown ``--configs`` name failed after the torch rows of the first shape were timed,
+    and a ``--json`` that cannot be written lost every row at the end."""
+    from autotune.tuning.cli_checks import int_in, writable_file
+    from benchmarks.cli_args import positive, usage_errors
+
+    try:
+        ms = [int(v) for v in args.m.split(",")]
+    except ValueError:
+        p.error(f"--m must be comma-separated integers, got {args.m!r}")
+    try:
+        nks = _parse_nk(args.nk)
+    except ValueError:
+        p.error(f"--nk must be comma-separated NxK pairs (4096x1024), got {args.nk!r}")
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    with usage_errors(p):
+        for m in ms:
+            int_in("--m", m, 1)
+        for n, k in nks:
+            int_in("--nk", n, 1)
+            int_in("--nk", k, 1)
+        if not names:
+            raise ValueError(f"--configs names no config, got {args.configs!r}")
+        for name in names:  # the config of the first shape: an unknown name or a bad field raises here
+            try:
+                config_named(name, ms[0], *nks[0])
+            except ValueError as e:
+                raise ValueError(str(e) if str(e).startswith("--configs") else f"--configs {name!r}: {e}") from None
+        positive("--rep", args.rep)
+        if args.json:
+            writable_file("--json", args.json)
+    return ms, nks, names
+
+
 def check(out: torch.Tensor, ref32: torch.Tensor, ref_lo: torch.Tensor) -> tuple[bool, float, float]:
     """(ok, error, bound) under the tolerance rule (max norm, NaN never passes)."""
     err = (out.float() - ref32).abs().max().item()
@@ -158,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the rows here (one JSON file)")
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     args = p.parse_args(argv)
+    ms, nks, names = check_options(p, args)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         print("bench_gemm_silu: needs an sm90 (Hopper) GPU", file=sys.stderr)
         return 2
-    names = [c.strip() for c in args.configs.split(",") if c.strip()]
     dtype = getattr(torch, args.dtype)
     rows: list[dict[str, Any]] = []
-    for n, k in _parse_nk(args.nk):
-        for m in (int(v) for v in args.m.split(",")):
+    for n, k in nks:
+        for m in ms:
             rows += bench_shape(m, n, k, dtype, names, args.rep, args.pre)
             torch.cuda.empty_cache()
     if not args.no_save:

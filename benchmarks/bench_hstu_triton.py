@@ -28,6 +28,14 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.runtime.buckets import sequence_lengths  # noqa: E402
+from benchmarks.cli_args import (  # noqa: E402
+    at_least,
+    attention_head_dims,
+    l2_groups,
+    length_distributions,
+    needs_gpu,
+    usage_errors,
+)
 from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
 from kernel_templates.hstu_attention import (  # noqa: E402
     HSTUBwdConfig,
@@ -137,7 +145,21 @@ def bench_one(n: int, dim: int, dist: str, fc, bc, batch: int, heads: int) -> di
     return row
 
 
-def main() -> None:
+def check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Usage errors before the GPU is touched: a head dim no Triton kernel has, a misspelt ``--dist`` or a batch
+    of 0 failed after earlier shapes were timed, and a ``--json`` that cannot be written lost every row."""
+    from autotune.tuning.cli_checks import writable_file
+
+    with usage_errors(p):
+        attention_head_dims("--dims", a.dims, kernel=True)
+        at_least(a, 1, "--lengths", "--batch", "--heads", "--sweep-len")
+        length_distributions("--dist", a.dist)
+        l2_groups("--l2-groups", a.l2_groups)
+        if a.json:
+            writable_file("--json", a.json)
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--dims", type=int, nargs="+", default=[256])
@@ -152,7 +174,9 @@ def main() -> None:
     )
     p.add_argument("--json", default=None, help="also write the rows here (default: $OUT/bench_triton.json)")
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    check_options(p, a)
+    needs_gpu("bench_hstu_triton.py")
     rows: list[dict] = []
     t0 = time.time()
     print(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)

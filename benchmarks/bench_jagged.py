@@ -72,17 +72,22 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
 def check_batch_args(p: argparse.ArgumentParser, args: argparse.Namespace, sizes: str = "--buckets") -> None:
     """Usage errors (naming the option) for shapes no batch can have, before the first GPU timing: a batch of 0
     or a bucket of -1 was a traceback from the first ``measure``, after the artifacts had loaded."""
-    from autotune.tuning.cli import CLIError
-    from autotune.tuning.cli_checks import int_in
+    from benchmarks.cli_args import at_least, attention_head_dims, usage_errors
 
-    try:
-        for option in ("--batch", "--heads"):
-            int_in(option, getattr(args, option[2:]), 1)
-        int_in("--head-dim", args.head_dim, 1, 256)
-        for n in getattr(args, sizes[2:]):
-            int_in(sizes, n, 1)
-    except CLIError as e:
-        p.error(str(e))
+    with usage_errors(p):
+        at_least(args, 1, "--batch", "--heads", sizes)
+        attention_head_dims("--head-dim", args.head_dim, kernel=False)  # the public call pads a smaller head dim
+
+
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The batch shape, and the artifacts folders compared: a missing one loaded nothing and timed the
+    defaults under its label."""
+    from benchmarks.cli_args import existing_folder, usage_errors
+
+    check_batch_args(p, args)
+    with usage_errors(p):
+        existing_folder("--artifacts", args.artifacts)
+        existing_folder("--other", args.other)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,16 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--buckets", type=int, nargs="+", default=[2048, 4096])
     add_batch_args(p)
     args = p.parse_args(argv)
-    check_batch_args(p, args)
+    check_options(p, args)
     import autotune
     from autotune.runtime import dispatch
     from autotune.runtime.buckets import sample_lengths
     from autotune.runtime.lengths import read_length_sample
+    from benchmarks.cli_args import needs_gpu
 
     try:
         sample = read_length_sample(args.lengths)
     except ValueError as e:
         p.error(str(e))
+    needs_gpu("bench_jagged.py")
     rows = []
     for bucket in args.buckets:
         lengths = sample_lengths(sample, bucket, args.batch, args.seed)

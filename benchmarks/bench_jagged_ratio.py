@@ -102,6 +102,19 @@ def measure(lengths: list[int], bucket: int, args: argparse.Namespace, hint: str
     }  # fmt: skip
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before any batch is timed: the batch shape, ``--laws file`` without a lengths file
+    (``law_lengths`` raised after the uniform batch was timed) and a missing ``--artifacts`` folder (loaded
+    nothing: the defaults were timed as the tuned configs)."""
+    from benchmarks.cli_args import existing_folder, usage_errors
+
+    check_batch_args(p, args)
+    if "file" in args.laws and not args.lengths:
+        p.error("--laws file needs --lengths FILE")
+    with usage_errors(p):
+        existing_folder("--artifacts", args.artifacts)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--buckets", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -119,9 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_batch_args(p)
     args = p.parse_args(argv)
-    check_batch_args(p, args)
-    if "file" in args.laws and not args.lengths:  # law_lengths would raise after the uniform batch was timed
-        p.error("--laws file needs --lengths FILE")
+    check_options(p, args)
     import autotune
     from autotune.runtime.lengths import read_length_sample
 

@@ -197,16 +197,25 @@ def render(rows: list[dict[str, Any]], png: str | None) -> str:
 
 def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors before any layer runs: a misspelt ``--columns`` name ran no column at all (an empty table,
-    nothing said), and a length or batch below 1 failed inside the first column."""
+    nothing said), a length or batch below 1 failed inside the first column, a head dim without a kernel of its
+    own made every fused column an error row, and a missing ``--from-json`` was a traceback."""
+    from autotune.tuning.cli_checks import writable_file
     from benchmarks.bench_jagged import check_batch_args
+    from benchmarks.cli_args import attention_head_dims, existing_file, existing_folder, probability, usage_errors
 
     names = [name for name, _ in COLUMNS]
     unknown = [c for c in args.columns or [] if c not in names]
     if unknown:
         p.error(f"--columns: unknown column(s) {unknown}; known: {names}")
-    if not 0.0 <= args.dropout < 1.0:
-        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
     check_batch_args(p, args, "--lengths")
+    with usage_errors(p):
+        probability("--dropout", args.dropout)
+        if any(o["layer"] == "fused" for c, o in COLUMNS if not args.columns or c in args.columns):
+            attention_head_dims("--head-dim", args.head_dim, kernel=True)  # the fused layer's views need one
+        existing_folder("--artifacts", args.artifacts)
+        existing_file("--from-json", args.from_json)
+        if args.png:  # written after every column ran
+            writable_file("--png", args.png)
 
 
 def main(argv: list[str] | None = None) -> None:

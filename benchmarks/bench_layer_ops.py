@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.cli_args import at_least, attention_head_dims, existing_folder, needs_gpu, usage_errors  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 
 
@@ -94,6 +95,15 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before the GPU check: a batch of 0 or a head dim the fused layer has no kernels for failed
+    inside the first op's inputs, and a misspelt ``--artifacts`` timed the defaults as if tuned."""
+    with usage_errors(p):
+        at_least(args, 1, "--lengths", "--batch", "--heads")
+        attention_head_dims("--head-dim", args.head_dim, kernel=True)  # a layer plan takes the kernels' head dims only
+        existing_folder("--artifacts", args.artifacts)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
@@ -104,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--allow-same-arch", action="store_true")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_layer_ops.py needs a CUDA GPU")
+    check_options(p, args)
+    needs_gpu("bench_layer_ops.py")
     import autotune
 
     if args.artifacts:

@@ -30,6 +30,7 @@ from rich.table import Table  # noqa: E402
 from autotune.runtime import dispatch  # noqa: E402
 from autotune.tuning.cli import CLIError  # noqa: E402
 from autotune.tuning.cli_checks import writable_file  # noqa: E402
+from benchmarks.cli_args import at_least  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
 from models.train import check_kernels, check_precision, default_dtype, parse_overrides, run  # noqa: E402
 
@@ -40,6 +41,8 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any,
     overrides = parse_overrides(args.set)
     if "kernels" in overrides:
         raise ValueError("--set kernels=...: the kernel source is each variant's own (--kernels tuned default ...)")
+    at_least(args, 1, "--log-every")  # run() refused these two with a traceback
+    at_least(args, 0, "--workers")
     runs = []
     for variant in args.kernels:
         source, own = parse_variant(variant)

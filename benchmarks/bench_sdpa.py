@@ -65,6 +65,16 @@ def sdpa_row(n: int, args: argparse.Namespace, fwd_flops: float, bwd_flops: floa
     return best or {}
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The batch shape, and an ``--artifacts`` folder that exists (a missing one loaded nothing: the defaults
+    were timed as the tuned configs)."""
+    from benchmarks.cli_args import existing_folder, usage_errors
+
+    check_batch_args(p, args, "--lengths")
+    with usage_errors(p):
+        existing_folder("--artifacts", args.artifacts)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -73,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     add_batch_args(p)
     p.set_defaults(cuda_graph=False)  # both sides timed as eager calls, host time included
     args = p.parse_args(argv)
-    check_batch_args(p, args, "--lengths")
+    check_options(p, args)
     if not torch.cuda.is_available():  # a CUDA generator's RuntimeError traceback otherwise
         raise SystemExit("bench_sdpa.py needs a CUDA GPU")
     import autotune

@@ -20,7 +20,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.cli_args import at_least, needs_gpu, usage_errors  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
+
+
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace, configs: list) -> None:
+    """Usage errors before the GPU check: ``--tokens 0`` or a ``--width`` no config of the search space fits
+    timed nothing and then failed on the ratios of no rows."""
+    from kernel_templates.gemm_silu.bwd_config import check_bwd_config
+
+    with usage_errors(p):
+        at_least(args, 1, "--tokens", "--width")
+        if all(check_bwd_config(cfg, args.width) is not None for cfg in configs):
+            raise ValueError(f"--width {args.width}: no config of the search space fits it")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,8 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=4096, help="4 x heads x head_dim")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_silu_pass: needs a CUDA GPU")
+    check_options(p, args, GEMM_SILU_BWD_TRITON.full())
+    needs_gpu("bench_silu_pass.py")
     m, n = args.tokens, args.width
     dy, pre = (torch.randn(m, n, device="cuda").to(torch.bfloat16) for _ in range(2))
     d_pre = torch.empty_like(dy)

@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.runtime import dispatch, ops  # noqa: E402
+from benchmarks.cli_args import at_least, attention_head_dims, existing_folder, needs_gpu, usage_errors  # noqa: E402
 from kernel_templates.hstu_attention import input_check as ic  # noqa: E402
 from kernel_templates.hstu_attention.op import validate_hstu_inputs  # noqa: E402
 
@@ -135,7 +136,23 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The JSON path, once every option is usable: ``--calls 0`` divided by zero after the first compile, a head
+    dim the kernels lack failed in the host shape check's row (it is timed as the kernels take it), and a
+    ``--json`` that cannot be written lost the rows at the end."""
+    from autotune.tuning.cli_checks import writable_file
+
+    path = args.json or (os.path.join(os.environ["OUT"], "bench_validation.json") if os.environ.get("OUT") else None)
+    with usage_errors(p):
+        at_least(args, 1, "--calls", "--repeats", "--batch", "--length", "--heads")
+        attention_head_dims("--dim", args.dim, kernel=True)
+        existing_folder("--artifacts", args.artifacts)
+        if path:
+            writable_file("--json", path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=7)
@@ -147,9 +164,9 @@ def main() -> None:
     p.add_argument("--artifacts", default=None, help="artifacts root for --source tuned (default: the shipped ones)")
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true", help="print a cProfile of the validate='none' calls")
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_validation needs a CUDA GPU")
+    args = p.parse_args(argv)
+    path = check_options(p, args)
+    needs_gpu("bench_validation.py")
     rows = bench(args)
     print(f"{'what':66s} {'enqueue us':>11s} {'wall us':>9s} {'extra us':>9s} {'launches':>8s}")
     for r in rows:
@@ -157,7 +174,6 @@ def main() -> None:
         launches = str(r["launches"]) if r["launches"] is not None else ""
         backend = r.get("backend", "")
         print(f"{r['what']:66s} {r['enqueue_us']:11.2f} {r['wall_us']:9.2f} {extra} {launches:>8s} {backend}")
-    path = args.json or (os.path.join(os.environ["OUT"], "bench_validation.json") if os.environ.get("OUT") else None)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(rows, indent=1))

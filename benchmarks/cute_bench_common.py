@@ -25,6 +25,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cli_args import usage_errors  # noqa: E402
 from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
 
 # mask name -> (contextual_seq_len, with num_targets, max_attn_len)
@@ -39,14 +40,19 @@ MASKS = {
 CHECK_LENGTHS = [0, 1, 77, 300, 129, 0, 513]
 
 
-def parse_args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None,
+    dims: tuple[int, ...] | None = None,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The shared command line, checked (``check_options``); ``dims``: the head dims the script has configs for."""
     p = argparse.ArgumentParser()
     p.add_argument("--dims", type=int, nargs="+", default=[256, 128])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--dist", nargs="+", default=["uniform", "jagged"])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--configs", type=int, default=None, help="time only the first N configs per head dim")
     p.add_argument("--l2-groups", type=int, nargs="+", default=None, help="time each config with each l2_group")
     p.add_argument("--skip-check", action="store_true")
@@ -54,16 +60,28 @@ def parse_args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     if extra is not None:
         extra(p)
-    a = p.parse_args()
-    if a.json:  # first written after the first config's check: a bad path would end the run there
-        from autotune.tuning.cli import CLIError
-        from autotune.tuning.cli_checks import writable_file
-
-        try:
-            writable_file("--json", a.json)
-        except CLIError as e:
-            p.error(str(e))
+    a = p.parse_args(argv)
+    check_options(p, a, dims)
     return a
+
+
+def check_options(p: argparse.ArgumentParser, a: argparse.Namespace, dims: tuple[int, ...] | None) -> None:
+    """Usage errors before the first compile: a head dim without CuTe configs timed Triton alone, ``--configs 0``
+    timed no CuTe config, a misspelt ``--dist`` failed after the first shapes; ``--json`` is first written after
+    the first config's check, so a bad path would end the run there."""
+    from autotune.tuning.cli_checks import writable_file
+    from benchmarks.cli_args import at_least, attention_head_dims, l2_groups, length_distributions
+
+    with usage_errors(p):
+        attention_head_dims("--dims", a.dims, kernel=True)
+        lacking = [d for d in a.dims if dims is not None and d not in dims]
+        if lacking:
+            raise ValueError(f"--dims: no CuTe configs for head dim(s) {lacking}; this script has them for {dims}")
+        at_least(a, 1, "--lengths", "--batch", "--heads", "--configs")
+        length_distributions("--dist", a.dist)
+        l2_groups("--l2-groups", a.l2_groups)
+        if a.json:
+            writable_file("--json", a.json)
 
 
 def time_row(rows: list[dict], backend: str, cfg: Any, fn: Callable[[], Any], flops: float, **shape: Any) -> None:

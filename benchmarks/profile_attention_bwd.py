@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.bench_jagged import _inputs  # noqa: E402
+from benchmarks.cli_args import at_least, attention_head_dims, needs_gpu, usage_errors  # noqa: E402
 from benchmarks.profile_model import group_of, is_copy  # noqa: E402
 
 
@@ -60,6 +61,18 @@ def profile(lengths: list[int], bucket: int, heads: int, d: int, reps: int) -> d
     return {g: statistics.median(ts) for g, ts in per_rep.items()}
 
 
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before the artifacts load: ``--reps 0`` took the median of nothing, a batch of 0 or a head
+    dim above the kernels' failed in the first shape, and a ``--json`` that cannot be written lost every row."""
+    from autotune.tuning.cli_checks import writable_file
+
+    with usage_errors(p):
+        attention_head_dims("--dims", args.dims, kernel=False)  # the public call pads a smaller head dim
+        at_least(args, 1, "--lengths", "--batch", "--heads", "--reps")
+        if args.json:
+            writable_file("--json", args.json)
+
+
 def main(argv: list[str] | None = None) -> None:
     import autotune
 
@@ -71,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    check_options(p, args)
+    needs_gpu("profile_attention_bwd.py")
     autotune.load()
     rows = []
     for d in args.dims:

@@ -22,8 +22,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.cli_args import at_least, attention_head_dims, needs_gpu, usage_errors  # noqa: E402
 
-def main() -> None:
+
+def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before the artifacts load: ``--steps 0`` divided by zero after the warm-up steps, a batch of
+    0 or a head dim above the kernels' failed building the inputs, and an ``--out`` that cannot be written
+    lost the profiles at the end."""
+    from autotune.tuning.cli_checks import writable_folder
+
+    with usage_errors(p):
+        attention_head_dims("--head-dim", args.head_dim, kernel=False)  # the public call pads a smaller head dim
+        at_least(args, 1, "--heads", "--length", "--batch", "--steps")
+        writable_folder("--out", args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--head-dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
@@ -31,7 +45,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--out", default="benchmarks/results/call_host_time")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    check_options(p, args)
+    needs_gpu("profile_call_host.py")
 
     import autotune
     from autotune.runtime.ops import hstu_attention

@@ -27,6 +27,13 @@ from bench_hstu_triton import bench_inputs, small_check  # the defaults' benchma
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cli_args import (  # noqa: E402
+    at_least,
+    attention_head_dims,
+    length_distributions,
+    needs_gpu,
+    usage_errors,
+)
 from benchmarks.rows import append_rows, environment, time_ms  # noqa: E402
 from kernel_templates.hstu_attention import (  # noqa: E402
     HSTUBwdConfig,
@@ -83,6 +90,27 @@ def time_config(bc: HSTUBwdConfig, n: int, dim: int, dist: str, batch: int, head
     return dict(shape, cfg=bc.to_dict(), **t, ms=ms, tflops=bwd_flops / ms * 1e-9, parts=parts)
 
 
+def check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> list[HSTUBwdConfig]:
+    """The configs to time, once every option is usable: a malformed ``--configs`` value, a head dim no Triton
+    kernel has, a misspelt ``--dist`` or a batch of 0 was a traceback or a failed row per config, and a
+    ``--json`` that cannot be written lost every row at the end."""
+    from autotune.tuning.cli_checks import writable_file
+
+    with usage_errors(p):
+        attention_head_dims("--dim", a.dim, kernel=True)
+        at_least(a, 1, "--n", "--batch", "--heads")
+        length_distributions("--dist", a.dist)
+        if a.json:
+            writable_file("--json", a.json)
+        configs = []
+        for text in a.configs:
+            try:
+                configs.append(parse_config(text))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"--configs {text!r}: {e}") from None
+    return configs or [default_bwd_config(a.dim, a.dim)]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=[], help="positional HSTUBwdConfig fields, CSV; none = default")
@@ -95,9 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default=None, help="also write the rows here (one JSON file)")
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
     a = p.parse_args(argv)
-    if not torch.cuda.is_available():  # torch's "not compiled with CUDA" AssertionError traceback otherwise
-        raise SystemExit("sweep_triton_bwd.py needs a CUDA GPU")
-    configs = [parse_config(c) for c in a.configs] or [default_bwd_config(a.dim, a.dim)]
+    configs = check_options(p, a)
+    needs_gpu("sweep_triton_bwd.py")  # torch's "not compiled with CUDA" AssertionError traceback otherwise
     print(f"GPU: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     rows = []
     for bc in configs:

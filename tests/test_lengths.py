@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,3 +266,76 @@ def test_length_laws_take_only_integer_sizes(max_len, batch, name):
         with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
             draw()
     assert sequence_lengths(np.int64(64), np.int32(3), "jagged", 0) == sequence_lengths(64, 3, "jagged", 0)
+
+
+def test_a_large_text_file_is_parsed_in_little_memory(tmp_path):
+    """One length a line, 1.5M lines: a list of words per line held ~300 bytes a length (a 68 MB file of 12M lengths
+    took 4.4 GB); the lengths are now held in one compact array while read, and the strided subsample is kept."""
+    import tracemalloc
+
+    from autotune.runtime.lengths import MAX_SAMPLE
+
+    n = MAX_SAMPLE + MAX_SAMPLE // 2
+    values = [(i * 7919) % 30000 + 1 for i in range(n)]
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(map(str, values)) + "\n")
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        got = read_lengths_file(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    step = n / MAX_SAMPLE
+    assert got.batches is None and got.sample == [values[int(i * step)] for i in range(MAX_SAMPLE)]
+    assert peak < 8 * size + 64 * MAX_SAMPLE, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"
+
+
+def test_text_batches_and_comments_survive_the_line_parser(tmp_path):
+    """Lines, comments, commas, CR and CRLF line ends are read as before: batches where a line holds several."""
+    path = tmp_path / "b.txt"
+    path.write_bytes(b"# header\r\n5, 6 # two\r\n\r\n7\r8 9\n  \n10")
+    got = read_lengths_file(path)
+    assert got.sample == [5, 6, 7, 8, 9, 10] and got.batches == [[5, 6], [7], [8, 9], [10]]
+    path.write_text("3\n-4\n")
+    with pytest.raises(LengthsError, match="negative length -4"):
+        read_length_sample(path)
+
+
+def test_a_text_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from autotune.runtime import lengths
+
+    path = tmp_path / "big.txt"
+    path.write_text("512\n" * 1000)
+    monkeypatch.setattr(lengths, "MAX_TEXT_BYTES", 3000)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read a file over the limit"))
+    with pytest.raises(LengthsError, match=r"big.txt: the file is 0 MiB, over the 0 MiB .*np.save"):
+        read_length_sample(path)
+
+
+def test_a_large_npy_is_memory_mapped_not_loaded(tmp_path, monkeypatch):
+    """np.load read the whole array into memory (a file larger than the host's memory could not be used)."""
+    import numpy
+
+    path = tmp_path / "l.npy"
+    np.save(path, np.arange(1, 10, dtype=np.int32))
+    seen = []
+    real_load = numpy.load
+    monkeypatch.setattr(numpy, "load", lambda *a, **k: seen.append(k.get("mmap_mode")) or real_load(*a, **k))
+    assert read_length_sample(path) == list(range(1, 10)) and seen == ["r"]
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ({"lengths": [5], "512": 3}, r"unknown keys \['512'\] beside 'lengths'"),  # the histogram part was dropped
+        ({"lengths": [5], "counts": [2], "note": "x"}, r"unknown keys \['note'\]"),
+        ({"counts": [5]}, "'counts' without 'lengths'"),
+    ],
+)
+def test_a_lengths_object_holds_only_lengths_and_counts(tmp_path, content, match):
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(LengthsError, match=match) as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value)

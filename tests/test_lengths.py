@@ -339,3 +339,21 @@ def test_a_lengths_object_holds_only_lengths_and_counts(tmp_path, content, match
     with pytest.raises(LengthsError, match=match) as info:
         read_length_sample(path)
     assert str(path) in str(info.value)
+
+
+def test_the_recorded_fill_of_a_wide_batch_of_short_lengths_is_never_zero():
+    """Four decimals rounded a fill of ~5e-5 (a sample of 1s, batch 65535, bucket 32K) to 0.0: the tuned entry then
+    failed the artifact's own check ``fill in (0, 1]`` and could not be written."""
+    from autotune.runtime.artifacts import _check_fill
+    from autotune.runtime.buckets import batch_fill
+    from autotune.tuning.tasks import MAX_BATCH
+    from autotune.tuning.tuner import TaskResult
+
+    task = Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 32768, "jagged", batch=MAX_BATCH, sample=(1,))
+    entry = TaskResult(task).entry()
+    exact = batch_fill(task.lengths(), task.max_len)
+    for fill in (entry["fill"], entry["lengths"]["batch_fill"]):
+        _check_fill(fill, "fill")
+        assert fill == pytest.approx(exact, rel=1e-3)
+    plain = TaskResult(Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "uniform")).entry()
+    assert plain["fill"] == 1.0

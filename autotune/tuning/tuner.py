@@ -159,7 +159,7 @@ class TaskResult:
             "tuning_s": round(self.tuning_s, 2),
             "timing": self.timing,
             "verified": list(self.verified),
-            "fill": round(batch_fill(t.lengths(), t.max_len), 4),
+            "fill": recorded_fill(t.lengths(), t.max_len),
             **({"samples": self.samples} if self.samples else {}),
             **({"compare": _rounded(self.comparison)} if self.comparison else {}),
             **({"lengths": _sample_descriptor(t)} if t.sample is not None else {}),
@@ -171,7 +171,14 @@ def _sample_descriptor(task: Task) -> dict[str, Any]:
     from autotune.runtime.lengths import describe
 
     lengths = task.lengths()
-    return {**describe(task.sample), "batch_fill": round(batch_fill(lengths, task.max_len), 4)}
+    return {**describe(task.sample), "batch_fill": recorded_fill(lengths, task.max_len)}
+
+
+def recorded_fill(lengths: list[int], max_len: int) -> float:
+    """The batch's fill as an entry records it: 4 significant digits. Four decimals rounded the fill of a wide
+    batch of short lengths (a sample of 1s at batch 60000, bucket 32K: 5e-5) to 0.0, which the artifact's own
+    check refuses, so the tuned entry could not be written."""
+    return float(f"{batch_fill(lengths, max_len):.4g}")
 
 
 class Reporter:

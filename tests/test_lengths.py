@@ -357,3 +357,21 @@ def test_the_recorded_fill_of_a_wide_batch_of_short_lengths_is_never_zero():
         assert fill == pytest.approx(exact, rel=1e-3)
     plain = TaskResult(Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "uniform")).entry()
     assert plain["fill"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "32", "--buckets", "256"],
+        ["tasks", "--from-model", "tiny", "--gpu", "h100"],
+    ],
+    ids=["run", "tasks"],
+)
+def test_an_empty_lengths_path_is_a_usage_error(capsys, argv):
+    """`--lengths "$UNSET"` was dropped without a word: the run tuned the synthetic law, not the user's lengths."""
+    from autotune.tuning.cli import main
+
+    assert main([*argv, "--lengths", ""]) == 2
+    assert "--lengths '': an empty path; name a lengths file" in capsys.readouterr().err
+    with pytest.raises(LengthsError, match="an empty path"):
+        read_lengths_file("  ")

@@ -199,6 +199,8 @@ def read_length_sample(path: str | Path) -> list[int]:
 
 def read_lengths_file(path: str | Path) -> LengthsFile:
     """The lengths of ``path`` and its batches when it lists some (see the module docstring), validated."""
+    if isinstance(path, str) and not path.strip():  # Path("") is the working directory
+        raise LengthsError(f"--lengths {path!r}: an empty path; name a lengths file")
     path = Path(path)
     where = f"--lengths {path}"
     if path.is_dir():

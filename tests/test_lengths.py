@@ -375,3 +375,26 @@ def test_an_empty_lengths_path_is_a_usage_error(capsys, argv):
     assert "--lengths '': an empty path; name a lengths file" in capsys.readouterr().err
     with pytest.raises(LengthsError, match="an empty path"):
         read_lengths_file("  ")
+
+
+@pytest.mark.parametrize(
+    ("sample", "match"),
+    [
+        ((), "at least one non-zero length"),
+        ((0, 0), "at least one non-zero length"),
+        ((5, -1), r"ints in \[0, 32768\], got -1"),
+        ((5, 40000), "got 40000"),
+        ((True, 5), "got True"),
+        ((5.0,), "got 5.0"),
+        ([5, 6], "must be a tuple"),
+    ],
+)
+def test_a_task_refuses_a_sample_no_lengths_file_gives(sample, match):
+    """An empty sample (a task read back from a farm's storage) tuned a whole study, then failed to describe it in
+    the entry (IndexError); a list made the task unhashable."""
+    with pytest.raises(ValueError, match=match):
+        Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "jagged", sample=sample)
+    d = Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "jagged", sample=(5,)).to_dict()
+    if isinstance(sample, tuple):
+        with pytest.raises(ValueError, match=match):
+            Task.from_dict({**d, "sample": list(sample)})

@@ -291,8 +291,13 @@ def test_a_large_text_file_is_parsed_in_little_memory(tmp_path):
     assert peak < 8 * size + 64 * MAX_SAMPLE, f"peak {peak / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB file"
 
 
-def test_text_batches_and_comments_survive_the_line_parser(tmp_path):
-    """Lines, comments, commas, CR and CRLF line ends are read as before: batches where a line holds several."""
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
+def test_text_batches_and_comments_survive_the_line_parser(tmp_path, monkeypatch, chunk):
+    """Lines, comments, commas, CR and CRLF line ends are read as before (whatever the chunks the text is split
+    into lines by): batches where a line holds several."""
+    from autotune.runtime import lengths
+
+    monkeypatch.setattr(lengths, "_CHUNK", chunk)
     path = tmp_path / "b.txt"
     path.write_bytes(b"# header\r\n5, 6 # two\r\n\r\n7\r8 9\n  \n10")
     got = read_lengths_file(path)

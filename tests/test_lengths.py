@@ -403,3 +403,24 @@ def test_a_task_refuses_a_sample_no_lengths_file_gives(sample, match):
     if isinstance(sample, tuple):
         with pytest.raises(ValueError, match=match):
             Task.from_dict({**d, "sample": list(sample)})
+
+
+class _Boom:
+    """Unpickling it leaves a file behind: the proof that a lengths file was unpickled."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+@pytest.mark.parametrize("name", ["evil.npy", "evil.bin"])
+def test_a_pickle_bearing_npy_is_refused_never_unpickled(tmp_path, name):
+    marker = tmp_path / "unpickled"
+    path = tmp_path / name
+    with open(path, "wb") as f:
+        np.save(f, np.array([_Boom(str(marker)), 5], dtype=object), allow_pickle=True)
+    with pytest.raises(LengthsError, match="not a readable .npy array") as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value) and not marker.exists()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ def _expand(values: list[int], counts: list[int]) -> list[int]:
 
 
 _CHUNK = 1 << 20  # characters of text split into lines at a time
+_WORD = re.compile(r"[^\s,]+")  # a length in a line: what str.split() gives once commas are spaces
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -163,26 +165,29 @@ def _parse_text(text: str, where: str) -> tuple[array, list[list[int]] | None]:
     values, sizes, multi = array("q"), array("q"), False
     for line in _lines(text):
         try:
-            words = [line]
             n = int(line)  # one length a line, the common file: no split
         except ValueError:
-            words = line.split("#", 1)[0].replace(",", " ").split()
-            if not words:
-                continue
-            for w in words:
+            count = 0
+            for match in _WORD.finditer(line.split("#", 1)[0]):  # no list of words: a line may hold millions
                 try:
-                    n = int(w)
+                    n = int(match.group())
                 except ValueError:
-                    raise LengthsError(f"{where}: {_show(w)} is not an integer length (not JSON either)") from None
+                    raise LengthsError(
+                        f"{where}: {_show(match.group())} is not an integer length (not JSON either)"
+                    ) from None
                 if not 0 <= n <= MAX_LENGTH:
                     check_length(n, where)
                 values.append(n)
-            multi = multi or len(words) > 1
+                count += 1
+            if not count:
+                continue
+            multi = multi or count > 1
+            sizes.append(count)
         else:
             if not 0 <= n <= MAX_LENGTH:
                 check_length(n, where)
             values.append(n)
-        sizes.append(len(words))
+            sizes.append(1)
     if not (multi and len(sizes) > 1):
         return values, None
     flat, batches, start = values.tolist(), [], 0

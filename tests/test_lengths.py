@@ -425,3 +425,24 @@ def test_a_pickle_bearing_npy_is_refused_never_unpickled(tmp_path, name):
     with pytest.raises(LengthsError, match="not a readable .npy array") as info:
         read_length_sample(path)
     assert str(path) in str(info.value) and not marker.exists()
+
+
+def test_the_recorded_fill_is_the_fill_dispatch_computes_for_the_timed_call():
+    """The tuner times a batch drawn from a sample with max_seq_len = its longest length (3000 here, in the 4K
+    bucket); the entry recorded L / (B x bucket), 1.37x below the fill dispatch computes for that very call."""
+    import torch
+
+    from autotune.runtime import dispatch
+    from autotune.tuning.tuner import TaskResult
+    from kernel_templates.hstu_attention.tuning import make_inputs_fwd
+
+    sample = (12, 40, 100, 700, 1500, 3000)
+    task = Task("hstu_attention_fwd", "h100", "bfloat16", 32, 32, 1, 4096, "jagged", batch=8, sample=sample)
+    lengths = task.lengths()
+    inputs = make_inputs_fwd(task, lengths, 0, "cpu", torch.float32)
+    rows, batch = inputs["q"].shape[0], inputs["seq_offsets"].shape[0] - 1
+    timed = dispatch.call_fill(rows, batch, inputs["max_seq_len"])
+    assert inputs["max_seq_len"] == 3000
+    entry = TaskResult(task).entry()
+    assert entry["fill"] == entry["lengths"]["batch_fill"] == pytest.approx(timed, rel=1e-3)
+    assert dispatch.fill_bin(entry["fill"]) == dispatch.fill_bin(timed)

@@ -381,6 +381,8 @@ def test_an_empty_lengths_path_is_a_usage_error(capsys, argv):
     assert "--lengths '': an empty path; name a lengths file" in capsys.readouterr().err
     with pytest.raises(LengthsError, match="an empty path"):
         read_lengths_file("  ")
+    with pytest.raises(TypeError, match="path must be a lengths file path"):
+        read_lengths_file(None)
 
 
 @pytest.mark.parametrize(

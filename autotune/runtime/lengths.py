@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from array import array
 from collections.abc import Iterator
@@ -204,6 +205,8 @@ def read_length_sample(path: str | Path) -> list[int]:
 
 def read_lengths_file(path: str | Path) -> LengthsFile:
     """The lengths of ``path`` and its batches when it lists some (see the module docstring), validated."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a lengths file path (str or os.PathLike), got {type(path).__name__}")
     if isinstance(path, str) and not path.strip():  # Path("") is the working directory
         raise LengthsError(f"--lengths {path!r}: an empty path; name a lengths file")
     path = Path(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,3 +266,185 @@ def test_length_laws_take_only_integer_sizes(max_len, batch, name):
         with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
             draw()
     assert sequence_lengths(np.int64(64), np.int32(3), "jagged", 0) == sequence_lengths(64, 3, "jagged", 0)
+
+
+@pytest.mark.parametrize("sep", ["\n", ","], ids=["one-a-line", "one-line"])
+def test_a_large_text_file_is_parsed_in_little_memory(tmp_path, sep):
+    """1.5M lengths, one a line or all on one line: a list of words per line held ~300 bytes a length (a 68 MB file
+    of 12M lengths took 4.4 GB; 490 MB here, 147 MB on one line); the lengths are now held in one compact array
+    while read (89 MB here, mostly the 1M lengths kept), and the strided subsample is kept."""
+    import tracemalloc
+
+    from autotune.runtime.lengths import MAX_SAMPLE
+
+    n = MAX_SAMPLE + MAX_SAMPLE // 2
+    values = [(i * 7919) % 30000 + 1 for i in range(n)]
+    path = tmp_path / "lengths.txt"
+    path.write_text(sep.join(map(str, values)) + "\n")
+    tracemalloc.start()
+    try:
+        got = read_lengths_file(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    step = n / MAX_SAMPLE
+    assert got.batches is None and got.sample == [values[int(i * step)] for i in range(MAX_SAMPLE)]
+    assert peak < 110 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
+def test_text_batches_and_comments_survive_the_line_parser(tmp_path, monkeypatch, chunk):
+    """Lines, comments, commas, CR and CRLF line ends are read as before (whatever the chunks the text is split
+    into lines by): batches where a line holds several."""
+    from autotune.runtime import lengths
+
+    monkeypatch.setattr(lengths, "_CHUNK", chunk)
+    path = tmp_path / "b.txt"
+    path.write_bytes(b"# header\r\n5, 6 # two\r\n\r\n7\r8 9\n  \n10")
+    got = read_lengths_file(path)
+    assert got.sample == [5, 6, 7, 8, 9, 10] and got.batches == [[5, 6], [7], [8, 9], [10]]
+    path.write_text("3\n-4\n")
+    with pytest.raises(LengthsError, match="negative length -4"):
+        read_length_sample(path)
+
+
+def test_a_text_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from autotune.runtime import lengths
+
+    path = tmp_path / "big.txt"
+    path.write_text("512\n" * 1000)
+    monkeypatch.setattr(lengths, "MAX_TEXT_BYTES", 3000)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read a file over the limit"))
+    with pytest.raises(LengthsError, match=r"big.txt: the file is 0 MiB, over the 0 MiB .*np.save"):
+        read_length_sample(path)
+
+
+def test_a_large_npy_is_memory_mapped_not_loaded(tmp_path, monkeypatch):
+    """np.load read the whole array into memory (a file larger than the host's memory could not be used)."""
+    import numpy
+
+    path = tmp_path / "l.npy"
+    np.save(path, np.arange(1, 10, dtype=np.int32))
+    seen = []
+    real_load = numpy.load
+    monkeypatch.setattr(numpy, "load", lambda *a, **k: seen.append(k.get("mmap_mode")) or real_load(*a, **k))
+    assert read_length_sample(path) == list(range(1, 10)) and seen == ["r"]
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ({"lengths": [5], "512": 3}, r"unknown keys \['512'\] beside 'lengths'"),  # the histogram part was dropped
+        ({"lengths": [5], "counts": [2], "note": "x"}, r"unknown keys \['note'\]"),
+        ({"counts": [5]}, "'counts' without 'lengths'"),
+    ],
+)
+def test_a_lengths_object_holds_only_lengths_and_counts(tmp_path, content, match):
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(LengthsError, match=match) as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value)
+
+
+def test_the_recorded_fill_of_a_wide_batch_of_short_lengths_is_never_zero():
+    """Four decimals rounded a fill of ~5e-5 (a sample of 1s, batch 65535, bucket 32K) to 0.0: the tuned entry then
+    failed the artifact's own check ``fill in (0, 1]`` and could not be written."""
+    from autotune.runtime.artifacts import _check_fill
+    from autotune.runtime.buckets import batch_fill
+    from autotune.tuning.tasks import MAX_BATCH
+    from autotune.tuning.tuner import TaskResult
+
+    task = Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 32768, "jagged", batch=MAX_BATCH, sample=(1,))
+    entry = TaskResult(task).entry()
+    exact = batch_fill(task.lengths(), task.max_len)
+    for fill in (entry["fill"], entry["lengths"]["batch_fill"]):
+        _check_fill(fill, "fill")
+        assert fill == pytest.approx(exact, rel=1e-3)
+    plain = TaskResult(Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "uniform")).entry()
+    assert plain["fill"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "32", "--buckets", "256"],
+        ["tasks", "--from-model", "tiny", "--gpu", "h100"],
+    ],
+    ids=["run", "tasks"],
+)
+def test_an_empty_lengths_path_is_a_usage_error(capsys, argv):
+    """`--lengths "$UNSET"` was dropped without a word: the run tuned the synthetic law, not the user's lengths."""
+    from autotune.tuning.cli import main
+
+    assert main([*argv, "--lengths", ""]) == 2
+    assert "--lengths '': an empty path; name a lengths file" in capsys.readouterr().err
+    with pytest.raises(LengthsError, match="an empty path"):
+        read_lengths_file("  ")
+    with pytest.raises(TypeError, match="path must be a lengths file path"):
+        read_lengths_file(None)
+
+
+@pytest.mark.parametrize(
+    ("sample", "match"),
+    [
+        ((), "at least one non-zero length"),
+        ((0, 0), "at least one non-zero length"),
+        ((5, -1), r"ints in \[0, 32768\], got -1"),
+        ((5, 40000), "got 40000"),
+        ((True, 5), "got True"),
+        ((5.0,), "got 5.0"),
+        ([5, 6], "must be a tuple"),
+    ],
+)
+def test_a_task_refuses_a_sample_no_lengths_file_gives(sample, match):
+    """An empty sample (a task read back from a farm's storage) tuned a whole study, then failed to describe it in
+    the entry (IndexError); a list made the task unhashable."""
+    with pytest.raises(ValueError, match=match):
+        Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "jagged", sample=sample)
+    d = Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 2, 1024, "jagged", sample=(5,)).to_dict()
+    if isinstance(sample, tuple):
+        with pytest.raises(ValueError, match=match):
+            Task.from_dict({**d, "sample": list(sample)})
+
+
+class _Boom:
+    """Unpickling it leaves a file behind: the proof that a lengths file was unpickled."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+@pytest.mark.parametrize("name", ["evil.npy", "evil.bin"])
+def test_a_pickle_bearing_npy_is_refused_never_unpickled(tmp_path, name):
+    marker = tmp_path / "unpickled"
+    path = tmp_path / name
+    with open(path, "wb") as f:
+        np.save(f, np.array([_Boom(str(marker)), 5], dtype=object), allow_pickle=True)
+    with pytest.raises(LengthsError, match="not a readable .npy array") as info:
+        read_length_sample(path)
+    assert str(path) in str(info.value) and not marker.exists()
+
+
+def test_the_recorded_fill_is_the_fill_dispatch_computes_for_the_timed_call():
+    """The tuner times a batch drawn from a sample with max_seq_len = its longest length (3000 here, in the 4K
+    bucket); the entry recorded L / (B x bucket), 1.37x below the fill dispatch computes for that very call."""
+    import torch
+
+    from autotune.runtime import dispatch
+    from autotune.tuning.tuner import TaskResult
+    from kernel_templates.hstu_attention.tuning import make_inputs_fwd
+
+    sample = (12, 40, 100, 700, 1500, 3000)
+    task = Task("hstu_attention_fwd", "h100", "bfloat16", 32, 32, 1, 4096, "jagged", batch=8, sample=sample)
+    lengths = task.lengths()
+    inputs = make_inputs_fwd(task, lengths, 0, "cpu", torch.float32)
+    rows, batch = inputs["q"].shape[0], inputs["seq_offsets"].shape[0] - 1
+    timed = dispatch.call_fill(rows, batch, inputs["max_seq_len"])
+    assert inputs["max_seq_len"] == 3000
+    entry = TaskResult(task).entry()
+    assert entry["fill"] == entry["lengths"]["batch_fill"] == pytest.approx(timed, rel=1e-3)
+    assert dispatch.fill_bin(entry["fill"]) == dispatch.fill_bin(timed)

@@ -4,12 +4,16 @@
 sample of real lengths instead of the synthetic jagged law (``autotune.runtime.buckets``), and
 records a descriptor of the sample in each entry. Accepted files:
 
-- ``.npy``: a 1-D integer array of lengths (known by its suffix, in any case, or by its contents);
+- ``.npy``: a 1-D integer array of lengths (known by its suffix, in any case, or by its contents), of any size
+  (memory-mapped);
 - JSON: a list of lengths, a list of batches (lists of lengths), a histogram ``{"512": 30, ...}``,
-  or ``{"lengths": [...], "counts": [...]}`` (a key repeated in one object is refused);
+  or ``{"lengths": [...], "counts": [...]}`` with no other key (a key repeated in one object is refused);
 - text (UTF-8, or UTF-16 with a byte-order mark): lengths separated by spaces, commas or newlines (``#``
   starts a comment); in a file of several lines where a line holds more than one length, each non-empty
   line is a batch.
+
+A JSON or text file is read whole, so one over ``MAX_TEXT_BYTES`` (256 MiB) is refused: save such a sample as
+an ``.npy`` array or a histogram.
 
 A list of batches (JSON, or text lines) also gives the batch size and whether batches are uniform:
 ``autotune run --from-model/--from-onnx`` reads them where the graph does not fix those. This module is
@@ -26,6 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,7 @@ from autotune.runtime.buckets import BUCKETS
 
 MAX_LENGTH = BUCKETS[-1]
 MAX_SAMPLE = 1_000_000  # lengths kept from a larger file (an evenly strided subsample)
+MAX_TEXT_BYTES = 256 * 2**20  # a larger JSON or text file is refused (an .npy of any size is read, memory-mapped)
 
 
 class LengthsError(ValueError):
@@ -74,7 +83,14 @@ def _show(value: Any, limit: int = 60) -> str:
 
 def _from_json(data: Any, where: str) -> tuple[list[Any], list[int] | None]:
     """(lengths, counts per length or None) of parsed JSON."""
-    if isinstance(data, dict) and "lengths" in data:
+    if isinstance(data, dict) and ("lengths" in data or "counts" in data):
+        extra = [k for k in data if k not in ("lengths", "counts")]
+        if extra or "lengths" not in data:  # a histogram's keys beside them were dropped without a word
+            what = f"unknown keys {_show(extra)} beside" if extra else "'counts' without"
+            raise LengthsError(
+                f'{where}: {what} \'lengths\'; write {{"lengths": [...], "counts": [...]}} or a histogram '
+                '{"512": 30, ...}, not both'
+            )
         lengths, counts = data["lengths"], data.get("counts")
         if not isinstance(lengths, list):
             raise LengthsError(f"{where}: 'lengths' must be a list of lengths, got {_show(lengths)}")
@@ -127,20 +143,59 @@ def _expand(values: list[int], counts: list[int]) -> list[int]:
     return out
 
 
-def _text_lines(text: str) -> list[list[str]]:
-    """The words of each non-empty line (``#`` starts a comment; commas separate like spaces)."""
-    lines = [ln.split("#")[0].replace(",", " ").split() for ln in text.splitlines()]
-    return [ln for ln in lines if ln]
+_CHUNK = 1 << 20  # characters of text split into lines at a time
+_WORD = re.compile(r"[^\s,]+")  # a length in a line: what str.split() gives once commas are spaces
 
 
-def _ints(words: list[str], where: str) -> list[int]:
-    out = []
-    for w in words:
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` (``str.splitlines``), split a chunk at a time: one list of every line of a large file
+    held gigabytes."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + _CHUNK)
+        end = len(text) if end < 0 else end + 1
+        yield from text[start:end].splitlines()
+        start = end
+
+
+def _parse_text(text: str, where: str) -> tuple[array, list[list[int]] | None]:
+    """(lengths, batches or None) of a text file: lengths separated by spaces or commas (``#`` starts a comment),
+    each checked as read into one compact array (a list of words per line made a 68 MB file of 12M lengths, one a
+    line, take 28 s and 4.4 GB). In a file of several non-empty lines where one holds more than one length, each
+    non-empty line is a batch."""
+    values, sizes, multi = array("q"), array("q"), False
+    for line in _lines(text):
         try:
-            out.append(int(w))
+            n = int(line)  # one length a line, the common file: no split
         except ValueError:
-            raise LengthsError(f"{where}: {_show(w)} is not an integer length (not JSON either)") from None
-    return out
+            count = 0
+            for match in _WORD.finditer(line.split("#", 1)[0]):  # no list of words: a line may hold millions
+                try:
+                    n = int(match.group())
+                except ValueError:
+                    raise LengthsError(
+                        f"{where}: {_show(match.group())} is not an integer length (not JSON either)"
+                    ) from None
+                if not 0 <= n <= MAX_LENGTH:
+                    check_length(n, where)
+                values.append(n)
+                count += 1
+            if not count:
+                continue
+            multi = multi or count > 1
+            sizes.append(count)
+        else:
+            if not 0 <= n <= MAX_LENGTH:
+                check_length(n, where)
+            values.append(n)
+            sizes.append(1)
+    if not (multi and len(sizes) > 1):
+        return values, None
+    flat, batches, start = values.tolist(), [], 0
+    for size in sizes:
+        batches.append(flat[start : start + size])
+        start += size
+    return values, batches
 
 
 def read_length_sample(path: str | Path) -> list[int]:
@@ -150,6 +205,10 @@ def read_length_sample(path: str | Path) -> list[int]:
 
 def read_lengths_file(path: str | Path) -> LengthsFile:
     """The lengths of ``path`` and its batches when it lists some (see the module docstring), validated."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a lengths file path (str or os.PathLike), got {type(path).__name__}")
+    if isinstance(path, str) and not path.strip():  # Path("") is the working directory
+        raise LengthsError(f"--lengths {path!r}: an empty path; name a lengths file")
     path = Path(path)
     where = f"--lengths {path}"
     if path.is_dir():
@@ -165,11 +224,9 @@ def read_lengths_file(path: str | Path) -> LengthsFile:
     if _is_numpy(path):
         raw, total = _read_npy(path, where)
     else:
-        raw, counts, batches = _read_text(path, where)
+        raw, counts, batches = _read_text(path, where)  # every length checked
         total = len(raw) if counts is None else sum(counts)
-    for n in raw:
-        check_length(n, where)
-    raw = _subsample(raw) if counts is None else _expand(raw, counts)
+    raw = list(_subsample(raw)) if counts is None else _expand(raw, counts)
     if not any(raw):  # checked on the sample kept: a subsample of zeros would tune on no real length
         kept = f" (the {len(raw)} lengths kept of its {total}, evenly strided)" if total > len(raw) else ""
         raise LengthsError(f"{where}: no non-zero length in the sample{kept}")
@@ -202,11 +259,12 @@ def _is_numpy(path: Path) -> bool:
 
 def _read_npy(path: Path, where: str) -> tuple[list[Any], int]:
     """(lengths, how many the file holds) of a 1-D integer ``.npy`` array, range-checked and strided to
-    ``MAX_SAMPLE`` in NumPy before they become Python ints (``tolist`` of 20M lengths took 10 s and 840 MB)."""
+    ``MAX_SAMPLE`` in NumPy before they become Python ints (``tolist`` of 20M lengths took 10 s and 840 MB).
+    The array is memory-mapped, not loaded: a file larger than the host's memory is read a page at a time."""
     import numpy as np
 
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - any failure to read it (truncated, pickled, not numpy) is the file's
         raise LengthsError(f"{where}: not a readable .npy array ({type(e).__name__}: {e})") from None
     if not isinstance(arr, np.ndarray):
@@ -222,20 +280,27 @@ def _read_npy(path: Path, where: str) -> tuple[list[Any], int]:
 def _read_text(path: Path, where: str) -> tuple[list[Any], list[int] | None, list[list[int]] | None]:
     """(lengths, counts or None, batches or None) of a JSON or text file."""
     try:
+        size = path.stat().st_size
+        if size > MAX_TEXT_BYTES:  # parsed as a whole, it took gigabytes of memory
+            raise LengthsError(
+                f"{where}: the file is {size / 2**20:.0f} MiB, over the {MAX_TEXT_BYTES // 2**20} MiB a JSON or "
+                "text lengths file may be; save the lengths as a 1-D .npy array (np.save) or as a histogram"
+            )
         text = _decode(path.read_bytes())
     except (OSError, UnicodeDecodeError) as e:
         raise LengthsError(f"{where}: cannot read it as text ({e})") from None
     try:
         data = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(pairs, where))
     except json.JSONDecodeError:
-        rows = [_ints(ln, where) for ln in _text_lines(text)]
-        batches = rows if len(rows) > 1 and any(len(row) > 1 for row in rows) else None
-        return [n for row in rows for n in row], None, batches
+        values, batches = _parse_text(text, where)
+        return values, None, batches
     except LengthsError:
         raise
     except (ValueError, RecursionError) as e:  # an int of > 4300 digits, nesting deeper than the stack
         raise LengthsError(f"{where}: JSON not readable ({type(e).__name__}: {_show(str(e), 120)})") from None
     raw, counts = _from_json(data, where)
+    for n in raw:
+        check_length(n, where)
     return raw, counts, _batches_json(data)
 
 
@@ -262,7 +327,7 @@ def _strided(size: int) -> list[int]:
     return [int(i * step) for i in range(MAX_SAMPLE)]
 
 
-def _subsample(raw: list[int]) -> list[int]:
+def _subsample(raw: list[int] | array) -> list[int] | array:
     """``raw``, or its evenly strided ``MAX_SAMPLE`` subsample when longer."""
     return [raw[i] for i in _strided(len(raw))] if len(raw) > MAX_SAMPLE else raw
 

@@ -205,7 +205,7 @@ def _all_tasks(args: argparse.Namespace, gpu: str) -> list:
         if m not in MASKS:
             raise CLIError(f"--masks: unknown mask {m!r}; choose from {', '.join(MASKS)}")
     sample = None
-    if getattr(args, "lengths", None):
+    if getattr(args, "lengths", None) is not None:  # `--lengths ""` (an unset variable) tuned the synthetic law
         from autotune.runtime.lengths import compact, read_length_sample
 
         try:

@@ -158,7 +158,7 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
                 graph = ops_from_onnx(args.from_onnx, training=training)
             else:
                 graph = ops_from_model(args.from_model, dtype=dtype, training=training)
-        lengths = read_lengths_file(args.lengths) if args.lengths else None
+        lengths = read_lengths_file(args.lengths) if args.lengths is not None else None
         tasks = build_tasks(graph, gpu, lengths, seq_cap, default_batch=batch)
         if lengths is not None:
             note_lengths_file(graph, lengths, args.lengths, tasks)

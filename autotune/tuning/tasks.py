@@ -46,6 +46,21 @@ def split_heads(family: tuple) -> tuple[tuple, int]:
     return family[:5] + family[6:], family[5]
 
 
+def _check_sample(sample: Any) -> None:
+    """A task's lengths sample as a lengths file gives one: a tuple of int lengths in [0, MAX_LENGTH], one of them
+    non-zero. An empty one (a task read back from a farm's storage) tuned the whole study, then failed to describe
+    the sample in its entry (an IndexError); a list made the task unhashable."""
+    from autotune.runtime.lengths import MAX_LENGTH
+
+    if not isinstance(sample, tuple):
+        raise ValueError(f"sample must be a tuple of lengths or None, got {type(sample).__name__}")
+    bad = next((n for n in sample if type(n) is not int or not 0 <= n <= MAX_LENGTH), None)
+    if bad is not None:
+        raise ValueError(f"sample lengths must be ints in [0, {MAX_LENGTH}], got {bad!r:.40}")
+    if not any(sample):
+        raise ValueError("sample must hold at least one non-zero length")
+
+
 @dataclass(frozen=True)
 class Task:
     """One tuning task. ``seq_cap`` (tests/CI only) caps the real lengths below the bucket."""
@@ -76,8 +91,10 @@ class Task:
         for name, value, high in (("batch", self.batch, MAX_BATCH), ("num_heads", self.num_heads, MAX_HEADS)):
             if not 1 <= value <= high:
                 raise ValueError(f"{name} must be in [1, {high}], got {value}")
-        if self.sample is not None and self.distribution != "jagged":
-            raise ValueError("a task tuned on a lengths sample is a 'jagged' task")
+        if self.sample is not None:
+            _check_sample(self.sample)
+            if self.distribution != "jagged":
+                raise ValueError("a task tuned on a lengths sample is a 'jagged' task")
 
     @property
     def max_len(self) -> int:

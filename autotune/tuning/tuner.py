@@ -159,7 +159,7 @@ class TaskResult:
             "tuning_s": round(self.tuning_s, 2),
             "timing": self.timing,
             "verified": list(self.verified),
-            "fill": round(batch_fill(t.lengths(), t.max_len), 4),
+            "fill": recorded_fill(t.lengths()),
             **({"samples": self.samples} if self.samples else {}),
             **({"compare": _rounded(self.comparison)} if self.comparison else {}),
             **({"lengths": _sample_descriptor(t)} if t.sample is not None else {}),
@@ -171,7 +171,16 @@ def _sample_descriptor(task: Task) -> dict[str, Any]:
     from autotune.runtime.lengths import describe
 
     lengths = task.lengths()
-    return {**describe(task.sample), "batch_fill": round(batch_fill(lengths, task.max_len), 4)}
+    return {**describe(task.sample), "batch_fill": recorded_fill(lengths)}
+
+
+def recorded_fill(lengths: list[int]) -> float:
+    """The timed batch's fill as dispatch computes a call's (``dispatch.call_fill``): its rows over B x the
+    launch's max_seq_len, which the task's inputs set to the longest length. Over the bucket instead, a batch drawn
+    from a lengths sample (longest 3000 in the 4K bucket) recorded a fill up to 2x below that of the very call it
+    was timed on. 4 significant digits: four decimals rounded a wide batch of short lengths (a sample of 1s at batch
+    60000, bucket 32K: 5e-5) to 0.0, which the artifact's own check refuses, so the entry could not be written."""
+    return float(f"{batch_fill(lengths, max(lengths)):.4g}")
 
 
 class Reporter:

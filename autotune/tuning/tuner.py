@@ -609,8 +609,14 @@ def _ensure_default(s: _Study) -> None:
 
 
 def _verify(s: _Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The worker's re-check of ``trial``'s config. A re-check whose every case the space's rules ruled out
+    (a default measured despite its rules) vouches for nothing: it is "unchecked", not a pass."""
     msg = {"cmd": "verify", "backend": trial.user_attrs["backend"], "config": s.values_of(trial)}
-    return s.request({**msg, "level": s.opts.verify}, timeout=max(s.opts.eval_timeout_s, s.opts.verify_timeout_s))
+    v = s.request({**msg, "level": s.opts.verify}, timeout=max(s.opts.eval_timeout_s, s.opts.verify_timeout_s))
+    if v["status"] == "ok" and not v.get("checked"):
+        skipped = "; ".join(v.get("skipped", []))
+        return {**v, "status": "unchecked", "error": f"the space's rules ruled out every case ({skipped})"}
+    return v
 
 
 def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:

@@ -1,0 +1,116 @@
+"""Hostile configs of a jagged two-output op (``spec_plugin_hostile``) against the tuner's trust rules (CPU).
+
+Each planted config is the fastest of its study: only a working check keeps it out. The study must go on
+past it, record why it failed, and write the best correct config.
+"""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from plugin_specs import registered_plugin
+
+from autotune.runtime import artifacts as art
+from autotune.tuning.tasks import Task
+from autotune.tuning.tuner import TuneOptions, make_storage, run_tasks
+
+PLUGIN = "spec_plugin_hostile"
+OK = {"mode": "ok"}
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    with registered_plugin(monkeypatch, PLUGIN) as module:
+        yield module
+
+
+def _task(plugin, batch: int = 8) -> Task:
+    return Task(plugin.NAME, "h100", "float32", 32, 32, 1, 256, "uniform", batch=batch, seq_cap=16)
+
+
+def _opts(tmp_path, **kw) -> TuneOptions:
+    base = dict(
+        n_trials=6, sampler="bruteforce", artifacts_root=tmp_path, eval_timeout_s=20.0, plugins=[PLUGIN],
+        interpret=True, compare_rounds=2, compare_max_rounds=2, setup_backoff_s=0.05,
+    )  # fmt: skip
+    base.update(kw)
+    return TuneOptions(**base)
+
+
+def _trials(tmp_path, task: Task) -> dict[str, optuna.trial.FrozenTrial]:
+    """Last non-duplicate trial per mode."""
+    storage = make_storage(None, task.gpu, tmp_path)
+    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
+    out = {}
+    for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+        if not t.user_attrs.get("duplicate") and "torch.mode" in t.params:
+            out[t.params["torch.mode"]] = t
+    return out
+
+
+def _written(tmp_path, plugin) -> dict:
+    return art.load_artifact(art.artifact_path("h100", plugin.NAME, tmp_path)).entries[0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "why"),
+    [
+        ("gradwrong", "incorrect", "'dx'"),
+        ("len1", "incorrect", "check batch"),
+        ("empty", "incorrect", "non-finite"),
+        ("nanbig", "incorrect", "timed batch"),
+        ("raises", "compile", "hostile launch refuses to run"),
+    ],
+)
+def test_a_hostile_config_never_wins_and_keeps_its_reason(tmp_path, monkeypatch, plugin, mode, status, why):
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", f"{mode},ok")
+    task = _task(plugin)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    by_mode = _trials(tmp_path, task)
+    t = by_mode[mode]
+    assert t.user_attrs["status"] == status and why in t.user_attrs["error"], t.user_attrs
+    assert t.state != optuna.trial.TrialState.COMPLETE
+    assert by_mode["ok"].user_attrs["status"] == "ok" and by_mode["slow"].user_attrs["status"] == "ok"
+    assert r.error is None and r.config == OK and _written(tmp_path, plugin)["config"] == OK
+
+
+def test_a_config_going_wrong_after_its_first_launches_never_wins(tmp_path, monkeypatch, plugin):
+    """Right on the check and timed-batch launches, wrong on every launch after: whatever catches it, it is
+    not written."""
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "stale,ok")
+    task = _task(plugin)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    assert r.error is None and r.config == OK and _written(tmp_path, plugin)["config"] == OK
+
+
+def test_a_hang_times_out_and_the_study_goes_on(tmp_path, monkeypatch, plugin):
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "hang,ok")
+    task = _task(plugin)
+    (r,) = run_tasks([task], _opts(tmp_path, eval_timeout_s=3.0))
+    t = _trials(tmp_path, task)["hang"]
+    assert t.user_attrs["status"] == "timeout" and t.user_attrs["attempts"] == 2
+    assert r.error is None and r.config == OK
+
+
+def test_an_infeasible_default_is_not_written_as_verified(tmp_path, monkeypatch, plugin):
+    """A default its own space's rules refuse is measured (it is the baseline), but a re-check that could
+    check no case vouches for nothing: it is not written, the re-checked candidate is."""
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "ok")
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_BAD_DEFAULT", "1")
+    task = _task(plugin)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    assert r.error is None and r.config == OK and r.verified
+    entry = _written(tmp_path, plugin)
+    assert entry["config"] == OK and entry["verified"]
+
+
+def test_an_infeasible_default_with_no_rival_is_not_written_unchecked(tmp_path, monkeypatch, plugin):
+    """Alone in its study, a default whose every re-check case its rules rule out was written as the winner
+    with an empty ``verified`` list: nothing had vouched for it. It is refused as unchecked, with the reason."""
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "")
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_BAD_DEFAULT", "1")
+    task = _task(plugin)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    assert r.config is None and r.error and not r.kept_default
+    assert "unchecked" in r.rejected["torch:mode=slow"] and "ruled out every case" in r.rejected["torch:mode=slow"]
+    assert not art.artifact_path("h100", plugin.NAME, tmp_path).exists()

@@ -13,6 +13,7 @@ from plugin_specs import registered_plugin
 from autotune.runtime import artifacts as art
 from autotune.tuning.tasks import Task
 from autotune.tuning.tuner import TuneOptions, make_storage, run_tasks
+from autotune.tuning.worker import check_lengths
 
 PLUGIN = "spec_plugin_hostile"
 OK = {"mode": "ok"}
@@ -114,3 +115,13 @@ def test_an_infeasible_default_with_no_rival_is_not_written_unchecked(tmp_path, 
     assert r.config is None and r.error and not r.kept_default
     assert "unchecked" in r.rejected["torch:mode=slow"] and "ruled out every case" in r.rejected["torch:mode=slow"]
     assert not art.artifact_path("h100", plugin.NAME, tmp_path).exists()
+
+
+def test_the_check_batch_holds_two_odd_lengths_beside_the_longest_a_single_and_an_empty_one():
+    """The two middle lengths were any random lengths, both even (tile multiples) for some seeds: a kernel
+    wrong on partial tiles then passed the first check."""
+    for max_len in (1, 2, 3, 64, 256, 1000, 4096):
+        for seed in range(40):
+            lengths = check_lengths(max_len, seed)
+            assert lengths[0] == max_len and lengths[3:] == [1, 0]
+            assert all(n % 2 == 1 and 1 <= n <= max_len for n in lengths[1:3]), (max_len, seed, lengths)

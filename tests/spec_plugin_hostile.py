@@ -11,6 +11,8 @@ the modes a test lets the sampler see; the default ('slow') is correct and slowe
 * ``raises``: every launch raises a plain ValueError;
 * ``stale``: right on its first two launches in a process, off by one after (stale workspace state);
 * ``hang``: never returns.
+* ``farwrite``: right outputs, but a launch on a batch of at most ``CHECK_BATCH`` sequences adds 1 to the largest
+  other ``x`` this process made (an overrun far past the guard, landing in another batch's inputs).
 
 ``AUTOTUNE_HOSTILE_BAD_DEFAULT=1`` makes the default infeasible under its own space's rules.
 """
@@ -32,8 +34,8 @@ from search_spaces.base import SearchSpace
 
 NAME = "spec_plugin_hostile"
 SLEEP_S = {
-    "slow": 0.02,
-    "ok": 0.004,
+    "slow": 0.03,
+    "ok": 0.01,
     "gradwrong": 0.0,
     "len1": 0.0,
     "empty": 0.0,
@@ -41,9 +43,11 @@ SLEEP_S = {
     "raises": 0.0,
     "stale": 0.0,
     "hang": 0.0,
+    "farwrite": 0.0,
 }
 CHECK_BATCH = 5  # sequences in the worker's check batch
 _LAUNCHES: dict[str, int] = {}  # launches per mode in this process ('stale')
+_MADE: list[torch.Tensor] = []  # every ``x`` this process made ('farwrite')
 
 
 @dataclass(frozen=True)
@@ -81,12 +85,17 @@ def segsum(
     y.copy_(sums)
     wrong = mode == "gradwrong" or (mode == "stale" and _LAUNCHES[mode] > 2)
     dx.copy_(x * 2 + (1.0 if wrong else 0.0))
+    if mode == "farwrite" and n <= CHECK_BATCH:
+        others = [t for t in _MADE if t.data_ptr() != x.data_ptr()]
+        if others:
+            max(others, key=torch.Tensor.numel).add_(1.0)
     return y, dx
 
 
 def make_inputs(task, lengths, seed, device, dtype) -> dict:
     x = torch.randn(sum(lengths), generator=torch.Generator().manual_seed(seed)).to(device)
     offsets = torch.tensor([0, *torch.tensor(lengths, dtype=torch.long).cumsum(0).tolist()], dtype=torch.long)
+    _MADE.append(x)
     return {"x": x, "offsets": offsets.to(device)}
 
 

@@ -253,13 +253,18 @@ class _Session:
         return self.timed_run(backend, config, quick=msg.get("quick", False))
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Health check after a failed request: a known-good config on the check batch, synchronised."""
+        """Health check after a failed request: a known-good config on the check batch and on the timed batch,
+        synchronised. Both, as a stray write far from a bad config's outputs may have hit either batch's inputs
+        or references, and every later config is checked on both."""
         backend, config = self._config(msg)
-        try:
-            ok, detail = self.check_ref.check(backend, config)
-        except Exception as e:  # noqa: BLE001
-            return _failure("crash", e)
-        return {"status": "ok"} if ok else {"status": "incorrect", "error": f"probe outside tolerance: {detail}"}
+        for name, ref in (("check", self.check_ref), ("timed", self.timed)):
+            try:
+                ok, detail = ref.check(backend, config)
+            except Exception as e:  # noqa: BLE001
+                return _failure("crash", e)
+            if not ok:
+                return {"status": "incorrect", "error": f"probe outside tolerance on the {name} batch: {detail}"}
+        return {"status": "ok"}
 
     def compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Interleaved timings A, B, A, B, ... (each checked on its first launch), so drift in clocks

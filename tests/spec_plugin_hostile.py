@@ -13,6 +13,10 @@ the modes a test lets the sampler see; the default ('slow') is correct and slowe
 * ``hang``: never returns.
 * ``farwrite``: right outputs, but a launch on a batch of at most ``CHECK_BATCH`` sequences adds 1 to the largest
   other ``x`` this process made (an overrun far past the guard, landing in another batch's inputs).
+* ``latewrite``: right on every checked launch; from its third launch in a process on (the timing), adds 1 to
+  every other ``x`` this process made (a stray write only a timed loop makes).
+* ``poison``: right on every launch of its own; from its third launch in a process on, every launch of another
+  mode in the process gets ``dx`` off by one (a stray write into state other kernels use).
 
 ``AUTOTUNE_HOSTILE_BAD_DEFAULT=1`` makes the default infeasible under its own space's rules.
 """
@@ -44,6 +48,8 @@ SLEEP_S = {
     "stale": 0.0,
     "hang": 0.0,
     "farwrite": 0.0,
+    "latewrite": 0.0,
+    "poison": 0.0,
 }
 CHECK_BATCH = 5  # sequences in the worker's check batch
 _LAUNCHES: dict[str, int] = {}  # launches per mode in this process ('stale')
@@ -84,11 +90,16 @@ def segsum(
         sums = torch.full_like(sums, float("nan"))
     y.copy_(sums)
     wrong = mode == "gradwrong" or (mode == "stale" and _LAUNCHES[mode] > 2)
+    wrong = wrong or (mode != "poison" and _LAUNCHES.get("poison", 0) > 2)
     dx.copy_(x * 2 + (1.0 if wrong else 0.0))
     if mode == "farwrite" and n <= CHECK_BATCH:
         others = [t for t in _MADE if t.data_ptr() != x.data_ptr()]
         if others:
             max(others, key=torch.Tensor.numel).add_(1.0)
+    if mode == "latewrite" and _LAUNCHES[mode] > 2:
+        for t in _MADE:
+            if t.data_ptr() != x.data_ptr():
+                t.add_(1.0)
     return y, dx
 
 

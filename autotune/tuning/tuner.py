@@ -443,7 +443,9 @@ class _Study:
 
     def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """One request about one config. A crash or timeout is retried once on a fresh worker before it
-        counts; after any non-ok reply the worker is proven healthy (or replaced) before the next."""
+        counts; after any other non-ok reply the worker is proven healthy (or replaced) before the next, and
+        a failure on a worker that then fails its probe is retried once on the fresh one: the worker may have
+        been broken before this request (a stray write of an earlier config's timing loop)."""
         timeout = timeout or self.opts.eval_timeout_s
         first: dict[str, Any] | None = None
         for attempt in (1, 2):
@@ -452,16 +454,19 @@ class _Study:
                 reply = self.worker.call(msg, timeout)
             except WorkerError as e:
                 reply = {"status": e.kind, "error": str(e)}
-            if reply.get("status") in ("crash", "timeout") and attempt == 1:
-                first = reply
+            if reply.get("status") == "ok":
+                break
+            if reply.get("status") in ("crash", "timeout"):
                 self.worker.kill()
-                continue
-            break
+                retry = True
+            else:
+                retry = self.heal() is False
+            if attempt == 2 or not retry:
+                break
+            first = reply
         reply["attempts"] = attempt
         if first is not None:
             reply["first_error"] = str(first.get("error"))[-400:]
-        if reply.get("status") != "ok":
-            self.heal()
         return reply
 
     def known_good(self) -> tuple[str, dict[str, Any]] | None:
@@ -472,19 +477,22 @@ class _Study:
         best = self.best()
         return (best.user_attrs["backend"], self.values_of(best)) if best else None
 
-    def heal(self) -> None:
+    def heal(self) -> bool | None:
         """After a failed request: a known-good launch and a sync must pass, else the worker is replaced
-        (a sticky CUDA error, or memory a bad config overwrote, must not fail the configs after it)."""
+        (a sticky CUDA error, or memory a bad config overwrote, must not fail the configs after it).
+        Returns whether the probe passed; None when there was no worker or no known-good config to probe."""
         good = self.known_good()
         if not self.worker.alive() or good is None:
             self.worker.kill()
-            return
+            return None
         try:
             reply = self.worker.call({"cmd": "probe", "backend": good[0], "config": good[1]}, self.opts.eval_timeout_s)
         except WorkerError:
             reply = {"status": "crash"}
         if reply.get("status") != "ok":
             self.worker.kill()
+            return False
+        return True
 
     def values_of(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         backend = trial.user_attrs["backend"]

@@ -161,6 +161,17 @@ class StrayWrite(Exception):
     references, anything past the guard) can no longer be trusted, so the worker is replaced."""
 
 
+def _held_prints(check: _Reference, timed: _Reference) -> Any:
+    """Fingerprints of what a session holds for every later config (both batches' inputs and references)."""
+    from autotune.tuning import bounds
+
+    held = {}
+    for label, ref in (("check", check), ("timed", timed)):
+        held.update({f"{label} batch {k}": v for k, v in ref.inputs.items()})
+        held.update({f"{label} batch reference {n}": r for n, r in zip(ref.names, ref.ref32, strict=False)})
+    return bounds.InputPrints(held)
+
+
 def checked(result: tuple[bool, Any], guard: Any, prints: Any, names: Any) -> tuple[bool, Any]:
     """``check_outputs``'s verdict, or ``StrayWrite`` naming every write the launch made outside its outputs."""
     stray = guard.problems(names) + prints.problems()
@@ -189,6 +200,7 @@ class _Session:
         self.inputs = self.timed.inputs
         self.flops = self.op.flops(self.inputs)
         self.cuda_graph = bool(msg.get("cuda_graph", False))
+        self.held = _held_prints(self.check_ref, self.timed)
         self.setup_s = time.perf_counter() - t0
 
     def _config(self, msg: dict[str, Any]):
@@ -244,9 +256,35 @@ class _Session:
         launch = lambda: backend.launch(self.inputs, config, out)
         try:
             t = measure.bench(launch, quick=quick, cuda_graph=self.cuda_graph)
+            wrong = self.after_timing(backend, config, out)
         except Exception as e:  # noqa: BLE001
             return _failure("crash", e)
+        if wrong is not None:
+            return wrong
         return {"status": "ok", "median_ms": t.median_ms, "spread_ms": t.spread_ms, "samples": t.samples}
+
+    def after_timing(self, backend: Any, config: Any, out: Any) -> dict[str, Any] | None:
+        """After a config's timed launches (unchecked, many, into one output): one more launch into the same
+        output, checked, and the held batches' inputs and references unchanged. A config right on its first
+        launches only (stale state) or writing stray memory only in a timed loop fails here: the reply
+        (None when right), or ``StrayWrite``."""
+        from autotune.tuning import measure
+
+        outs = backend.launch(self.inputs, config, out)
+        measure.synchronize()
+        stray = self.held.problems()
+        if stray:
+            raise StrayWrite("while timed: " + "; ".join(stray))
+        ok, detail = measure.check_outputs(
+            outs, self.timed.ref32, self.timed.errs, self.op.output_names, self.timed.dtypes
+        )
+        if ok:
+            return None
+        return {
+            "status": "incorrect",
+            "error": f"outside tolerance after its timed launches: {detail}",
+            "check": detail,
+        }
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
         backend, config = self._config(msg)
@@ -286,6 +324,13 @@ class _Session:
                 out = outs[side]
                 launch = lambda b=backend, c=config, o=out: b.launch(self.inputs, c, o)  # noqa: E731
                 times[side].append(measure.bench(launch, quick=True, cuda_graph=self.cuda_graph).median_ms)
+        for side, (backend, config) in enumerate(pairs):
+            try:
+                wrong = self.after_timing(backend, config, outs[side])
+            except StrayWrite as e:
+                return {**_failure("incorrect", e), "side": "ab"[side]}
+            if wrong is not None:
+                return {**wrong, "side": "ab"[side]}
         return {"status": "ok", "a_ms": times[0], "b_ms": times[1]}
 
     def verify(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -168,3 +168,15 @@ def test_a_config_failing_on_a_worker_found_broken_is_measured_again(tmp_path, m
     assert by_mode["ok"].user_attrs["status"] == "ok", by_mode["ok"].user_attrs
     assert by_mode["slow"].user_attrs["status"] == "ok", by_mode["slow"].user_attrs
     assert r.error is None and r.config in CORRECT
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("dqk", 0), ("dv", -1), ("seq_cap", 0), ("seq_cap", -4), ("batch", 2.5), ("seed", 1.5)]
+)
+def test_a_task_refuses_a_shape_no_study_can_measure(field, value):
+    """A zero head dim made empty inputs on which every config, wrong or not, passed; a zero ``seq_cap`` was taken
+    as no cap (the whole bucket, minutes per check on a CPU); a fractional batch failed deep in the length draw."""
+    kw = {"dqk": 32, "dv": 32, field: value}
+    dims = (kw.pop("dqk"), kw.pop("dv"))
+    with pytest.raises(ValueError, match=field):
+        Task("fake_op", "h100", "float32", *dims, 1, 256, "uniform", **kw)

@@ -18,7 +18,8 @@ the modes a test lets the sampler see; the default ('slow') is correct and slowe
 * ``poison``: right on every launch of its own; from its third launch in a process on, every launch of another
   mode in the process gets ``dx`` off by one (a stray write into state other kernels use).
 
-``AUTOTUNE_HOSTILE_BAD_DEFAULT=1`` makes the default infeasible under its own space's rules.
+``AUTOTUNE_HOSTILE_BAD_DEFAULT=1`` makes the default infeasible under its own space's rules. The compiler report
+(``report``) gives 'ok' ``OK_SPILLS`` spills, every other mode none.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ SLEEP_S = {
     "poison": 0.0,
 }
 CHECK_BATCH = 5  # sequences in the worker's check batch
+OK_SPILLS = 100
 _LAUNCHES: dict[str, int] = {}  # launches per mode in this process ('stale')
 _MADE: list[torch.Tensor] = []  # every ``x`` this process made ('farwrite')
 
@@ -132,6 +134,11 @@ def defaults(dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool) 
     return {"torch": HostileConfig()}
 
 
+def report(inputs: dict, config: HostileConfig) -> dict:
+    """The compiler report the tuner reads after the first launch."""
+    return {"n_regs": 32, "n_spills": OK_SPILLS if config.mode == "ok" else 0, "shared": 0}
+
+
 def _only_planted(c: HostileConfig, ctx) -> str | None:
     """The modes a test plants; the default is allowed unless the test makes it infeasible."""
     if c.mode == "slow":
@@ -145,5 +152,6 @@ SPACE = SearchSpace(
 )
 
 _SPEC = torch_op_spec(__name__, NAME, "segsum", "HostileConfig")
-_KERNEL = dataclasses.replace(_SPEC.kernels[0], direction="bwd", output_names=("y", "dx"))
+_BACKEND = dataclasses.replace(_SPEC.kernels[0].backends[0], compile_report=f"{__name__}:report")
+_KERNEL = dataclasses.replace(_SPEC.kernels[0], direction="bwd", output_names=("y", "dx"), backends=(_BACKEND,))
 SPEC = register(dataclasses.replace(_SPEC, kernels=(_KERNEL,)))

@@ -180,3 +180,19 @@ def test_a_task_refuses_a_shape_no_study_can_measure(field, value):
     dims = (kw.pop("dqk"), kw.pop("dv"))
     with pytest.raises(ValueError, match=field):
         Task("fake_op", "h100", "float32", *dims, 1, 256, "uniform", **kw)
+
+
+def test_a_resume_under_another_spill_limit_measures_the_configs_it_turns_over_again(tmp_path, monkeypatch, plugin):
+    """A study resumed with a lower --spill-limit kept the 'ok' verdict of a config over it, which then won; one
+    resumed with a higher limit kept the 'spill' verdict of a config now under it. Both are measured again."""
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "ok")
+    task = _task(plugin)
+    spills = plugin.OK_SPILLS
+    (r,) = run_tasks([task], _opts(tmp_path, spill_limit=spills))
+    assert _trials(tmp_path, task)["ok"].user_attrs["status"] == "ok"
+    (r,) = run_tasks([task], _opts(tmp_path, spill_limit=spills - 1, n_trials=20))
+    assert _trials(tmp_path, task)["ok"].user_attrs["status"] == "spill"
+    assert r.error is None and r.config == {"mode": "slow"}
+    (r,) = run_tasks([task], _opts(tmp_path, spill_limit=spills, n_trials=20))
+    assert _trials(tmp_path, task)["ok"].user_attrs["status"] == "ok"
+    assert r.error is None and r.config in CORRECT

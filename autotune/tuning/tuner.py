@@ -306,6 +306,18 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
 
 
+def _other_limits(t: optuna.trial.FrozenTrial, opts: TuneOptions) -> str | None:
+    """Why a trial of an earlier run is measured again under this run's limits, which a plain study's name
+    lacks: a timeout under a shorter (or unrecorded) --eval-timeout may have cut off a long compile, and a
+    --spill-limit of the other side of its spill count turns "ok" into "spill" or back. None: it stands."""
+    status, spills = t.user_attrs.get("status"), t.user_attrs.get("n_spills")
+    if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
+        return "timed out under a shorter --eval-timeout"
+    if isinstance(spills, int) and (status == "spill") != (spills > opts.spill_limit) and status in ("ok", "spill"):
+        return f"{spills} spills, measured under another --spill-limit"
+    return None
+
+
 class _Study:
     """One task's study: sampling, bookkeeping of evaluated configs, the worker calls and their failures."""
 
@@ -337,18 +349,20 @@ class _Study:
         self.flops: float | None = None
         self._requeue_interrupted()
         done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-        sooner = []  # timeouts under a shorter (or unrecorded) --eval-timeout, which a plain study's name lacks
+        again: dict[str, tuple[optuna.trial.FrozenTrial, str]] = {}  # verdicts of other limits: measured again
         for t in self.study.get_trials(deepcopy=False, states=done):
             k, status = t.user_attrs.get("config_key"), t.user_attrs.get("status")
             if not k or t.user_attrs.get("duplicate") or status in RETRY_STATUSES:
                 continue
-            if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
-                sooner.append(t)
+            why = _other_limits(t, opts)
+            if why:
+                again[k] = (t, why)
+                self.seen.pop(k, None)
             else:
                 self.seen[k] = t
-        for t in sooner:  # timed again: the shorter limit may have cut off a long compile
-            if t.user_attrs["config_key"] not in self.seen:
-                self._requeue(t, "requeued: timed out under a shorter --eval-timeout")
+                again.pop(k, None)
+        for t, why in again.values():
+            self._requeue(t, f"requeued: {why}")
         # A default that timed out or crashed in an earlier run is measured again: the cause may have been
         # the environment (a short --eval-timeout, a busy GPU), and no winner is written without it.
         last_default = self.seen.get(self.default_key)

@@ -105,10 +105,17 @@ class TuneOptions:
             v = getattr(self, name)
             if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        lows = {"n_trials": 0, "setup_retries": 1, "max_verify": 0, "compare_rounds": 1}
+        # A negative spill limit failed every config as "spill"; a negative seed failed the sampler's set-up.
+        lows = {"n_trials": 0, "setup_retries": 1, "max_verify": 0, "compare_rounds": 1, "spill_limit": 0, "seed": 0}
         for name, low in {**lows, "compare_max_rounds": self.compare_rounds}.items():
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {getattr(self, name)!r}")
+        if self.seed >= 2**32:  # the samplers seed NumPy's RandomState
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed!r}")
+        for name, high in (("prune_percentile", 100.0), ("setup_backoff_s", math.inf)):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or math.isnan(v) or not 0 <= v <= high or v == math.inf:
+                raise ValueError(f"{name} must be a number in [0, {high:g}], got {v!r}")
 
 
 @dataclass

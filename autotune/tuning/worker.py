@@ -6,8 +6,11 @@ across trials and tasks). A request that times out kills the worker (a hang); a 
 a retry on a fresh worker, a health probe with a known-good config after any failed request, and
 set-up failures treated as infrastructure, never as a config's fault. Every output that is timed is
 first checked against the reference on the same inputs (outputs pre-filled with NaN and guarded, inputs
-fingerprinted: ``bounds``), and the final winner is re-checked on several shapes, masks and dtypes of
-its bucket (``verify``).
+fingerprinted: ``bounds``), and checked again after its timed launches (one more launch into the timed
+output, and the fingerprints of every batch the session holds: a stray write made only in a timed loop);
+the final winner is re-checked on several shapes, masks and dtypes of its bucket (``verify``). A write
+that lands outside everything fingerprinted (another process's memory, the allocator's free blocks) is
+seen only through its effects: the health probe after a failure, and the re-check.
 """
 
 from __future__ import annotations

@@ -196,3 +196,21 @@ def test_a_resume_under_another_spill_limit_measures_the_configs_it_turns_over_a
     (r,) = run_tasks([task], _opts(tmp_path, spill_limit=spills, n_trials=20))
     assert _trials(tmp_path, task)["ok"].user_attrs["status"] == "ok"
     assert r.error is None and r.config in CORRECT
+
+
+def test_a_plugin_that_cannot_be_imported_is_named_not_a_dying_worker(tmp_path):
+    """The worker died importing it (exit code 1) on every set-up: each task failed as 'infrastructure' after
+    its retries, the module named nowhere (and a plugin's own kernel was 'unknown' unless the caller had imported
+    the plugin itself). The tuner imports the plugins first; a worker names the failure in its replies."""
+    from autotune.tuning.worker import Worker
+
+    task = Task("fake_op", "h100", "float32", 32, 32, 1, 256, "uniform", batch=8, seq_cap=16)
+    opts = _opts(tmp_path, plugins=["autotune.tuning.fake", "no_such_plugin_module"])
+    with pytest.raises(ImportError, match="no_such_plugin_module"):
+        run_tasks([task], opts)
+    worker = Worker(["no_such_plugin_module"])
+    try:
+        reply = worker.call({"cmd": "ping"}, 120)
+    finally:
+        worker.close()
+    assert reply["status"] == "crash" and "no_such_plugin_module" in reply["error"]

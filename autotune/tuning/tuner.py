@@ -722,9 +722,11 @@ def update_artifact(result: TaskResult, opts: TuneOptions, env: dict[str, Any]) 
 def run_tasks(
     tasks: list[Task], opts: TuneOptions, time_budget_s: float | None = None, reporter: Reporter | None = None
 ) -> list[TaskResult]:
-    """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget."""
-    from autotune.tuning.registry import plugin_modules
+    """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget.
+    A plugin that cannot be imported raises its ImportError here, before any worker starts."""
+    from autotune.tuning.registry import load_plugins, plugin_modules
 
+    load_plugins(opts.plugins)
     reporter = reporter or Reporter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for t in tasks:

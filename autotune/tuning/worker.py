@@ -429,7 +429,11 @@ def _main(conn, plugins: list[str]) -> None:
     from autotune.tuning.registry import load_plugins
 
     _die_with_parent()
-    load_plugins(plugins)
+    try:
+        load_plugins(plugins)
+        unusable = None
+    except Exception as e:  # noqa: BLE001 - every reply names it, instead of a worker dying with exit code 1
+        unusable = {**_failure("crash", e), "error": f"plugin import failed: {type(e).__name__}: {e}"}
     session: _Session | None = None
     while True:
         try:
@@ -440,7 +444,9 @@ def _main(conn, plugins: list[str]) -> None:
         if cmd == "exit":
             return
         try:
-            if cmd == "setup":
+            if unusable is not None:
+                reply = unusable
+            elif cmd == "setup":
                 session = None
                 session = _Session(msg)
                 reply = {"status": "ok", "flops": session.flops, "setup_s": session.setup_s}

@@ -305,3 +305,15 @@ def test_an_unreadable_file_is_reported_and_the_others_are_re_checked(tmp_path, 
     assert (path.parent / "hstu_attention_fwd.json").read_text() == "{not json"
     with pytest.raises(art.ArtifactError, match="not valid JSON"):  # the library call still raises without a handler
         recheck_artifacts(tmp_path, "h100", ["hstu_attention_fwd"], "quick", 1, PLUGINS, 5.0, 16)
+
+
+@pytest.mark.parametrize("cap", [0, -3])
+def test_a_seq_cap_below_one_is_refused_before_any_entry_is_re_checked(root, capsys, cap):
+    """A task refuses such a cap; in a re-check its ValueError was raised in a worker thread, which left every
+    entry 'pending' behind a thread traceback."""
+    with pytest.raises(ValueError, match="seq_cap"):
+        recheck_artifacts(root, "h100", level="quick", plugins=PLUGINS, timeout_s=5.0, seq_cap=cap)
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(root), "--plugin", PLUGINS[0], "--interpret"]
+    assert cli.main([*argv, "--seq-cap", str(cap)]) == 2
+    err = capsys.readouterr().err
+    assert "--seq-cap must be an integer >= 1" in err and "Traceback" not in err

@@ -62,6 +62,12 @@ def test_a_full_recheck_covers_the_tasks_own_mask_when_the_op_lists_other_masks(
         ("setup_retries", 0),  # an IndexError once the worker was first set up
         ("warm_starts", "every"),
         ("compare_max_rounds", 2),  # below compare_rounds (6)
+        ("spill_limit", -1),  # every config failed as "spill", the default too
+        ("seed", -1),  # the sampler refused it once the study was opened
+        ("seed", 2**32),
+        ("prune_percentile", 150.0),
+        ("prune_percentile", float("nan")),
+        ("setup_backoff_s", -1.0),
     ],
 )
 def test_tune_options_refuse_a_knob_no_run_can_work_with(knob, value):

@@ -169,6 +169,8 @@ def recheck_artifacts(
 
     if level not in ("full", "quick"):
         raise ValueError(f"level must be 'full' or 'quick', got {level!r}")
+    if seq_cap is not None and (isinstance(seq_cap, bool) or not isinstance(seq_cap, int) or seq_cap < 1):
+        raise ValueError(f"seq_cap must be an integer >= 1, got {seq_cap!r}")  # else a traceback in a worker thread
     folder = Path(root) / gpu
     on_gpu = measure.device() == "cuda"
     names = kernels or artifact_files(folder, plugins)[0]
@@ -308,12 +310,14 @@ def cmd_verify(args: Any) -> int:
 
     from autotune.runtime import artifacts as art
     from autotune.tuning.cli import CLIError, _console, kernel_names, load_plugin_modules, resolve_gpu
-    from autotune.tuning.cli_checks import positive_seconds, writable_file, writable_folder
+    from autotune.tuning.cli_checks import int_in, positive_seconds, writable_file, writable_folder
     from autotune.tuning.registry import plugin_modules
 
     if args.jobs < 1:
         raise CLIError("--jobs must be >= 1")
     positive_seconds("--timeout", args.timeout)  # 0 or nan would fail every entry as a "hang"
+    if args.seq_cap is not None:
+        int_in("--seq-cap", args.seq_cap, 1)
     if args.json:  # checked now, not after the whole re-check
         writable_file("--json", args.json)
     load_plugin_modules(args.plugin)

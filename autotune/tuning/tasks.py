@@ -7,6 +7,7 @@ is deterministic (``sequence_lengths`` from the seed), so a resumed study measur
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,10 @@ def _check_sample(sample: Any) -> None:
         raise ValueError("sample must hold at least one non-zero length")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Task:
     """One tuning task. ``seq_cap`` (tests/CI only) caps the real lengths below the bucket."""
@@ -89,8 +94,17 @@ class Task:
         if self.mask not in MASKS:
             raise ValueError(f"mask {self.mask!r} is not one of {tuple(MASKS)}")
         for name, value, high in (("batch", self.batch, MAX_BATCH), ("num_heads", self.num_heads, MAX_HEADS)):
+            if not _is_int(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
             if not 1 <= value <= high:
                 raise ValueError(f"{name} must be in [1, {high}], got {value}")
+        # A zero head dim made empty inputs every config passed; a zero cap was no cap (the whole bucket).
+        for name in ("dqk", "dv", "seq_cap"):
+            value = getattr(self, name)
+            if (value is not None or name != "seq_cap") and (not _is_int(value) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.sample is not None:
             _check_sample(self.sample)
             if self.distribution != "jagged":

@@ -43,7 +43,8 @@ from autotune.tuning.artifact_io import (
     search_space_hash,
     warm_starts_for,
 )
-from autotune.tuning.measure import compare_extended
+from autotune.tuning.decide import DEFAULT_REMEASURE, RETRY_STATUSES
+from autotune.tuning.decide import decide as _decide
 from autotune.tuning.registry import Backend, backends_for, get_op
 from autotune.tuning.study_storage import make_storage
 from autotune.tuning.tasks import Task, space_context
@@ -53,10 +54,6 @@ from search_spaces.base import SpaceContext
 SAMPLERS = ("tpe", "random", "bruteforce", "gp")
 FAIL_STATES = {"compile": TrialState.FAIL, "incorrect": TrialState.FAIL, "timeout": TrialState.FAIL}
 FAIL_STATES.update({"crash": TrialState.FAIL, "spill": TrialState.PRUNED, "infeasible": TrialState.PRUNED})
-# Trials that failed for reasons outside the config: never counted as seen, so they run again.
-RETRY_STATUSES = ("interrupted", "infra")
-# A default trial that ended so in an earlier run is measured again when its study is reopened.
-DEFAULT_REMEASURE = ("timeout", "crash")
 VERIFY_LEVELS = ("full", "quick")
 
 
@@ -108,10 +105,17 @@ class TuneOptions:
             v = getattr(self, name)
             if not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        lows = {"n_trials": 0, "setup_retries": 1, "max_verify": 0, "compare_rounds": 1}
+        # A negative spill limit failed every config as "spill"; a negative seed failed the sampler's set-up.
+        lows = {"n_trials": 0, "setup_retries": 1, "max_verify": 0, "compare_rounds": 1, "spill_limit": 0, "seed": 0}
         for name, low in {**lows, "compare_max_rounds": self.compare_rounds}.items():
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {getattr(self, name)!r}")
+        if self.seed >= 2**32:  # the samplers seed NumPy's RandomState
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed!r}")
+        for name, high in (("prune_percentile", 100.0), ("setup_backoff_s", math.inf)):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or math.isnan(v) or not 0 <= v <= high or v == math.inf:
+                raise ValueError(f"{name} must be a number in [0, {high:g}], got {v!r}")
 
 
 @dataclass
@@ -318,6 +322,18 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)
 
 
+def _other_limits(t: optuna.trial.FrozenTrial, opts: TuneOptions) -> str | None:
+    """Why a trial of an earlier run is measured again under this run's limits, which a plain study's name
+    lacks: a timeout under a shorter (or unrecorded) --eval-timeout may have cut off a long compile, and a
+    --spill-limit of the other side of its spill count turns "ok" into "spill" or back. None: it stands."""
+    status, spills = t.user_attrs.get("status"), t.user_attrs.get("n_spills")
+    if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
+        return "timed out under a shorter --eval-timeout"
+    if isinstance(spills, int) and (status == "spill") != (spills > opts.spill_limit) and status in ("ok", "spill"):
+        return f"{spills} spills, measured under another --spill-limit"
+    return None
+
+
 class _Study:
     """One task's study: sampling, bookkeeping of evaluated configs, the worker calls and their failures."""
 
@@ -349,18 +365,20 @@ class _Study:
         self.flops: float | None = None
         self._requeue_interrupted()
         done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-        sooner = []  # timeouts under a shorter (or unrecorded) --eval-timeout, which a plain study's name lacks
+        again: dict[str, tuple[optuna.trial.FrozenTrial, str]] = {}  # verdicts of other limits: measured again
         for t in self.study.get_trials(deepcopy=False, states=done):
             k, status = t.user_attrs.get("config_key"), t.user_attrs.get("status")
             if not k or t.user_attrs.get("duplicate") or status in RETRY_STATUSES:
                 continue
-            if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
-                sooner.append(t)
+            why = _other_limits(t, opts)
+            if why:
+                again[k] = (t, why)
+                self.seen.pop(k, None)
             else:
                 self.seen[k] = t
-        for t in sooner:  # timed again: the shorter limit may have cut off a long compile
-            if t.user_attrs["config_key"] not in self.seen:
-                self._requeue(t, "requeued: timed out under a shorter --eval-timeout")
+                again.pop(k, None)
+        for t, why in again.values():
+            self._requeue(t, f"requeued: {why}")
         # A default that timed out or crashed in an earlier run is measured again: the cause may have been
         # the environment (a short --eval-timeout, a busy GPU), and no winner is written without it.
         last_default = self.seen.get(self.default_key)
@@ -452,7 +470,9 @@ class _Study:
 
     def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """One request about one config. A crash or timeout is retried once on a fresh worker before it
-        counts; after any non-ok reply the worker is proven healthy (or replaced) before the next."""
+        counts; after any other non-ok reply the worker is proven healthy (or replaced) before the next, and
+        a failure on a worker that then fails its probe is retried once on the fresh one: the worker may have
+        been broken before this request (a stray write of an earlier config's timing loop)."""
         timeout = timeout or self.opts.eval_timeout_s
         first: dict[str, Any] | None = None
         for attempt in (1, 2):
@@ -461,16 +481,19 @@ class _Study:
                 reply = self.worker.call(msg, timeout)
             except WorkerError as e:
                 reply = {"status": e.kind, "error": str(e)}
-            if reply.get("status") in ("crash", "timeout") and attempt == 1:
-                first = reply
+            if reply.get("status") == "ok":
+                break
+            if reply.get("status") in ("crash", "timeout"):
                 self.worker.kill()
-                continue
-            break
+                retry = True
+            else:
+                retry = self.heal() is False
+            if attempt == 2 or not retry:
+                break
+            first = reply
         reply["attempts"] = attempt
         if first is not None:
             reply["first_error"] = str(first.get("error"))[-400:]
-        if reply.get("status") != "ok":
-            self.heal()
         return reply
 
     def known_good(self) -> tuple[str, dict[str, Any]] | None:
@@ -481,19 +504,22 @@ class _Study:
         best = self.best()
         return (best.user_attrs["backend"], self.values_of(best)) if best else None
 
-    def heal(self) -> None:
+    def heal(self) -> bool | None:
         """After a failed request: a known-good launch and a sync must pass, else the worker is replaced
-        (a sticky CUDA error, or memory a bad config overwrote, must not fail the configs after it)."""
+        (a sticky CUDA error, or memory a bad config overwrote, must not fail the configs after it).
+        Returns whether the probe passed; None when there was no worker or no known-good config to probe."""
         good = self.known_good()
         if not self.worker.alive() or good is None:
             self.worker.kill()
-            return
+            return None
         try:
             reply = self.worker.call({"cmd": "probe", "backend": good[0], "config": good[1]}, self.opts.eval_timeout_s)
         except WorkerError:
             reply = {"status": "crash"}
         if reply.get("status") != "ok":
             self.worker.kill()
+            return False
+        return True
 
     def values_of(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
         backend = trial.user_attrs["backend"]
@@ -617,98 +643,6 @@ def _ensure_default(s: _Study) -> None:
         s.step()
 
 
-def _verify(s: _Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    msg = {"cmd": "verify", "backend": trial.user_attrs["backend"], "config": s.values_of(trial)}
-    return s.request({**msg, "level": s.opts.verify}, timeout=max(s.opts.eval_timeout_s, s.opts.verify_timeout_s))
-
-
-def _decide(s: _Study, result: TaskResult) -> optuna.trial.FrozenTrial | None:
-    """The config to write: the fastest one that passes the re-check on the bucket's other shapes and
-    beats the default by more than the measured spread in interleaved timings; else the default.
-
-    A default whose measurement did not finish (timed out, crashed, never measured) may have failed for
-    the environment's sake: nothing is written then (a re-run measures it again). A default that ran and
-    was wrong (incorrect, failed to compile, over the spill limit) has nothing to be compared with: the
-    fastest re-checked config is written. A default that failed the final re-check is never written; a
-    re-checked candidate then wins even when the comparison does not favour it, in this run as in a re-run
-    (which finds the default among the rejected)."""
-    default = s.seen.get(s.default_key)
-    status = default.user_attrs.get("status") if default is not None else "not measured"
-    if default is None or status in (*DEFAULT_REMEASURE, *RETRY_STATUSES):
-        result.error = (
-            f"the default config could not be measured (status {status}"
-            + (f": {str(default.user_attrs.get('error'))[-200:]}" if default is not None else "")
-            + "); no winner is written without a measured default to compare with (re-run to measure it again)"
-        )
-        return None
-    measured = status == "ok" and default.state == TrialState.COMPLETE
-    memo: dict[tuple[str, int], Any] = {}  # each candidate is re-checked and compared once
-    while True:
-        default_ok = measured and s.default_key not in s.rejected
-        cand = _candidate(s, result, default, measured, default_ok, memo)
-        if cand is not None or not default_ok:
-            return cand
-        v = _verify(s, default)
-        if v["status"] == "ok":
-            result.verified = v.get("checked", [])
-            result.kept_default = True
-            return default
-        s.reject(default, f"{v['status']} on re-check: {v.get('error')}")  # the candidates' turn again
-
-
-def _candidate(
-    s: _Study,
-    result: TaskResult,
-    default: optuna.trial.FrozenTrial,
-    measured: bool,
-    default_ok: bool,
-    memo: dict[tuple[str, int], Any],
-) -> optuna.trial.FrozenTrial | None:
-    """The fastest candidate (at most ``max_verify`` re-checked) that passes its re-check and is to be written:
-    it beats the default, or the default is not to be written; None leaves the decision to the default."""
-    result.comparison = None
-    for cand in s.ranked():
-        if cand.number == default.number:
-            break
-        if ("verify", cand.number) not in memo:
-            if sum(k[0] == "verify" for k in memo) >= s.opts.max_verify:
-                break
-            memo["verify", cand.number] = _verify(s, cand)
-        v = memo["verify", cand.number]
-        if v["status"] != "ok":
-            s.reject(cand, f"{v['status']} on re-check: {v.get('error')}")
-            continue
-        if not measured:  # the default ran wrong: nothing to compare with
-            result.verified = v.get("checked", [])
-            return cand
-        if ("compare", cand.number) not in memo:
-            memo["compare", cand.number] = _compare(s, cand)
-        cmp, verdict = memo["compare", cand.number]
-        if verdict is None:
-            if cmp.get("side") == "b":
-                break  # the default went wrong on the timed batch: keep the measured default decision
-            s.reject(cand, f"{cmp['status']} in the final comparison: {cmp.get('error')}")
-            continue
-        result.comparison = verdict
-        if verdict["beats"] or not default_ok:
-            result.verified = v.get("checked", [])
-            return cand
-        break
-    return None
-
-
-def _compare(s: _Study, cand: optuna.trial.FrozenTrial) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``compare_extended`` of ``cand`` (a) against the default (b) in the worker: (first reply, verdict)."""
-    a = {"backend": cand.user_attrs["backend"], "config": s.values_of(cand)}
-    b = {"backend": s.default_backend.name, "config": s.default_values}
-    timeout = max(s.opts.eval_timeout_s, s.opts.verify_timeout_s)
-    return compare_extended(
-        lambda n: s.request({"cmd": "compare", "rounds": n, "a": a, "b": b}, timeout=timeout),
-        s.opts.compare_rounds,
-        s.opts.compare_max_rounds,
-    )
-
-
 def _check_claim(reporter: Reporter, task: Task) -> None:
     """``reporter.check_claim``; reporters are duck-typed (the CLI's progress bars), so it may be absent."""
     check = getattr(reporter, "check_claim", None)
@@ -797,9 +731,11 @@ def update_artifact(result: TaskResult, opts: TuneOptions, env: dict[str, Any]) 
 def run_tasks(
     tasks: list[Task], opts: TuneOptions, time_budget_s: float | None = None, reporter: Reporter | None = None
 ) -> list[TaskResult]:
-    """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget."""
-    from autotune.tuning.registry import plugin_modules
+    """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget.
+    A plugin that cannot be imported raises its ImportError here, before any worker starts."""
+    from autotune.tuning.registry import load_plugins, plugin_modules
 
+    load_plugins(opts.plugins)
     reporter = reporter or Reporter()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for t in tasks:

@@ -6,8 +6,11 @@ across trials and tasks). A request that times out kills the worker (a hang); a 
 a retry on a fresh worker, a health probe with a known-good config after any failed request, and
 set-up failures treated as infrastructure, never as a config's fault. Every output that is timed is
 first checked against the reference on the same inputs (outputs pre-filled with NaN and guarded, inputs
-fingerprinted: ``bounds``), and the final winner is re-checked on several shapes, masks and dtypes of
-its bucket (``verify``).
+fingerprinted: ``bounds``), and checked again after its timed launches (one more launch into the timed
+output, and the fingerprints of every batch the session holds: a stray write made only in a timed loop);
+the final winner is re-checked on several shapes, masks and dtypes of its bucket (``verify``). A write
+that lands outside everything fingerprinted (another process's memory, the allocator's free blocks) is
+seen only through its effects: the health probe after a failure, and the re-check.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ class Worker:
 def check_lengths(max_len: int, seed: int) -> list[int]:
     """A small correctness batch: the longest sequence, two odd random lengths, a single token, an empty one."""
     rng = random.Random(f"check:{seed}:{max_len}")
-    mid = [rng.randint(1, max(1, max_len - 1)) for _ in range(2)]
+    # Odd, so never a multiple of a tile: a kernel wrong on partial last tiles is caught on the first launch.
+    mid = [min(max_len, rng.randint(1, max(1, max_len - 1)) | 1) for _ in range(2)]
     return [max_len, *mid, 1, 0]
 
 
@@ -160,6 +164,17 @@ class StrayWrite(Exception):
     references, anything past the guard) can no longer be trusted, so the worker is replaced."""
 
 
+def _held_prints(check: _Reference, timed: _Reference) -> Any:
+    """Fingerprints of what a session holds for every later config (both batches' inputs and references)."""
+    from autotune.tuning import bounds
+
+    held = {}
+    for label, ref in (("check", check), ("timed", timed)):
+        held.update({f"{label} batch {k}": v for k, v in ref.inputs.items()})
+        held.update({f"{label} batch reference {n}": r for n, r in zip(ref.names, ref.ref32, strict=False)})
+    return bounds.InputPrints(held)
+
+
 def checked(result: tuple[bool, Any], guard: Any, prints: Any, names: Any) -> tuple[bool, Any]:
     """``check_outputs``'s verdict, or ``StrayWrite`` naming every write the launch made outside its outputs."""
     stray = guard.problems(names) + prints.problems()
@@ -188,6 +203,7 @@ class _Session:
         self.inputs = self.timed.inputs
         self.flops = self.op.flops(self.inputs)
         self.cuda_graph = bool(msg.get("cuda_graph", False))
+        self.held = _held_prints(self.check_ref, self.timed)
         self.setup_s = time.perf_counter() - t0
 
     def _config(self, msg: dict[str, Any]):
@@ -243,22 +259,53 @@ class _Session:
         launch = lambda: backend.launch(self.inputs, config, out)
         try:
             t = measure.bench(launch, quick=quick, cuda_graph=self.cuda_graph)
+            wrong = self.after_timing(backend, config, out)
         except Exception as e:  # noqa: BLE001
             return _failure("crash", e)
+        if wrong is not None:
+            return wrong
         return {"status": "ok", "median_ms": t.median_ms, "spread_ms": t.spread_ms, "samples": t.samples}
+
+    def after_timing(self, backend: Any, config: Any, out: Any) -> dict[str, Any] | None:
+        """After a config's timed launches (unchecked, many, into one output): one more launch into the same
+        output, checked, and the held batches' inputs and references unchanged. A config right on its first
+        launches only (stale state) or writing stray memory only in a timed loop fails here: the reply
+        (None when right), or ``StrayWrite``."""
+        from autotune.tuning import measure
+
+        outs = backend.launch(self.inputs, config, out)
+        measure.synchronize()
+        stray = self.held.problems()
+        if stray:
+            raise StrayWrite("while timed: " + "; ".join(stray))
+        ok, detail = measure.check_outputs(
+            outs, self.timed.ref32, self.timed.errs, self.op.output_names, self.timed.dtypes
+        )
+        if ok:
+            return None
+        return {
+            "status": "incorrect",
+            "error": f"outside tolerance after its timed launches: {detail}",
+            "check": detail,
+        }
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
         backend, config = self._config(msg)
         return self.timed_run(backend, config, quick=msg.get("quick", False))
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Health check after a failed request: a known-good config on the check batch, synchronised."""
+        """Health check after a failed request: a known-good config on the check batch and on the timed batch,
+        synchronised. Both, as a stray write far from a bad config's outputs may have hit either batch's inputs
+        or references, and every later config is checked on both."""
         backend, config = self._config(msg)
-        try:
-            ok, detail = self.check_ref.check(backend, config)
-        except Exception as e:  # noqa: BLE001
-            return _failure("crash", e)
-        return {"status": "ok"} if ok else {"status": "incorrect", "error": f"probe outside tolerance: {detail}"}
+        for name, ref in (("check", self.check_ref), ("timed", self.timed)):
+            try:
+                ok, detail = ref.check(backend, config)
+            except Exception as e:  # noqa: BLE001
+                return _failure("crash", e)
+            if not ok:
+                return {"status": "incorrect", "error": f"probe outside tolerance on the {name} batch: {detail}"}
+        return {"status": "ok"}
 
     def compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Interleaved timings A, B, A, B, ... (each checked on its first launch), so drift in clocks
@@ -280,6 +327,13 @@ class _Session:
                 out = outs[side]
                 launch = lambda b=backend, c=config, o=out: b.launch(self.inputs, c, o)  # noqa: E731
                 times[side].append(measure.bench(launch, quick=True, cuda_graph=self.cuda_graph).median_ms)
+        for side, (backend, config) in enumerate(pairs):
+            try:
+                wrong = self.after_timing(backend, config, outs[side])
+            except StrayWrite as e:
+                return {**_failure("incorrect", e), "side": "ab"[side]}
+            if wrong is not None:
+                return {**wrong, "side": "ab"[side]}
         return {"status": "ok", "a_ms": times[0], "b_ms": times[1]}
 
     def verify(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +429,11 @@ def _main(conn, plugins: list[str]) -> None:
     from autotune.tuning.registry import load_plugins
 
     _die_with_parent()
-    load_plugins(plugins)
+    try:
+        load_plugins(plugins)
+        unusable = None
+    except Exception as e:  # noqa: BLE001 - every reply names it, instead of a worker dying with exit code 1
+        unusable = {**_failure("crash", e), "error": f"plugin import failed: {type(e).__name__}: {e}"}
     session: _Session | None = None
     while True:
         try:
@@ -386,7 +444,9 @@ def _main(conn, plugins: list[str]) -> None:
         if cmd == "exit":
             return
         try:
-            if cmd == "setup":
+            if unusable is not None:
+                reply = unusable
+            elif cmd == "setup":
                 session = None
                 session = _Session(msg)
                 reply = {"status": "ok", "flops": session.flops, "setup_s": session.setup_s}

@@ -5,8 +5,9 @@ The LayerNorm-family Triton kernels read 1-D parameters and row statistics as co
 the tensors they are given. These checks run in front of them (``<op>/launch.py``, the launchers the
 specs name), so a strided weight is made contiguous instead of read wrongly, and a short ``dout``,
 ``mean`` or ``out`` buffer, an integer tensor, a tensor on another device, an ``out`` buffer whose
-columns are strided or whose rows overlap, or a seed that is not one integer is a ``ValueError`` naming
-it instead of an out-of-bounds access or a silently wrong result.
+columns are strided or whose rows overlap, an output that shares memory with an input or another output
+(``outputs_apart``), or a seed that is not one integer is a ``ValueError`` naming it instead of an
+out-of-bounds access or a silently wrong result.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from kernel_templates.launch_checks import (
     floating,
     grad_outs,
     out_rows,
+    outputs_apart,
     row_stats,
     same_shape,
     untracked,
@@ -24,6 +25,8 @@ from kernel_templates.launch_checks import (
 
 from . import reference as _ref
 from . import triton_layer_norm as _k
+
+_BWD_OUTS = ("out[0]", "out[1]", "out[2]")
 
 
 def _fwd_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, kw: dict) -> tuple:
@@ -35,6 +38,7 @@ def _fwd_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         out_rows("out", out, tuple(x.shape), x.device)
         if out_dtype is not None and out.dtype != out_dtype:
             raise ValueError(f"out is {out.dtype} but out_dtype is {out_dtype}")
+        outputs_apart({"x": x, "weight": weight, "bias": bias}, {"out": out})
     return weight, bias, finite_eps(eps)
 
 
@@ -47,7 +51,11 @@ def _bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: tor
         same_shape("residual_grad", kw["residual_grad"], tuple(x.shape))
     floating(x.device, dy=dy, residual_grad=kw.get("residual_grad"))
     _k.check_residual_grad_sum(kw.get("residual_grad_sum", False), kw.get("residual_grad"))
-    grad_outs(kw.get("out"), tuple(x.shape), x.device, 1)
+    out = kw.get("out")
+    grad_outs(out, tuple(x.shape), x.device, 1)
+    if out is not None:
+        inputs = {"dy": dy, "x": x, "weight": weight, "bias": bias, "mean": mean, "rstd": rstd}
+        outputs_apart({**inputs, "residual_grad": kw.get("residual_grad")}, dict(zip(_BWD_OUTS, out, strict=True)))
     return weight, bias, mean, rstd
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,15 +79,16 @@ def seed_tensor(seed: torch.Tensor, device: torch.device) -> None:
 
 
 def finite_eps(eps: object) -> float:
-    """``eps`` as a float, when it is a positive finite number (NaN passes an ``eps <= 0`` test)."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < float(eps) < math.inf:
+    """``eps`` as a float, when it is a positive finite real number (NaN passes an ``eps <= 0`` test; a NumPy
+    scalar is one)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 < float(eps) < math.inf:
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
     return float(eps)
 
 
 def dropout_p(p: object) -> float:
-    """``p`` as a float, when it is a number in [0, 1) (a string or bool would reach the kernel's comparison)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+    """``p`` as a float, when it is a real number in [0, 1) (a string or bool would reach the kernel's comparison)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) < 1.0:
         raise ValueError(f"dropout p must be a number in [0, 1), got {p!r}")
     return float(p)
 

@@ -298,3 +298,26 @@ def test_output_buffers_over_an_input_or_each_other_are_refused(device, backend)
     want = launch.ln_mul_dropout_bwd(dout, x, u, w, b, mean, rstd, 0.2, seed)
     for g, t in zip(got, want, strict=True):
         assert (g - t).abs().max() < 1e-4
+
+
+def test_public_call_names_bad_tensors_eps_and_seeds(device):
+    """A list for x was an AttributeError, x of width 0 a reshape error inside torch, an eps of None or "a" an error
+    from ``float()`` naming nothing, and ``eps=True`` ran as eps 1.0, a bool seed as seed 1. A NumPy eps is a number."""
+    import numpy as np
+
+    x, u, w, b = _inputs(device, rows=4, d=16)
+    for i, name in enumerate(("x", "u", "weight", "bias")):
+        args = [x, u, w, b]
+        args[i] = args[i].tolist()
+        with pytest.raises(ValueError, match=f"{name} must be a torch.Tensor"):
+            fused_ln_mul_dropout(*args)
+    with pytest.raises(ValueError, match="x must have a last dimension of size >= 1"):
+        fused_ln_mul_dropout(x[:, :0], u[:, :0], w[:0], b[:0])
+    for eps in (None, "a", True, float("nan"), 0.0):
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            fused_ln_mul_dropout(x, u, w, b, eps=eps)
+    with pytest.raises(ValueError, match="seed must be an int"):
+        fused_ln_mul_dropout(x, u, w, b, p=0.2, seed=True)
+    want = fused_ln_mul_dropout(x, u, w, b, eps=1e-5, p=0.2, seed=5)
+    got = fused_ln_mul_dropout(x, u, w, b, eps=np.float32(1e-5), p=np.float64(0.2), seed=np.int64(5))
+    assert torch.allclose(got, want, atol=1e-6)

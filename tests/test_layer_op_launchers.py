@@ -204,3 +204,26 @@ def test_layer_runs_the_torch_projection_where_the_cute_kernel_cannot_take_the_w
     assert torch.equal(got, want)
     for name, a, b in zip(params, got_grads, want_grads, strict=True):
         assert torch.equal(a, b), name
+
+
+def test_layer_refuses_a_bad_seed_before_any_kernel(monkeypatch):
+    """The dropout seed was checked only by the LN * u + dropout launcher, after the LayerNorm, the projection and
+    the attention had run; on a call with no tokens it was not checked at all."""
+    from autotune.runtime import dispatch
+
+    plan = plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.1, "default")
+    hidden, hd = 64, 64
+    params = {"ln1_w": torch.ones(hidden), "ln1_b": torch.zeros(hidden), "w_uvqk": torch.randn(4 * hd, hidden),
+              "b_uvqk": torch.zeros(4 * hd), "ln2_w": torch.ones(hd), "ln2_b": torch.zeros(hd),
+              "w_o": torch.randn(hidden, hd), "b_o": torch.zeros(hidden)}  # fmt: skip
+    launched = []
+    real = dispatch.launcher
+    monkeypatch.setattr(dispatch, "launcher", lambda backend, kind: launched.append(kind) or real(backend, kind))
+    for rows, off in ((10, torch.tensor([0, 4, 10])), (0, torch.tensor([0]))):
+        x = torch.randn(rows, hidden)
+        for bad in (torch.zeros(1), 3, torch.zeros(2, dtype=torch.int64), torch.tensor([True])):
+            with pytest.raises(ValueError, match="seed must be"):
+                hstu_layer(x, params, off, plan, bad)
+    assert launched == []
+    out = hstu_layer(torch.randn(10, hidden), params, torch.tensor([0, 4, 10]), plan, torch.tensor([5]))
+    assert out.shape == (10, hidden) and torch.isfinite(out).all() and "ln_mul_dropout_fwd" in launched

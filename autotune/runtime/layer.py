@@ -36,7 +36,7 @@ from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format, first_order_only
-from kernel_templates.launch_checks import dropout_p, finite_eps, unit_columns
+from kernel_templates.launch_checks import dropout_p, finite_eps, seed_tensor, unit_columns
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -346,14 +346,21 @@ def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerP
 
 
 def _check_call(
-    x: torch.Tensor, params: dict[str, torch.Tensor], seq_offsets: torch.Tensor, plan: LayerPlan, mode: str
+    x: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    seq_offsets: torch.Tensor,
+    plan: LayerPlan,
+    seed: torch.Tensor,
+    mode: str,
 ) -> None:
     """The attention op's input rules for the layer's call (``ValueError`` naming the argument); the offsets
-    as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""
+    as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async"). The dropout seed
+    too: its launcher refused a bad one only after the LayerNorm, projection and attention kernels had run."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
     _check_plan(plan)
     _check_params(x, params, plan)
+    seed_tensor(seed, x.device)
     check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend
     ops.check_call_offsets(backend, mode, seq_offsets, None, x.shape[0], plan.max_seq_len)
@@ -375,7 +382,7 @@ def hstu_layer(
     """
     mode = validate_mode(validate)
     if mode != "none":
-        _check_call(x, params, seq_offsets, plan, mode)
+        _check_call(x, params, seq_offsets, plan, seed, mode)
     p = params
     if x.shape[0] == 0:  # no tokens: out = x, every parameter gradient zero (no kernel launched)
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0

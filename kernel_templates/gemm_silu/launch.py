@@ -30,11 +30,15 @@ def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, **more: torch.Tensor |
 
 
 def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
-    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
+                   pre: torch.Tensor | None, out: Any, done_cols: object = 0) -> None:  # fmt: skip
+    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``).
+    With ``done_cols`` d_pre is written over dy, which then needs memory of its own as an output does: over rows
+    that share memory (an expanded dy) or over an operand the GEMMs read, the gradients came back wrong."""
     _gemm_operands(x, weight, dy=dy, bias=bias, pre=pre)
     if pre is None and bias is not None and bias.dtype != x.dtype:  # the recompute GEMM adds it in its epilogue
         raise ValueError(f"bias must be {x.dtype} like x to recompute the pre-activation, got {bias.dtype}")
+    if done_cols and not isinstance(done_cols, bool):  # check_done_cols names a bad value
+        outputs_apart({"x": x, "weight": weight, "bias": bias, "pre": pre}, {"dy (written with done_cols)": dy})
     if out is None:
         return
     if not isinstance(out, (tuple, list)) or len(out) != 3:
@@ -62,7 +66,7 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
 def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   **kw: Any) -> tuple:  # fmt: skip
     """The Triton SiLU' pass + cuBLAS backward (``triton_bwd.gemm_silu_bwd``) after ``check_bwd_args``."""
-    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
+    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"), kw.get("done_cols", 0))
     return _triton.gemm_silu_bwd(dy, x, weight, bias, **kw)
 
 
@@ -70,7 +74,7 @@ def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
 def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         **kw: Any) -> tuple:  # fmt: skip
     """The torch backward (``torch_impl.gemm_silu_bwd_torch``) after ``check_bwd_args`` and the shape checks."""
-    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
+    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"), kw.get("done_cols", 0))
     n = _triton._validate(dy, x, weight, bias, kw.get("pre"))[1]
     _triton.check_done_cols(kw.get("done_cols", 0), kw.get("done_db"), n, bias, dy.device, dy.dtype, x.dtype)
     return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)

@@ -38,9 +38,13 @@ def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else repr(out)
         want = f"{residual.dtype} {tuple(residual.shape)} tensor on {residual.device}"
         raise ValueError(f"out must be a {want} like residual, got {got}")
-    # ``addmm(out=)`` reads y and the weight while it writes out: an out over either came back wrong without a word
-    # (out over the residual is an in-place residual add, which both modes compute right).
-    outputs_apart({"y": y, "weight": weight, "bias": bias}, {"out": out})
+    # ``addmm(out=)`` reads y and the weight while it writes out: an out over either came back wrong without a word.
+    # out as the residual itself is an in-place residual add, which both modes compute right; an out over part of
+    # it (rows shifted, a transpose) failed inside torch with an error naming neither.
+    inputs = {"y": y, "weight": weight, "bias": bias}
+    if out is not None and (out.data_ptr(), out.stride()) != (residual.data_ptr(), residual.stride()):
+        inputs["residual"] = residual
+    outputs_apart(inputs, {"out": out})
     result = _linear_residual(y, weight, bias, residual, **kw)
     # A residual narrower than y (fp16 beside an fp32 GEMM) would come back in the promoted dtype.
     return result if result.dtype == residual.dtype else result.to(residual.dtype)

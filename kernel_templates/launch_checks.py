@@ -39,6 +39,14 @@ def untracked(launcher: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def config_of(config: Any, cls: type, optional: bool = False) -> None:
+    """``config`` an instance of the kernel's config class (or None where the kernel picks its default): another
+    object failed inside the kernel's launcher as an AttributeError naming an attribute, not the argument."""
+    if not isinstance(config, cls) and not (optional and config is None):
+        allowed = f"a {cls.__name__}" + (" or None" if optional else "")
+        raise ValueError(f"config must be {allowed}, got {type(config).__name__}")
+
+
 def width(x: torch.Tensor) -> int:
     """D of a 2-D (rows, D) floating-point input with D >= 1 (a 0-wide row has no mean), named ``x`` otherwise."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] < 1:

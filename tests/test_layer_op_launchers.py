@@ -227,3 +227,39 @@ def test_layer_refuses_a_bad_seed_before_any_kernel(monkeypatch):
     assert launched == []
     out = hstu_layer(torch.randn(10, hidden), params, torch.tensor([0, 4, 10]), plan, torch.tensor([5]))
     assert out.shape == (10, hidden) and torch.isfinite(out).all() and "ln_mul_dropout_fwd" in launched
+
+
+def test_launchers_name_a_config_of_the_wrong_class():
+    """A config that is not the kernel's config class (a JSON string, a dict, None where the kernel has no default)
+    failed inside the launcher as an AttributeError ('str' object has no attribute 'block_rows')."""
+    x, w, b, mean, rstd = _ln_inputs()
+    u, seed = torch.randn(L, D), torch.tensor([1])
+    w2 = torch.randn(32, D)
+    calls = {
+        ("layer_norm_fwd", "triton"): lambda c: _launcher("layer_norm_fwd", "triton")(x, w, b, 1e-5, config=c),
+        ("layer_norm_bwd", "triton"): lambda c: _launcher("layer_norm_bwd", "triton")(x, x, w, b, mean, rstd, config=c),
+        ("ln_mul_dropout_fwd", "triton"): lambda c: _launcher("ln_mul_dropout_fwd", "triton")(
+            x, u, w, b, 1e-5, 0.1, seed, config=c
+        ),
+        ("ln_mul_dropout_bwd", "triton"): lambda c: _launcher("ln_mul_dropout_bwd", "triton")(
+            x, x, u, w, b, mean, rstd, 0.1, seed, config=c
+        ),
+        ("gemm_silu_bwd", "triton"): lambda c: _launcher("gemm_silu_bwd", "triton")(
+            torch.randn(L, 32), x, w2, None, config=c
+        ),
+        ("linear_residual_fwd", "torch"): lambda c: _launcher("linear_residual_fwd", "torch")(
+            x, w2, None, torch.randn(L, 32), config=c
+        ),
+        ("linear_residual_bwd", "torch"): lambda c: _launcher("linear_residual_bwd", "torch")(
+            torch.randn(L, 32), x, w2, config=c
+        ),
+    }
+    for (kind, backend), call in calls.items():
+        cls = spec.resolve(spec.kernel(kind).backend(backend).config).__name__
+        bad = ['{"block_rows": 4}', {"block_rows": 4}]
+        if kind.startswith(("layer_norm", "linear_residual")):  # no default config inside: None is refused too
+            bad.append(None)
+        for config in bad:
+            with pytest.raises(ValueError, match=f"config must be a {cls}"):
+                call(config)
+        assert call(spec.resolve(spec.kernel(kind).backend(backend).config)()) is not None

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    config_of,
     dense_if_empty,
     dropout_p,
     fill_outs,
@@ -27,6 +28,7 @@ from kernel_templates.launch_checks import (
 
 from . import torch_impl as _torch
 from . import triton_ln_mul_dropout as _k
+from .config import LnMulDropoutBwdConfig, LnMulDropoutFwdConfig
 
 _BWD_OUTS = ("out[0]", "out[1]", "out[2]", "out[3]")
 
@@ -72,6 +74,7 @@ def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, b
     """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
     x, u = dense_if_empty(x), dense_if_empty(u)
     weight, bias, eps, p = _fwd_args(x, u, weight, bias, eps, p, seed, kw)
+    config_of(kw.get("config"), LnMulDropoutFwdConfig, optional=True)
     return _k.ln_mul_dropout_fwd(x, u, weight, bias, eps, p, seed, **kw)
 
 
@@ -85,6 +88,7 @@ def ln_mul_dropout_bwd(
     if "silu_pre" in kw:
         kw["silu_pre"] = dense_if_empty(kw["silu_pre"])
     weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
+    config_of(kw.get("config"), LnMulDropoutBwdConfig, optional=True)
     return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
 
 

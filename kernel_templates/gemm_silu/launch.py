@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating, outputs_apart, untracked
+from kernel_templates.launch_checks import config_of, floating, outputs_apart, untracked
 
 from . import torch_impl as _torch
 from . import triton_bwd as _triton
+from .bwd_config import GemmSiluBwdConfig
 
 
 def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, **more: torch.Tensor | None) -> None:
@@ -67,6 +68,7 @@ def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
                   **kw: Any) -> tuple:  # fmt: skip
     """The Triton SiLU' pass + cuBLAS backward (``triton_bwd.gemm_silu_bwd``) after ``check_bwd_args``."""
     check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"), kw.get("done_cols", 0))
+    config_of(kw.get("config"), GemmSiluBwdConfig, optional=True)
     return _triton.gemm_silu_bwd(dy, x, weight, bias, **kw)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    config_of,
     dense_if_empty,
     fill_outs,
     finite_eps,
@@ -25,6 +26,7 @@ from kernel_templates.launch_checks import (
 
 from . import reference as _ref
 from . import triton_layer_norm as _k
+from .config import LayerNormBwdConfig, LayerNormFwdConfig
 
 _BWD_OUTS = ("out[0]", "out[1]", "out[2]")
 
@@ -62,7 +64,9 @@ def _bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: tor
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
     """(y, mean, rstd): y = LN(x) in ``out_dtype`` (default x's, or ``out``'s), statistics fp32 of shape (rows,)."""
     x = dense_if_empty(x)
-    return _k.layer_norm_fwd(x, *_fwd_args(x, weight, bias, eps, kw), **kw)
+    args = _fwd_args(x, weight, bias, eps, kw)
+    config_of(kw.get("config"), LayerNormFwdConfig)
+    return _k.layer_norm_fwd(x, *args, **kw)
 
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
@@ -73,7 +77,9 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     dy, x = dense_if_empty(dy), dense_if_empty(x)
     if "residual_grad" in kw:
         kw["residual_grad"] = dense_if_empty(kw["residual_grad"])
-    return _k.layer_norm_bwd(dy, x, *_bwd_args(dy, x, weight, bias, mean, rstd, kw), **kw)
+    args = _bwd_args(dy, x, weight, bias, mean, rstd, kw)
+    config_of(kw.get("config"), LayerNormBwdConfig)
+    return _k.layer_norm_bwd(dy, x, *args, **kw)
 
 
 @untracked

@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating, outputs_apart, untracked
+from kernel_templates.launch_checks import config_of, floating, outputs_apart, untracked
 
+from .bwd_impl import LinearResidualBwdConfig
 from .bwd_impl import linear_residual_bwd as _linear_residual_bwd
+from .impl import LinearResidualConfig
 from .impl import linear_residual as _linear_residual
 
 
@@ -45,6 +47,7 @@ def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if out is not None and (out.data_ptr(), out.stride()) != (residual.data_ptr(), residual.stride()):
         inputs["residual"] = residual
     outputs_apart(inputs, {"out": out})
+    config_of(kw.get("config"), LinearResidualConfig)
     result = _linear_residual(y, weight, bias, residual, **kw)
     # A residual narrower than y (fp16 beside an fp32 GEMM) would come back in the promoted dtype.
     return result if result.dtype == residual.dtype else result.to(residual.dtype)
@@ -78,4 +81,5 @@ def linear_residual_bwd(dout: torch.Tensor, y: torch.Tensor, weight: torch.Tenso
                 got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
                 raise ValueError(f"out[{i}] must be a {y.dtype} {shape} tensor on {y.device}, got {got}")
         outputs_apart({"dout": dout, "y": y, "weight": weight}, {"out[0]": out[0], "out[1]": out[1]})
+    config_of(kw.get("config"), LinearResidualBwdConfig)
     return _linear_residual_bwd(dout, y, weight, **kw)

@@ -187,6 +187,23 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
+def _row_views_meet(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether two 2-D views with contiguous columns and one row stride share an element (None: not such views).
+    Column blocks of one buffer (the layer's d(uvqk) slices) are told apart by arithmetic, with no byte map: that
+    would allocate the buffer's size again and read a flag back (a device sync)."""
+    size = a.element_size()
+    if not (a.dim() == b.dim() == 2 and b.element_size() == size and a.stride(1) == b.stride(1) == 1):
+        return None
+    s, delta = a.stride(0), b.data_ptr() - a.data_ptr()
+    if s < 1 or b.stride(0) != s or delta % size:
+        return None
+    d = delta // size
+    (ra, wa), (rb, wb) = a.shape, b.shape
+    # row i of a covers [i s, i s + wa), row j of b [d + j s, d + j s + wb): they meet when -wb < d + (j - i) s < wa
+    lo, hi = max(1 - ra, -((wb + d - 1) // s)), min(rb - 1, (wa - 1 - d) // s)
+    return lo <= hi
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors share a byte: exact (interleaved column blocks of one buffer do not overlap). Only
     tensors of one storage whose footprints meet, and are not both contiguous, are compared element by element
@@ -198,6 +215,9 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.is_contiguous() and b.is_contiguous():  # each fills its footprint
         return True
+    rows = _row_views_meet(a, b)
+    if rows is not None:
+        return rows
     lo = min(a0, b0)
     mark = torch.zeros(max(a1, b1) - lo, dtype=torch.bool, device=a.device)
 

@@ -263,3 +263,41 @@ def test_launchers_name_a_config_of_the_wrong_class():
             with pytest.raises(ValueError, match=f"config must be a {cls}"):
                 call(config)
         assert call(spec.resolve(spec.kernel(kind).backend(backend).config)()) is not None
+
+
+def test_overlap_of_row_views_is_exact_without_a_byte_map(monkeypatch):
+    """Column blocks of one buffer (dx and du in a d(uvqk)-like buffer) were told apart by a byte map of the whole
+    buffer: an allocation of its size and a flag read back (a device sync on a GPU) per call. Row views of one
+    row stride are decided by arithmetic; every answer agrees with marking the elements one by one."""
+    import random
+
+    from kernel_templates import launch_checks
+
+    rng = random.Random(0)
+    buf = torch.zeros(400)
+
+    def view() -> torch.Tensor:
+        rows, w = rng.randint(1, 6), rng.randint(1, 8)
+        return buf.as_strided((rows, w), (rng.choice([1, 2, w, w + 3, 10]), 1), rng.randint(0, 100))
+
+    def elements(t: torch.Tensor) -> set[int]:
+        off, (s0, s1) = t.storage_offset(), t.stride()
+        return {off + i * s0 + j * s1 for i in range(t.shape[0]) for j in range(t.shape[1])}
+
+    for a, b in [(view(), view()) for _ in range(500)]:
+        assert launch_checks._overlap(a, b) == bool(elements(a) & elements(b)), (a.stride(), b.stride())
+    zeros = torch.zeros
+
+    def no_byte_map(*args, **kwargs):
+        assert kwargs.get("dtype") != torch.bool, "byte map allocated"
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", no_byte_map)
+    x, u, w, b = torch.randn(L, D), torch.randn(L, D), torch.randn(D), torch.randn(D)
+    seed = torch.tensor([1])
+    mean, rstd = torch.zeros(L), torch.ones(L)
+    d = torch.empty(L, 4 * D)
+    bwd = _launcher("ln_mul_dropout_bwd", "triton")
+    bwd(x, x, u, w, b, mean, rstd, 0.1, seed, out=(d[:, :D], d[:, D : 2 * D], None, None))
+    with pytest.raises(ValueError, match=r"out\[0\] and out\[1\] must be different tensors"):
+        bwd(x, x, u, w, b, mean, rstd, 0.1, seed, out=(d[:, :D], d[:, D - 1 : 2 * D - 1], None, None))

@@ -173,9 +173,10 @@ def test_launchers_refuse_an_output_over_an_input(device, backend):
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_done_cols_needs_a_dy_of_its_own_memory(device, backend):
-    """With ``done_cols`` d_pre is written over dy: a row-expanded dy (all rows one memory) gave gradients wrong by
-    ~10 without a word, and a dy over x or the kept pre-activation is read after it is written. Refused by name;
-    the same dy read-only (no done_cols) is an input like any other, and right."""
+    """With ``done_cols`` the Triton backend writes d_pre over dy: a row-expanded dy (all rows one memory) gave
+    gradients wrong by ~13 without a word, and a dy over x or the kept pre-activation is read after it is written.
+    Refused by name by both backends (one set of rules: the caller gives dy up); the same dy read-only (no
+    done_cols) is an input like any other, and right."""
     from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
     from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
 

@@ -229,22 +229,48 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(bytes_of(b).any())
 
 
+_MAX_COUNTED = 1 << 22  # elements of an unusual layout whose addresses are listed to find a repeat
+
+
+def _writes_twice(t: torch.Tensor) -> bool:
+    """Whether a view addresses some element more than once (a stride-0 or self-overlapping view). Strides that
+    each step past the extent of the smaller ones cannot meet; other layouts are counted out exactly from their
+    shape and strides (metadata only: nothing is read from the device)."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
+    if dims and dims[0][0] == 0:
+        return True
+    extent = 0
+    for st, n in dims:
+        if st <= extent:
+            if t.numel() > _MAX_COUNTED:  # too many to list: at least fewer addresses than elements is caught
+                return sum((n_ - 1) * st_ for st_, n_ in dims) + 1 < t.numel()
+            offsets = torch.zeros((), dtype=torch.int64)
+            for st_, n_ in dims:
+                offsets = (offsets.unsqueeze(-1) + torch.arange(n_, dtype=torch.int64) * st_).flatten()
+            return bool(offsets.unique().numel() < offsets.numel())
+        extent += (n - 1) * st
+    return False
+
+
 def outputs_apart(inputs: dict[str, torch.Tensor | None], outputs: dict[str, torch.Tensor | None]) -> None:
     """``ValueError`` naming the output unless each given output has its own memory: no element written twice
     (a stride-0 or self-overlapping view), none shared with another output or with an input (a kernel or
     ``addmm(out=)`` reads inputs while it writes: silently wrong results, not errors). Skipped while
-    torch.compile traces (fake tensors have no memory)."""
+    torch.compile traces (fake tensors have no memory). Only tensors of one storage are compared further."""
     if torch.compiler.is_compiling():
         return
-    given = [(n, t) for n, t in outputs.items() if isinstance(t, torch.Tensor) and t.numel()]
-    for i, (name, t) in enumerate(given):
-        first, end = _span(t)
-        repeats = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True))
-        if repeats or end - first < t.numel() * t.element_size():
+    given = [(n, t, t.untyped_storage().data_ptr()) for n, t in outputs.items() if _has_elements(t)]
+    reads = [(n, t, t.untyped_storage().data_ptr()) for n, t in inputs.items() if _has_elements(t)]
+    for i, (name, t, storage) in enumerate(given):
+        if _writes_twice(t):
             raise ValueError(f"{name} has elements that share memory (strides {t.stride()}): each needs its own")
-        for iname, inp in inputs.items():
-            if isinstance(inp, torch.Tensor) and _overlap(t, inp):
+        for iname, inp, other_storage in reads:
+            if other_storage == storage and _overlap(t, inp):
                 raise ValueError(f"{name} shares memory with the input {iname}: the kernel would read what it wrote")
-        for other, u in given[:i]:
-            if _overlap(t, u):
+        for other, u, other_storage in given[:i]:
+            if other_storage == storage and _overlap(t, u):
                 raise ValueError(f"{other} and {name} must be different tensors: they share memory")
+
+
+def _has_elements(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.numel() > 0

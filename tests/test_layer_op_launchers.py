@@ -301,3 +301,33 @@ def test_overlap_of_row_views_is_exact_without_a_byte_map(monkeypatch):
     bwd(x, x, u, w, b, mean, rstd, 0.1, seed, out=(d[:, :D], d[:, D : 2 * D], None, None))
     with pytest.raises(ValueError, match=r"out\[0\] and out\[1\] must be different tensors"):
         bwd(x, x, u, w, b, mean, rstd, 0.1, seed, out=(d[:, :D], d[:, D - 1 : 2 * D - 1], None, None))
+
+
+def test_an_out_view_that_addresses_an_element_twice_is_refused():
+    """``out`` of strides (3, 2) over shape (3, 4) writes element 6 twice, yet spans more addresses than it has
+    elements, so the span test passed it: the output projection and the torch GEMM + SiLU returned values wrong by
+    ~7 without a word. Every layout is now told exactly (checked against listing each view's addresses)."""
+    import itertools
+    import random
+
+    y, w, b, r = torch.randn(3, 5), torch.randn(4, 5), torch.randn(4), torch.randn(3, 4)
+    calls = {
+        "linear_residual_fwd": lambda out, c: _launcher("linear_residual_fwd", "torch")(y, w, b, r, config=c, out=out),
+        "gemm_silu": lambda out, c: _launcher("gemm_silu", "torch")(y, w, b, config=c, out=out),
+    }
+    for kind, call in calls.items():
+        config = spec.resolve(spec.kernel(kind).backend("torch").config)()
+        with pytest.raises(ValueError, match=r"out has elements that share memory \(strides \(3, 2\)\)"):
+            call(torch.zeros(100).as_strided((3, 4), (3, 2)), config)
+        spread = torch.zeros(100).as_strided((3, 4), (2, 3))  # 12 distinct addresses: taken
+        assert call(spread, config) is not None
+    from kernel_templates.launch_checks import _writes_twice
+
+    rng = random.Random(0)
+    for _ in range(500):
+        shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 3)))
+        strides = tuple(rng.randint(0, 7) for _ in shape)
+        grid = itertools.product(*map(range, shape))
+        offsets = [sum(i * s for i, s in zip(idx, strides, strict=True)) for idx in grid]
+        view = torch.empty(200).as_strided(shape, strides)
+        assert _writes_twice(view) == (len(set(offsets)) < len(offsets)), (shape, strides)

@@ -22,11 +22,14 @@ Why one function instead of chaining autograd ops:
 
 Precision: activations and GEMMs run in the compute dtype (bf16 under autocast or a bf16 model),
 LayerNorm statistics and weight/bias gradient sums in fp32 inside the kernels; parameters stay in
-their own dtype (fp32 master weights) and their gradients are returned in it.
+their own dtype (fp32 master weights) and their gradients are returned in it. The plan's dtype is the
+compute dtype: ``hstu_layer`` runs its kernels with any ambient autocast turned off (the caller picks the plan's
+dtype from it, as ``models.hstu`` does).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +198,18 @@ def _views(uvqk: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, ...]:
     return u, q.view(L, heads, d), k.view(L, heads, d), v.view(L, heads, d)
 
 
+_AUTOCAST_DEVICES = frozenset({"cuda", "cpu", "xpu", "mps", "hpu"})  # others: torch.is_autocast_enabled raises
+
+
+def _plan_precision(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device`` while the layer's kernels run: the plan's dtype sets their precision. Under an
+    ambient autocast the torch backends' GEMMs (the projections) ran in its dtype instead, rounding an fp32 plan's
+    outputs and gradients to bf16, and keep="uvqk" failed on a bf16 uvqk beside the plan-dtype weights."""
+    if device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 class HSTULayerFunction(torch.autograd.Function):
     """Forward and backward of one HSTU layer through the plan's kernels (see the module docstring)."""
 
@@ -232,6 +247,11 @@ class HSTULayerFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        with _plan_precision(dout.device):
+            return HSTULayerFunction._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
         plan: LayerPlan = ctx.plan
         cfg = plan.step
         (x, xn, mean1, rstd1, uvqk, pre, attn2, y, mean2, rstd2,
@@ -387,7 +407,8 @@ def hstu_layer(
     if x.shape[0] == 0:  # no tokens: out = x, every parameter gradient zero (no kernel launched)
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0
     seq_offsets = seq_offsets.contiguous()  # the kernels index it densely: a strided view read the wrong values
-    return HSTULayerFunction.apply(
-        unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
-        seq_offsets, seed, plan,
-    )  # fmt: skip
+    with _plan_precision(x.device):
+        return HSTULayerFunction.apply(
+            unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"],
+            p["b_o"], seq_offsets, seed, plan,
+        )  # fmt: skip

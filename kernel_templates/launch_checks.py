@@ -57,14 +57,24 @@ def width(x: torch.Tensor) -> int:
 
 def floating(device: torch.device | None, anchor: str = "x", **named: torch.Tensor | None) -> None:
     """Each named tensor (None skipped) floating-point on ``device`` (the ``anchor`` input's): the kernels would
-    truncate an integer tensor's values into an integer output, and read another device's pointer."""
+    truncate an integer tensor's values into an integer output, and read another device's pointer (a sparse
+    tensor: ``dense``)."""
     for name, t in named.items():
         if t is None:
             continue
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        dense(**{name: t})
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, {anchor} on {device}")
+
+
+def dense(**named: object) -> None:
+    """Each named tensor strided (anything else is left to the other checks): a sparse tensor has no strided
+    memory to read or write, and failed inside torch or the launcher naming no argument."""
+    for name, t in named.items():
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
 
 
 def out_rows(name: str, t: torch.Tensor, shape: tuple[int, int], device: torch.device) -> None:

@@ -331,3 +331,34 @@ def test_an_out_view_that_addresses_an_element_twice_is_refused():
         offsets = [sum(i * s for i, s in zip(idx, strides, strict=True)) for idx in grid]
         view = torch.empty(200).as_strided(shape, strides)
         assert _writes_twice(view) == (len(set(offsets)) < len(offsets)), (shape, strides)
+
+
+def test_sparse_tensors_are_named_by_every_entry():
+    """A sparse tensor has no strided memory: it failed inside torch or the launcher ("Sparse CSR tensors do not
+    have strides", "Cannot access data pointer", "reshape is not implemented for sparse tensors"), naming no
+    argument. Each entry names it."""
+    from kernel_templates.fused_ln_mul_dropout import fused_ln_mul_dropout
+
+    x, w, b, mean, rstd = _ln_inputs()
+    w2, r = torch.randn(32, D), torch.randn(L, 32)
+    calls = [
+        ("x", lambda: _launcher("layer_norm_fwd", "triton")(x.to_sparse_csr(), w, b, 1e-5, config=None)),
+        ("weight", lambda: _launcher("layer_norm_bwd", "torch")(x, x, w.to_sparse(), b, mean, rstd)),
+        ("x", lambda: fused_ln_mul_dropout(x.to_sparse(), x.to_sparse(), w, b)),
+        ("y", lambda: _launcher("linear_residual_fwd", "torch")(x.to_sparse(), w2, None, r, config=None)),
+        ("out", lambda: _launcher("linear_residual_fwd", "torch")(x, w2, None, r, config=None, out=r.to_sparse())),
+        ("pre_out", lambda: _launcher("gemm_silu", "torch")(x, w2, None, pre_out=r.to_sparse())),
+        (r"out\[1\]", lambda: _launcher("gemm_silu_bwd", "torch")(r, x, w2, None, out=(x, w2.to_sparse(), None))),
+    ]
+    for name, call in calls:
+        with pytest.raises(ValueError, match=f"{name} must be a dense \\(strided\\) tensor"):
+            call()
+    plan = plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "default")
+    params = {"ln1_w": torch.ones(D), "ln1_b": torch.zeros(D), "w_uvqk": torch.randn(256, D),
+              "b_uvqk": torch.zeros(256), "ln2_w": torch.ones(64), "ln2_b": torch.zeros(64),
+              "w_o": torch.randn(D, 64), "b_o": torch.zeros(D)}  # fmt: skip
+    off, seed = torch.tensor([0, 3, L]), torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"x must be a dense \(strided\) tensor"):
+        hstu_layer(x.to_sparse(), params, off, plan, seed)
+    with pytest.raises(ValueError, match=r"params\['w_o'\] must be a dense \(strided\) tensor"):
+        hstu_layer(x, {**params, "w_o": params["w_o"].to_sparse()}, off, plan, seed)

@@ -39,7 +39,7 @@ from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format, first_order_only
-from kernel_templates.launch_checks import dropout_p, finite_eps, seed_tensor, unit_columns
+from kernel_templates.launch_checks import dense, dropout_p, finite_eps, seed_tensor, unit_columns
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -359,6 +359,7 @@ def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerP
                 f"params[{name!r}] must have shape {shape} (hidden {hidden}, heads {plan.heads} x head_dim "
                 f"{plan.head_dim}), got {got}"
             )
+        dense(**{f"params[{name!r}]": t})
         if t.device != x.device:
             raise ValueError(f"params[{name!r}] is on {t.device}, x on {x.device}")
         if not t.is_floating_point():  # an integer projection was cast to float without a word
@@ -378,6 +379,7 @@ def _check_call(
     too: its launcher refused a bad one only after the LayerNorm, projection and attention kernels had run."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    dense(x=x)  # a sparse x failed inside torch (no strides)
     _check_plan(plan)
     _check_params(x, params, plan)
     seed_tensor(seed, x.device)

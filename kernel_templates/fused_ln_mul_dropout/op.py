@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from kernel_templates.launch_checks import dropout_p, finite_eps, unit_columns
+from kernel_templates.launch_checks import dense, dropout_p, finite_eps, unit_columns
 
 from .launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
 
@@ -82,6 +82,7 @@ def fused_ln_mul_dropout(
     for name, t in (("x", x), ("u", u), ("weight", weight), ("bias", bias)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        dense(**{name: t})  # reshape failed inside torch on a sparse x
     if x.dim() < 1 or x.shape[-1] < 1:  # a 0-wide row has no mean (and reshape(-1, 0) failed inside torch)
         raise ValueError(f"x must have a last dimension of size >= 1 (LayerNorm runs over it), got {tuple(x.shape)}")
     if x.shape != u.shape:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import config_of, floating, outputs_apart, untracked
+from kernel_templates.launch_checks import config_of, dense, floating, outputs_apart, untracked
 
 from . import torch_impl as _torch
 from . import triton_bwd as _triton
@@ -50,6 +50,7 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != x.dtype or t.device != x.device:
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"out[{i}] must be a {x.dtype} {shape} tensor on {x.device}, got {got}")
+    dense(**{"out[0]": out[0], "out[1]": out[1]})
     if bias is None and out[2] is not None:
         raise ValueError("out[2] (dbias) must be None without a bias: it would be left unwritten")
     if bias is not None:
@@ -104,6 +105,7 @@ def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         ):  # fmt: skip
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"{name} must be a {x.dtype} {(x.shape[0], n)} tensor on {x.device}, got {got}")
+        dense(**{name: t})
     out, pre_out = kw.get("out"), kw.pop("pre_out", None)
     outputs_apart({"x": x, "weight": weight, "bias": bias}, {"out": out, "pre_out": pre_out})
     if pre_out is None:

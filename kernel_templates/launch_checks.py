@@ -193,8 +193,11 @@ def fill_outs(out: tuple | None, res: tuple) -> tuple:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first, end) byte addresses of the elements ``t`` addresses (its strided footprint; strides are >= 0)."""
+    first = t.data_ptr()
+    if t.is_contiguous():
+        return first, first + t.numel() * t.element_size()
     last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    return first, first + (last + 1) * t.element_size()
 
 
 def _row_views_meet(a: torch.Tensor, b: torch.Tensor) -> bool | None:
@@ -215,10 +218,11 @@ def _row_views_meet(a: torch.Tensor, b: torch.Tensor) -> bool | None:
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors share a byte: exact (interleaved column blocks of one buffer do not overlap). Only
-    tensors of one storage whose footprints meet, and are not both contiguous, are compared element by element
+    """Whether two tensors share a byte: exact (interleaved column blocks of one buffer do not overlap). Tensors
+    on one device whose footprints meet (of one storage or not: two storages may wrap one memory, as two
+    ``from_numpy`` views of an array do) are told apart by layout where that suffices, else element by element
     (a rare case: a byte map of the shared span on their device)."""
-    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    if not a.numel() or not b.numel() or a.device != b.device:
         return False
     (a0, a1), (b0, b1) = _span(a), _span(b)
     if a1 <= b0 or b1 <= a0:
@@ -246,6 +250,8 @@ def _writes_twice(t: torch.Tensor) -> bool:
     """Whether a view addresses some element more than once (a stride-0 or self-overlapping view). Strides that
     each step past the extent of the smaller ones cannot meet; other layouts are counted out exactly from their
     shape and strides (metadata only: nothing is read from the device)."""
+    if t.is_contiguous():
+        return False
     dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
     if dims and dims[0][0] == 0:
         return True
@@ -266,21 +272,22 @@ def outputs_apart(inputs: dict[str, torch.Tensor | None], outputs: dict[str, tor
     """``ValueError`` naming the output unless each given output has its own memory: no element written twice
     (a stride-0 or self-overlapping view), none shared with another output or with an input (a kernel or
     ``addmm(out=)`` reads inputs while it writes: silently wrong results, not errors). Skipped while
-    torch.compile traces (fake tensors have no memory). Only tensors of one storage are compared further."""
+    torch.compile traces (fake tensors have no memory). Only tensors whose byte spans meet are compared further."""
     if torch.compiler.is_compiling():
         return
-    given = [(n, t, t.untyped_storage().data_ptr()) for n, t in outputs.items() if _has_elements(t)]
-    reads = [(n, t, t.untyped_storage().data_ptr()) for n, t in inputs.items() if _has_elements(t)]
-    for i, (name, t, storage) in enumerate(given):
+    given = [(n, t, _span(t)) for n, t in outputs.items() if _in_memory(t)]
+    reads = [(n, t, _span(t)) for n, t in inputs.items() if _in_memory(t)]
+    for i, (name, t, (first, end)) in enumerate(given):
         if _writes_twice(t):
             raise ValueError(f"{name} has elements that share memory (strides {t.stride()}): each needs its own")
-        for iname, inp, other_storage in reads:
-            if other_storage == storage and _overlap(t, inp):
+        for iname, inp, (i0, i1) in reads:
+            if i0 < end and first < i1 and _overlap(t, inp):
                 raise ValueError(f"{name} shares memory with the input {iname}: the kernel would read what it wrote")
-        for other, u, other_storage in given[:i]:
-            if other_storage == storage and _overlap(t, u):
+        for other, u, (u0, u1) in given[:i]:
+            if u0 < end and first < u1 and _overlap(t, u):
                 raise ValueError(f"{other} and {name} must be different tensors: they share memory")
 
 
-def _has_elements(t: object) -> bool:
-    return isinstance(t, torch.Tensor) and t.numel() > 0
+def _in_memory(t: object) -> bool:
+    """A tensor with elements in memory (a meta tensor has none: every one's address is 0)."""
+    return isinstance(t, torch.Tensor) and t.numel() > 0 and t.device.type != "meta"

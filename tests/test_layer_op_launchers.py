@@ -362,3 +362,24 @@ def test_sparse_tensors_are_named_by_every_entry():
         hstu_layer(x.to_sparse(), params, off, plan, seed)
     with pytest.raises(ValueError, match=r"params\['w_o'\] must be a dense \(strided\) tensor"):
         hstu_layer(x, {**params, "w_o": params["w_o"].to_sparse()}, off, plan, seed)
+
+
+def test_an_out_over_an_input_is_found_across_storages():
+    """Two storages may wrap one memory (``from_numpy`` of two slices of an array): the overlap test compared
+    storages first, took an ``out`` two rows into y, and ``addmm(out=)`` returned values wrong without a word.
+    Byte spans decide now; tensors of no memory (meta) are not compared."""
+    import numpy as np
+
+    from kernel_templates.launch_checks import outputs_apart
+
+    arr = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    y, out = torch.from_numpy(arr[:6]), torch.from_numpy(arr[2:8])
+    assert y.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+    launch = _launcher("linear_residual_fwd", "torch")
+    config = spec.resolve(spec.kernel("linear_residual_fwd").backend("torch").config)("addmm")
+    with pytest.raises(ValueError, match="out shares memory with the input y"):
+        launch(y, torch.randn(8, 8), None, torch.randn(6, 8), config=config, out=out)
+    apart = torch.from_numpy(arr[6:])
+    assert launch(y[:4], torch.randn(8, 8), None, torch.randn(4, 8), config=config, out=apart) is apart
+    meta = torch.empty(6, 8, device="meta")
+    outputs_apart({"y": meta}, {"out": torch.empty(6, 8, device="meta")})  # no memory to share

@@ -5,14 +5,16 @@ The LayerNorm-family Triton kernels read 1-D parameters and row statistics as co
 the tensors they are given. These checks run in front of them (``<op>/launch.py``, the launchers the
 specs name), so a strided weight is made contiguous instead of read wrongly, and a short ``dout``,
 ``mean`` or ``out`` buffer, an integer tensor, a tensor on another device, an ``out`` buffer whose
-columns are strided or whose rows overlap, or a seed that is not one integer is a ``ValueError`` naming
-it instead of an out-of-bounds access or a silently wrong result.
+columns are strided or whose rows overlap, an output that shares memory with an input or another output
+(``outputs_apart``), or a seed that is not one integer is a ``ValueError`` naming it instead of an
+out-of-bounds access or a silently wrong result.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +39,14 @@ def untracked(launcher: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def config_of(config: Any, cls: type, optional: bool = False) -> None:
+    """``config`` an instance of the kernel's config class (or None where the kernel picks its default): another
+    object failed inside the kernel's launcher as an AttributeError naming an attribute, not the argument."""
+    if not isinstance(config, cls) and not (optional and config is None):
+        allowed = f"a {cls.__name__}" + (" or None" if optional else "")
+        raise ValueError(f"config must be {allowed}, got {type(config).__name__}")
+
+
 def width(x: torch.Tensor) -> int:
     """D of a 2-D (rows, D) floating-point input with D >= 1 (a 0-wide row has no mean), named ``x`` otherwise."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] < 1:
@@ -47,14 +57,24 @@ def width(x: torch.Tensor) -> int:
 
 def floating(device: torch.device | None, anchor: str = "x", **named: torch.Tensor | None) -> None:
     """Each named tensor (None skipped) floating-point on ``device`` (the ``anchor`` input's): the kernels would
-    truncate an integer tensor's values into an integer output, and read another device's pointer."""
+    truncate an integer tensor's values into an integer output, and read another device's pointer (a sparse
+    tensor: ``dense``)."""
     for name, t in named.items():
         if t is None:
             continue
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        dense(**{name: t})
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, {anchor} on {device}")
+
+
+def dense(**named: object) -> None:
+    """Each named tensor strided (anything else is left to the other checks): a sparse tensor has no strided
+    memory to read or write, and failed inside torch or the launcher naming no argument."""
+    for name, t in named.items():
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
 
 
 def out_rows(name: str, t: torch.Tensor, shape: tuple[int, int], device: torch.device) -> None:
@@ -77,15 +97,16 @@ def seed_tensor(seed: torch.Tensor, device: torch.device) -> None:
 
 
 def finite_eps(eps: object) -> float:
-    """``eps`` as a float, when it is a positive finite number (NaN passes an ``eps <= 0`` test)."""
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < float(eps) < math.inf:
+    """``eps`` as a float, when it is a positive finite real number (NaN passes an ``eps <= 0`` test; a NumPy
+    scalar is one)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0.0 < float(eps) < math.inf:
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
     return float(eps)
 
 
 def dropout_p(p: object) -> float:
-    """``p`` as a float, when it is a number in [0, 1) (a string or bool would reach the kernel's comparison)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+    """``p`` as a float, when it is a real number in [0, 1) (a string or bool would reach the kernel's comparison)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) < 1.0:
         raise ValueError(f"dropout p must be a number in [0, 1), got {p!r}")
     return float(p)
 
@@ -172,21 +193,45 @@ def fill_outs(out: tuple | None, res: tuple) -> tuple:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first, end) byte addresses of the elements ``t`` addresses (its strided footprint; strides are >= 0)."""
+    first = t.data_ptr()
+    if t.is_contiguous():
+        return first, first + t.numel() * t.element_size()
     last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    return first, first + (last + 1) * t.element_size()
+
+
+def _row_views_meet(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """Whether two 2-D views with contiguous columns and one row stride share an element (None: not such views).
+    Column blocks of one buffer (the layer's d(uvqk) slices) are told apart by arithmetic, with no byte map: that
+    would allocate the buffer's size again and read a flag back (a device sync)."""
+    size = a.element_size()
+    if not (a.dim() == b.dim() == 2 and b.element_size() == size and a.stride(1) == b.stride(1) == 1):
+        return None
+    s, delta = a.stride(0), b.data_ptr() - a.data_ptr()
+    if s < 1 or b.stride(0) != s or delta % size:
+        return None
+    d = delta // size
+    (ra, wa), (rb, wb) = a.shape, b.shape
+    # row i of a covers [i s, i s + wa), row j of b [d + j s, d + j s + wb): they meet when -wb < d + (j - i) s < wa
+    lo, hi = max(1 - ra, -((wb + d - 1) // s)), min(rb - 1, (wa - 1 - d) // s)
+    return lo <= hi
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors share a byte: exact (interleaved column blocks of one buffer do not overlap). Only
-    tensors of one storage whose footprints meet, and are not both contiguous, are compared element by element
+    """Whether two tensors share a byte: exact (interleaved column blocks of one buffer do not overlap). Tensors
+    on one device whose footprints meet (of one storage or not: two storages may wrap one memory, as two
+    ``from_numpy`` views of an array do) are told apart by layout where that suffices, else element by element
     (a rare case: a byte map of the shared span on their device)."""
-    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    if not a.numel() or not b.numel() or a.device != b.device:
         return False
     (a0, a1), (b0, b1) = _span(a), _span(b)
     if a1 <= b0 or b1 <= a0:
         return False
     if a.is_contiguous() and b.is_contiguous():  # each fills its footprint
         return True
+    rows = _row_views_meet(a, b)
+    if rows is not None:
+        return rows
     lo = min(a0, b0)
     mark = torch.zeros(max(a1, b1) - lo, dtype=torch.bool, device=a.device)
 
@@ -198,22 +243,51 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(bytes_of(b).any())
 
 
+_MAX_COUNTED = 1 << 22  # elements of an unusual layout whose addresses are listed to find a repeat
+
+
+def _writes_twice(t: torch.Tensor) -> bool:
+    """Whether a view addresses some element more than once (a stride-0 or self-overlapping view). Strides that
+    each step past the extent of the smaller ones cannot meet; other layouts are counted out exactly from their
+    shape and strides (metadata only: nothing is read from the device)."""
+    if t.is_contiguous():
+        return False
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
+    if dims and dims[0][0] == 0:
+        return True
+    extent = 0
+    for st, n in dims:
+        if st <= extent:
+            if t.numel() > _MAX_COUNTED:  # too many to list: at least fewer addresses than elements is caught
+                return sum((n_ - 1) * st_ for st_, n_ in dims) + 1 < t.numel()
+            offsets = torch.zeros((), dtype=torch.int64)
+            for st_, n_ in dims:
+                offsets = (offsets.unsqueeze(-1) + torch.arange(n_, dtype=torch.int64) * st_).flatten()
+            return bool(offsets.unique().numel() < offsets.numel())
+        extent += (n - 1) * st
+    return False
+
+
 def outputs_apart(inputs: dict[str, torch.Tensor | None], outputs: dict[str, torch.Tensor | None]) -> None:
     """``ValueError`` naming the output unless each given output has its own memory: no element written twice
     (a stride-0 or self-overlapping view), none shared with another output or with an input (a kernel or
     ``addmm(out=)`` reads inputs while it writes: silently wrong results, not errors). Skipped while
-    torch.compile traces (fake tensors have no memory)."""
+    torch.compile traces (fake tensors have no memory). Only tensors whose byte spans meet are compared further."""
     if torch.compiler.is_compiling():
         return
-    given = [(n, t) for n, t in outputs.items() if isinstance(t, torch.Tensor) and t.numel()]
-    for i, (name, t) in enumerate(given):
-        first, end = _span(t)
-        repeats = any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True))
-        if repeats or end - first < t.numel() * t.element_size():
+    given = [(n, t, _span(t)) for n, t in outputs.items() if _in_memory(t)]
+    reads = [(n, t, _span(t)) for n, t in inputs.items() if _in_memory(t)]
+    for i, (name, t, (first, end)) in enumerate(given):
+        if _writes_twice(t):
             raise ValueError(f"{name} has elements that share memory (strides {t.stride()}): each needs its own")
-        for iname, inp in inputs.items():
-            if isinstance(inp, torch.Tensor) and _overlap(t, inp):
+        for iname, inp, (i0, i1) in reads:
+            if i0 < end and first < i1 and _overlap(t, inp):
                 raise ValueError(f"{name} shares memory with the input {iname}: the kernel would read what it wrote")
-        for other, u in given[:i]:
-            if _overlap(t, u):
+        for other, u, (u0, u1) in given[:i]:
+            if u0 < end and first < u1 and _overlap(t, u):
                 raise ValueError(f"{other} and {name} must be different tensors: they share memory")
+
+
+def _in_memory(t: object) -> bool:
+    """A tensor with elements in memory (a meta tensor has none: every one's address is 0)."""
+    return isinstance(t, torch.Tensor) and t.numel() > 0 and t.device.type != "meta"

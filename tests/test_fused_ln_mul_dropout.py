@@ -266,3 +266,58 @@ def test_zero_rows_give_empty_grads_and_zero_parameter_grads(device, backend):
     wr, br = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
     fused_ln_mul_dropout(x, u, wr, br, p=0.1, seed=1).sum().backward()
     assert x.grad.shape == u.grad.shape == (0, d) and not wr.grad.any() and not br.grad.any()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_output_buffers_over_an_input_or_each_other_are_refused(device, backend):
+    """An ``out`` over u (or x, one row on) was read after the kernel wrote it, and ``out=(dx, du, dw, dw)`` returned
+    dbias in both: silently wrong. Column blocks of one d(uvqk)-like buffer do not overlap: taken, and right."""
+    from kernel_templates.fused_ln_mul_dropout import launch
+
+    fwd = launch.ln_mul_dropout_fwd if backend == "triton" else launch.ln_mul_dropout_fwd_torch
+    bwd = launch.ln_mul_dropout_bwd if backend == "triton" else launch.ln_mul_dropout_bwd_torch
+    x, u, w, b = _inputs(device, rows=8, d=16)
+    seed = torch.tensor([3], device=device)
+    with pytest.raises(ValueError, match="out shares memory with the input u"):
+        fwd(x, u, w, b, 1e-5, 0.2, seed, out=u)
+    buf = torch.cat([x, x[-1:]])
+    with pytest.raises(ValueError, match="out shares memory with the input x"):
+        fwd(buf[:8], u, w, b, 1e-5, 0.2, seed, out=buf[1:])
+    _, mean, rstd = launch.ln_mul_dropout_fwd(x, u, w, b, 1e-5, 0.2, seed)
+    dout, dwb, d = torch.randn_like(x), torch.empty_like(w), torch.empty(8, 64, device=device)
+    bad = [
+        ((d[:, :16], d[:, 16:32], dwb, dwb), r"out\[2\] and out\[3\] must be different tensors"),
+        ((d[:, :16], d[:, 8:24], None, None), r"out\[0\] and out\[1\] must be different tensors"),
+        ((dout, d[:, :16], None, None), r"out\[0\] shares memory with the input dout"),
+        ((d[:, :16], d[:, 16:32], torch.empty_like(w), b), r"out\[3\] shares memory with the input bias"),
+    ]
+    for out, match in bad:
+        with pytest.raises(ValueError, match=match):
+            bwd(dout, x, u, w, b, mean, rstd, 0.2, seed, out=out)
+    got = bwd(dout, x, u, w, b, mean, rstd, 0.2, seed, out=(d[:, :16], d[:, 16:32], torch.empty_like(w), dwb))
+    want = launch.ln_mul_dropout_bwd(dout, x, u, w, b, mean, rstd, 0.2, seed)
+    for g, t in zip(got, want, strict=True):
+        assert (g - t).abs().max() < 1e-4
+
+
+def test_public_call_names_bad_tensors_eps_and_seeds(device):
+    """A list for x was an AttributeError, x of width 0 a reshape error inside torch, an eps of None or "a" an error
+    from ``float()`` naming nothing, and ``eps=True`` ran as eps 1.0, a bool seed as seed 1. A NumPy eps is a number."""
+    import numpy as np
+
+    x, u, w, b = _inputs(device, rows=4, d=16)
+    for i, name in enumerate(("x", "u", "weight", "bias")):
+        args = [x, u, w, b]
+        args[i] = args[i].tolist()
+        with pytest.raises(ValueError, match=f"{name} must be a torch.Tensor"):
+            fused_ln_mul_dropout(*args)
+    with pytest.raises(ValueError, match="x must have a last dimension of size >= 1"):
+        fused_ln_mul_dropout(x[:, :0], u[:, :0], w[:0], b[:0])
+    for eps in (None, "a", True, float("nan"), 0.0):
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            fused_ln_mul_dropout(x, u, w, b, eps=eps)
+    with pytest.raises(ValueError, match="seed must be an int"):
+        fused_ln_mul_dropout(x, u, w, b, p=0.2, seed=True)
+    want = fused_ln_mul_dropout(x, u, w, b, eps=1e-5, p=0.2, seed=5)
+    got = fused_ln_mul_dropout(x, u, w, b, eps=np.float32(1e-5), p=np.float64(0.2), seed=np.int64(5))
+    assert torch.allclose(got, want, atol=1e-6)

@@ -169,3 +169,31 @@ def test_launchers_refuse_an_output_over_an_input(device, backend):
         launch(dy, x, w, b, out=(torch.empty_like(x), w, torch.empty_like(b)), **kw)
     with pytest.raises(ValueError, match=r"out\[2\] shares memory with the input bias"):
         launch(dy, x, w, b, out=(torch.empty_like(x), torch.empty_like(w), b), **kw)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_done_cols_needs_a_dy_of_its_own_memory(device, backend):
+    """With ``done_cols`` the Triton backend writes d_pre over dy: a row-expanded dy (all rows one memory) gave
+    gradients wrong by ~13 without a word, and a dy over x or the kept pre-activation is read after it is written.
+    Refused by name by both backends (one set of rules: the caller gives dy up); the same dy read-only (no
+    done_cols) is an input like any other, and right."""
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd as triton_launch
+    from kernel_templates.gemm_silu.launch import gemm_silu_bwd_torch as torch_launch
+
+    launch = triton_launch if backend == "triton" else torch_launch
+    kw = {"config": _cfg(device)} if backend == "triton" else {}
+    dy, x, w, b = _inputs(device, 8)
+    pre = x @ w.t() + b
+    done = {"done_cols": 16, "done_db": torch.zeros(16, device=device)}
+    with pytest.raises(ValueError, match=r"dy \(written with done_cols\) has elements that share memory"):
+        launch(dy[:1].expand(8, 80), x, w, b, pre=pre, **done, **kw)
+    with pytest.raises(ValueError, match=r"dy \(written with done_cols\) shares memory with the input pre"):
+        launch(pre, x, w, b, pre=pre, **done, **kw)
+    buf = torch.randn(8 * 80 + 8 * 48, device=device)
+    with pytest.raises(ValueError, match=r"dy \(written with done_cols\) shares memory with the input x"):
+        launch(buf[: 8 * 80].view(8, 80), buf[8 * 40 : 8 * 40 + 8 * 48].view(8, 48), w, b, pre=pre, **done, **kw)
+    expanded = dy[:1].expand(8, 80)
+    got = launch(expanded, x, w, b, pre=pre, **kw)
+    want = gemm_silu_bwd_reference(expanded.contiguous(), x, w, b)
+    for g, t in zip(got, want, strict=True):
+        assert _err(g, t) < 1e-4

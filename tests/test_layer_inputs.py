@@ -163,3 +163,28 @@ def test_a_bad_plan_is_a_value_error_naming_it():
             layer_norm(x, p["ln1_w"], p["ln1_b"], EPS, bad)
     with pytest.raises(ValueError, match="heads must be a positive int"):
         plan_layer(torch.float32, True, 32, 32, 0.1, EPS, 0.0, "default")
+
+
+@pytest.mark.parametrize("keep", ["pre+uvqk", "uvqk"])
+def test_an_ambient_autocast_leaves_the_plans_precision(keep):
+    """The plan fixes the compute dtype. Under an ambient autocast the torch backends' GEMMs ran in its dtype:
+    an fp32 plan's output and gradients came back rounded to bf16 (errors ~0.03 and ~0.1), and keep="uvqk"
+    failed on a bf16 uvqk beside fp32 weights ("weight must be torch.bfloat16 like y"). Forward and backward
+    under autocast now match the call without it."""
+    hidden, heads, d, lengths = 64, 2, 32, [3, 5]
+    off, p = _offsets(lengths), _params(hidden, heads, d)
+    x = torch.randn(int(off[-1]), hidden, generator=torch.Generator().manual_seed(2))
+    plan = plan_layer(torch.float32, heads, d, max(lengths), 1 / math.sqrt(d), EPS, 0.0, "default", keep=keep)
+    seed = torch.zeros(1, dtype=torch.int64)
+
+    def call(xs, ps):
+        return hstu_layer(xs, ps, off, plan, seed, validate="full")
+
+    dout = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    want, want_grads = _grads(call, x, p, dout)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, grads = _grads(call, x, p, dout)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for name, g in want_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=0, atol=0, msg=lambda m, n=name: f"d{n}: {m}")

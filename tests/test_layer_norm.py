@@ -266,3 +266,38 @@ def test_zero_rows_give_an_empty_dx_and_zero_parameter_grads(device, backend):
         layer_norm(x, wr, br, EPS, plan).float().sum().backward()
         assert x.grad.shape == (0, d) and x.grad.dtype == dtype
         assert wr.grad.shape == br.grad.shape == (d,) and not wr.grad.any() and not br.grad.any()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_output_buffers_over_an_input_or_each_other_are_refused(device, backend):
+    """The kernels read x, dy and residual_grad row block by row block while they write ``out``: an ``out`` one row
+    past x came back wrong without a word (a later block read rows an earlier one had overwritten), and
+    ``out=(dx, dw, dw)`` returned dbias in both, as did a dweight over dx's first row."""
+    from kernel_templates.layer_norm import launch
+
+    fcfg, bcfg = _cfgs(device)
+    fwd = launch.layer_norm_fwd if backend == "triton" else launch.layer_norm_fwd_torch
+    bwd = launch.layer_norm_bwd if backend == "triton" else launch.layer_norm_bwd_torch
+    x, w, b = _inputs(device, 8, 16, torch.float32)
+    buf = torch.empty(9, 16, device=device)
+    buf[:8] = x
+    with pytest.raises(ValueError, match="out shares memory with the input x"):
+        fwd(buf[:8], w, b, EPS, config=fcfg, out=buf[1:])
+    with pytest.raises(ValueError, match="out shares memory with the input weight"):
+        fwd(x[:1], w, b, EPS, config=fcfg, out=w.view(1, 16))
+    _, mean, rstd = layer_norm_fwd(x, w, b, EPS, config=fcfg)
+    dy, flat, dwb = torch.randn_like(x), torch.empty(8 * 16, device=device), torch.empty_like(w)
+    bad = [
+        ({"out": (torch.empty_like(x), dwb, dwb)}, r"out\[1\] and out\[2\] must be different tensors"),
+        ({"out": (flat.view(8, 16), flat[:16], torch.empty_like(b))}, r"out\[0\] and out\[1\] must be different"),
+        ({"out": (dy, None, None)}, r"out\[0\] shares memory with the input dy"),
+        ({"out": (flat.view(8, 16), None, None), "residual_grad": flat.view(8, 16)}, "input residual_grad"),
+        ({"out": (torch.empty_like(x), torch.empty_like(w), b)}, r"out\[2\] shares memory with the input bias"),
+    ]
+    for kw, match in bad:
+        with pytest.raises(ValueError, match=match):
+            bwd(dy, x, w, b, mean, rstd, config=bcfg, **kw)
+    got = bwd(dy, x, w, b, mean, rstd, config=bcfg, out=(torch.empty_like(x), torch.empty_like(w), dwb))
+    want = layer_norm_bwd_torch(dy, x, w, b, mean, rstd)
+    for g, t in zip(got, want, strict=True):
+        assert _err(g, t) < 1e-4

@@ -100,3 +100,21 @@ def test_launcher_refuses_an_out_over_its_gemm_operands(mode):
     r2 = r.clone()
     torch.testing.assert_close(launch(y, w, b, r2, config=cfg, out=r2), want)
     torch.testing.assert_close(r2, want)
+
+
+@pytest.mark.parametrize("mode", ["linear_add", "addmm"])
+def test_launcher_names_an_out_over_part_of_the_residual(mode):
+    """``out`` one row past the residual, or its transpose, failed inside torch with a RuntimeError naming neither
+    argument; it is a ValueError naming both. The residual itself (an in-place add) stays right."""
+    from kernel_templates.linear_residual.launch import linear_residual as launch
+
+    cfg = LinearResidualConfig(mode)
+    gen = torch.Generator().manual_seed(0)
+    y, w, b = torch.randn(8, 8, generator=gen), torch.randn(8, 8, generator=gen), torch.randn(8, generator=gen)
+    buf = torch.randn(9, 8, generator=gen)
+    sq = torch.randn(8, 8, generator=gen)
+    for r, out in ((buf[1:], buf[:8]), (buf[:8], buf[1:]), (sq, sq.t())):
+        with pytest.raises(ValueError, match="out shares memory with the input residual"):
+            launch(y, w, b, r, config=cfg, out=out)
+    want = sq + F.linear(y, w, b)
+    torch.testing.assert_close(launch(y, w, b, sq, config=cfg, out=sq), want)

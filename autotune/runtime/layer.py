@@ -22,11 +22,14 @@ Why one function instead of chaining autograd ops:
 
 Precision: activations and GEMMs run in the compute dtype (bf16 under autocast or a bf16 model),
 LayerNorm statistics and weight/bias gradient sums in fp32 inside the kernels; parameters stay in
-their own dtype (fp32 master weights) and their gradients are returned in it.
+their own dtype (fp32 master weights) and their gradients are returned in it. The plan's dtype is the
+compute dtype: ``hstu_layer`` runs its kernels with any ambient autocast turned off (the caller picks the plan's
+dtype from it, as ``models.hstu`` does).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +39,7 @@ from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
 from kernel_templates.hstu_attention.op import check_offsets_format, first_order_only
-from kernel_templates.launch_checks import dropout_p, finite_eps, unit_columns
+from kernel_templates.launch_checks import dense, dropout_p, finite_eps, seed_tensor, unit_columns
 
 LAYER_KERNELS = (
     "layer_norm_fwd",
@@ -195,6 +198,18 @@ def _views(uvqk: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, ...]:
     return u, q.view(L, heads, d), k.view(L, heads, d), v.view(L, heads, d)
 
 
+_AUTOCAST_DEVICES = frozenset({"cuda", "cpu", "xpu", "mps", "hpu"})  # others: torch.is_autocast_enabled raises
+
+
+def _plan_precision(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device`` while the layer's kernels run: the plan's dtype sets their precision. Under an
+    ambient autocast the torch backends' GEMMs (the projections) ran in its dtype instead, rounding an fp32 plan's
+    outputs and gradients to bf16, and keep="uvqk" failed on a bf16 uvqk beside the plan-dtype weights."""
+    if device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 class HSTULayerFunction(torch.autograd.Function):
     """Forward and backward of one HSTU layer through the plan's kernels (see the module docstring)."""
 
@@ -232,6 +247,11 @@ class HSTULayerFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        with _plan_precision(dout.device):
+            return HSTULayerFunction._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
         plan: LayerPlan = ctx.plan
         cfg = plan.step
         (x, xn, mean1, rstd1, uvqk, pre, attn2, y, mean2, rstd2,
@@ -339,6 +359,7 @@ def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerP
                 f"params[{name!r}] must have shape {shape} (hidden {hidden}, heads {plan.heads} x head_dim "
                 f"{plan.head_dim}), got {got}"
             )
+        dense(**{f"params[{name!r}]": t})
         if t.device != x.device:
             raise ValueError(f"params[{name!r}] is on {t.device}, x on {x.device}")
         if not t.is_floating_point():  # an integer projection was cast to float without a word
@@ -346,14 +367,22 @@ def _check_params(x: torch.Tensor, params: dict[str, torch.Tensor], plan: LayerP
 
 
 def _check_call(
-    x: torch.Tensor, params: dict[str, torch.Tensor], seq_offsets: torch.Tensor, plan: LayerPlan, mode: str
+    x: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    seq_offsets: torch.Tensor,
+    plan: LayerPlan,
+    seed: torch.Tensor,
+    mode: str,
 ) -> None:
     """The attention op's input rules for the layer's call (``ValueError`` naming the argument); the offsets
-    as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async")."""
+    as ``hstu_attention`` checks them in ``mode`` (a device assertion on a GPU for "async"). The dropout seed
+    too: its launcher refused a bad one only after the LayerNorm, projection and attention kernels had run."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (L, hidden) tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    dense(x=x)  # a sparse x failed inside torch (no strides)
     _check_plan(plan)
     _check_params(x, params, plan)
+    seed_tensor(seed, x.device)
     check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend
     ops.check_call_offsets(backend, mode, seq_offsets, None, x.shape[0], plan.max_seq_len)
@@ -375,12 +404,13 @@ def hstu_layer(
     """
     mode = validate_mode(validate)
     if mode != "none":
-        _check_call(x, params, seq_offsets, plan, mode)
+        _check_call(x, params, seq_offsets, plan, seed, mode)
     p = params
     if x.shape[0] == 0:  # no tokens: out = x, every parameter gradient zero (no kernel launched)
         return x + sum(t.sum() for t in p.values()).to(x.dtype) * 0
     seq_offsets = seq_offsets.contiguous()  # the kernels index it densely: a strided view read the wrong values
-    return HSTULayerFunction.apply(
-        unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"], p["b_o"],
-        seq_offsets, seed, plan,
-    )  # fmt: skip
+    with _plan_precision(x.device):
+        return HSTULayerFunction.apply(
+            unit_columns(x), p["ln1_w"], p["ln1_b"], p["w_uvqk"], p["b_uvqk"], p["ln2_w"], p["ln2_b"], p["w_o"],
+            p["b_o"], seq_offsets, seed, plan,
+        )  # fmt: skip

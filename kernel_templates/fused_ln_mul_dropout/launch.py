@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    config_of,
     dense_if_empty,
     dropout_p,
     fill_outs,
@@ -16,6 +17,7 @@ from kernel_templates.launch_checks import (
     floating,
     grad_outs,
     out_rows,
+    outputs_apart,
     row_stats,
     same_shape,
     seed_tensor,
@@ -26,6 +28,9 @@ from kernel_templates.launch_checks import (
 
 from . import torch_impl as _torch
 from . import triton_ln_mul_dropout as _k
+from .config import LnMulDropoutBwdConfig, LnMulDropoutFwdConfig
+
+_BWD_OUTS = ("out[0]", "out[1]", "out[2]", "out[3]")
 
 
 def _inputs(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, seed: torch.Tensor) -> list:
@@ -42,6 +47,7 @@ def _fwd_args(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torc
     weight, bias = _inputs(x, u, weight, bias, seed)
     if kw.get("out") is not None:
         out_rows("out", kw["out"], tuple(x.shape), x.device)
+        outputs_apart({"x": x, "u": u, "weight": weight, "bias": bias, "seed": seed}, {"out": kw["out"]})
     return weight, bias, finite_eps(eps), dropout_p(p)
 
 
@@ -56,31 +62,11 @@ def _bwd_args(do: torch.Tensor, x: torch.Tensor, u: torch.Tensor, weight: torch.
     if kw.get("silu_pre") is not None:
         same_shape("silu_pre", kw["silu_pre"], tuple(x.shape))
         floating(x.device, silu_pre=kw["silu_pre"])
-    if out is not None and _overlap(out[0], out[1]):
-        raise ValueError("out[0] (dx) and out[1] (du) share memory: each needs its own buffer")
+    if out is not None:
+        inputs = {"dout": do, "x": x, "u": u, "weight": weight, "bias": bias, "mean": mean, "rstd": rstd}
+        inputs.update(seed=seed, silu_pre=kw.get("silu_pre"))
+        outputs_apart(inputs, dict(zip(_BWD_OUTS, out, strict=True)))
     return weight, bias, mean, rstd, dropout_p(p)
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two buffers share an element: exact for row views of one buffer (column blocks of a d(uvqk)-like
-    buffer interleave but do not overlap), else whether their byte spans meet."""
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or not a.numel() or not b.numel():
-        return False
-    same_rows = a.dim() == b.dim() == 2 and a.stride(1) == b.stride(1) == 1 and a.stride(0) == b.stride(0) > 0
-    delta, size = b.data_ptr() - a.data_ptr(), a.element_size()
-    if same_rows and b.element_size() == size and delta % size == 0:
-        s, d = a.stride(0), delta // size
-        (ra, wa), (rb, wb) = a.shape, b.shape
-        # rows i of a and j of b meet when -wb < d + (j - i) s < wa, for some j - i in [1 - ra, rb - 1]
-        lo, hi = max(1 - ra, -((wb + d - 1) // s)), min(rb - 1, (wa - 1 - d) // s)
-        return lo <= hi
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
 
 
 def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -88,6 +74,7 @@ def ln_mul_dropout_fwd(x: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, b
     """(out, mean, rstd) for 2-D x, u of shape (L, D) (rows may be strided, columns contiguous)."""
     x, u = dense_if_empty(x), dense_if_empty(u)
     weight, bias, eps, p = _fwd_args(x, u, weight, bias, eps, p, seed, kw)
+    config_of(kw.get("config"), LnMulDropoutFwdConfig, optional=True)
     return _k.ln_mul_dropout_fwd(x, u, weight, bias, eps, p, seed, **kw)
 
 
@@ -101,6 +88,7 @@ def ln_mul_dropout_bwd(
     if "silu_pre" in kw:
         kw["silu_pre"] = dense_if_empty(kw["silu_pre"])
     weight, bias, mean, rstd, p = _bwd_args(do, x, u, weight, bias, mean, rstd, p, seed, kw)
+    config_of(kw.get("config"), LnMulDropoutBwdConfig, optional=True)
     return _k.ln_mul_dropout_bwd(do, x, u, weight, bias, mean, rstd, p, seed, **kw)
 
 

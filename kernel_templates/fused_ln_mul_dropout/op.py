@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from kernel_templates.launch_checks import dropout_p, unit_columns
+from kernel_templates.launch_checks import dense, dropout_p, finite_eps, unit_columns
 
 from .launch import ln_mul_dropout_bwd, ln_mul_dropout_fwd
 
@@ -79,15 +79,19 @@ def fused_ln_mul_dropout(
     x and u must share a shape and dtype (cast under autocast first). The dropout seed is drawn on
     x's device from torch's generator when not given (``torch.manual_seed`` makes runs repeatable).
     """
-    if x.dim() < 1:
-        raise ValueError("x must have at least one dimension (LayerNorm runs over the last), got a scalar")
+    for name, t in (("x", x), ("u", u), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        dense(**{name: t})  # reshape failed inside torch on a sparse x
+    if x.dim() < 1 or x.shape[-1] < 1:  # a 0-wide row has no mean (and reshape(-1, 0) failed inside torch)
+        raise ValueError(f"x must have a last dimension of size >= 1 (LayerNorm runs over it), got {tuple(x.shape)}")
     if x.shape != u.shape:
         raise ValueError(f"x and u must share a shape, got {tuple(x.shape)} and {tuple(u.shape)}")
     if x.dtype != u.dtype:
         raise ValueError(f"x and u must share a dtype, got {x.dtype} and {u.dtype}")
     if weight.shape != (x.shape[-1],) or bias.shape != (x.shape[-1],):
         raise ValueError(f"weight and bias must have shape ({x.shape[-1]},)")
-    p = dropout_p(p)  # checked in eval mode too
+    p, eps = dropout_p(p), finite_eps(eps)  # checked in eval mode too; float(eps) took True, named no argument
     if not training:
         p = 0.0
     if seed is None:
@@ -105,13 +109,16 @@ def fused_ln_mul_dropout(
         seed_t = torch.tensor([_int64_seed(seed)], dtype=torch.int64, device=x.device)
     d = x.shape[-1]
     x2, u2 = unit_columns(x.reshape(-1, d)), unit_columns(u.reshape(-1, d))
-    out, _, _ = ln_mul_dropout_fwd_op(x2, u2, weight, bias, float(eps), p, seed_t)
+    out, _, _ = ln_mul_dropout_fwd_op(x2, u2, weight, bias, eps, p, seed_t)
     return out.view(x.shape)
 
 
 def _int64_seed(seed: object) -> int:
-    """``seed`` as the int64 the kernels draw from: an int (not a float, which int() would truncate) in range."""
+    """``seed`` as the int64 the kernels draw from: an int (not a float, which int() would truncate, nor a bool, as
+    the launchers refuse a bool seed tensor) in range."""
     try:
+        if isinstance(seed, bool):
+            raise TypeError
         value = operator.index(seed)
     except TypeError:
         raise ValueError(f"seed must be an int or a one-element integer tensor, got {seed!r}") from None

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating, outputs_apart, untracked
+from kernel_templates.launch_checks import config_of, dense, floating, outputs_apart, untracked
 
 from . import torch_impl as _torch
 from . import triton_bwd as _triton
+from .bwd_config import GemmSiluBwdConfig
 
 
 def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, **more: torch.Tensor | None) -> None:
@@ -30,11 +31,15 @@ def _gemm_operands(x: torch.Tensor, weight: torch.Tensor, **more: torch.Tensor |
 
 
 def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   pre: torch.Tensor | None, out: Any) -> None:  # fmt: skip
-    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``)."""
+                   pre: torch.Tensor | None, out: Any, done_cols: object = 0) -> None:  # fmt: skip
+    """dtype, device and ``out`` rules of both backends (shapes of dy, pre and bias: ``triton_bwd._validate``).
+    With ``done_cols`` d_pre is written over dy, which then needs memory of its own as an output does: over rows
+    that share memory (an expanded dy) or over an operand the GEMMs read, the gradients came back wrong."""
     _gemm_operands(x, weight, dy=dy, bias=bias, pre=pre)
     if pre is None and bias is not None and bias.dtype != x.dtype:  # the recompute GEMM adds it in its epilogue
         raise ValueError(f"bias must be {x.dtype} like x to recompute the pre-activation, got {bias.dtype}")
+    if done_cols and not isinstance(done_cols, bool):  # check_done_cols names a bad value
+        outputs_apart({"x": x, "weight": weight, "bias": bias, "pre": pre}, {"dy (written with done_cols)": dy})
     if out is None:
         return
     if not isinstance(out, (tuple, list)) or len(out) != 3:
@@ -45,6 +50,7 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != x.dtype or t.device != x.device:
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"out[{i}] must be a {x.dtype} {shape} tensor on {x.device}, got {got}")
+    dense(**{"out[0]": out[0], "out[1]": out[1]})
     if bias is None and out[2] is not None:
         raise ValueError("out[2] (dbias) must be None without a bias: it would be left unwritten")
     if bias is not None:
@@ -62,7 +68,8 @@ def check_bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
 def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   **kw: Any) -> tuple:  # fmt: skip
     """The Triton SiLU' pass + cuBLAS backward (``triton_bwd.gemm_silu_bwd``) after ``check_bwd_args``."""
-    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
+    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"), kw.get("done_cols", 0))
+    config_of(kw.get("config"), GemmSiluBwdConfig, optional=True)
     return _triton.gemm_silu_bwd(dy, x, weight, bias, **kw)
 
 
@@ -70,7 +77,7 @@ def gemm_silu_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
 def gemm_silu_bwd_torch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         **kw: Any) -> tuple:  # fmt: skip
     """The torch backward (``torch_impl.gemm_silu_bwd_torch``) after ``check_bwd_args`` and the shape checks."""
-    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"))
+    check_bwd_args(dy, x, weight, bias, kw.get("pre"), kw.get("out"), kw.get("done_cols", 0))
     n = _triton._validate(dy, x, weight, bias, kw.get("pre"))[1]
     _triton.check_done_cols(kw.get("done_cols", 0), kw.get("done_db"), n, bias, dy.device, dy.dtype, x.dtype)
     return _torch.gemm_silu_bwd_torch(dy, x, weight, bias, **kw)
@@ -98,6 +105,7 @@ def gemm_silu_fwd_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         ):  # fmt: skip
             got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
             raise ValueError(f"{name} must be a {x.dtype} {(x.shape[0], n)} tensor on {x.device}, got {got}")
+        dense(**{name: t})
     out, pre_out = kw.get("out"), kw.pop("pre_out", None)
     outputs_apart({"x": x, "weight": weight, "bias": bias}, {"out": out, "pre_out": pre_out})
     if pre_out is None:

@@ -9,12 +9,14 @@ from typing import Any
 import torch
 
 from kernel_templates.launch_checks import (
+    config_of,
     dense_if_empty,
     fill_outs,
     finite_eps,
     floating,
     grad_outs,
     out_rows,
+    outputs_apart,
     row_stats,
     same_shape,
     untracked,
@@ -24,6 +26,9 @@ from kernel_templates.launch_checks import (
 
 from . import reference as _ref
 from . import triton_layer_norm as _k
+from .config import LayerNormBwdConfig, LayerNormFwdConfig
+
+_BWD_OUTS = ("out[0]", "out[1]", "out[2]")
 
 
 def _fwd_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, kw: dict) -> tuple:
@@ -35,6 +40,7 @@ def _fwd_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         out_rows("out", out, tuple(x.shape), x.device)
         if out_dtype is not None and out.dtype != out_dtype:
             raise ValueError(f"out is {out.dtype} but out_dtype is {out_dtype}")
+        outputs_apart({"x": x, "weight": weight, "bias": bias}, {"out": out})
     return weight, bias, finite_eps(eps)
 
 
@@ -47,14 +53,20 @@ def _bwd_args(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: tor
         same_shape("residual_grad", kw["residual_grad"], tuple(x.shape))
     floating(x.device, dy=dy, residual_grad=kw.get("residual_grad"))
     _k.check_residual_grad_sum(kw.get("residual_grad_sum", False), kw.get("residual_grad"))
-    grad_outs(kw.get("out"), tuple(x.shape), x.device, 1)
+    out = kw.get("out")
+    grad_outs(out, tuple(x.shape), x.device, 1)
+    if out is not None:
+        inputs = {"dy": dy, "x": x, "weight": weight, "bias": bias, "mean": mean, "rstd": rstd}
+        outputs_apart({**inputs, "residual_grad": kw.get("residual_grad")}, dict(zip(_BWD_OUTS, out, strict=True)))
     return weight, bias, mean, rstd
 
 
 def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, **kw: Any) -> tuple:
     """(y, mean, rstd): y = LN(x) in ``out_dtype`` (default x's, or ``out``'s), statistics fp32 of shape (rows,)."""
     x = dense_if_empty(x)
-    return _k.layer_norm_fwd(x, *_fwd_args(x, weight, bias, eps, kw), **kw)
+    args = _fwd_args(x, weight, bias, eps, kw)
+    config_of(kw.get("config"), LayerNormFwdConfig)
+    return _k.layer_norm_fwd(x, *args, **kw)
 
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
@@ -65,7 +77,9 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     dy, x = dense_if_empty(dy), dense_if_empty(x)
     if "residual_grad" in kw:
         kw["residual_grad"] = dense_if_empty(kw["residual_grad"])
-    return _k.layer_norm_bwd(dy, x, *_bwd_args(dy, x, weight, bias, mean, rstd, kw), **kw)
+    args = _bwd_args(dy, x, weight, bias, mean, rstd, kw)
+    config_of(kw.get("config"), LayerNormBwdConfig)
+    return _k.layer_norm_bwd(dy, x, *args, **kw)
 
 
 @untracked

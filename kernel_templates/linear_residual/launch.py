@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
-from kernel_templates.launch_checks import floating, outputs_apart, untracked
+from kernel_templates.launch_checks import config_of, dense, floating, outputs_apart, untracked
 
+from .bwd_impl import LinearResidualBwdConfig
 from .bwd_impl import linear_residual_bwd as _linear_residual_bwd
+from .impl import LinearResidualConfig
 from .impl import linear_residual as _linear_residual
 
 
@@ -38,9 +40,15 @@ def linear_residual(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else repr(out)
         want = f"{residual.dtype} {tuple(residual.shape)} tensor on {residual.device}"
         raise ValueError(f"out must be a {want} like residual, got {got}")
-    # ``addmm(out=)`` reads y and the weight while it writes out: an out over either came back wrong without a word
-    # (out over the residual is an in-place residual add, which both modes compute right).
-    outputs_apart({"y": y, "weight": weight, "bias": bias}, {"out": out})
+    dense(out=out)
+    # ``addmm(out=)`` reads y and the weight while it writes out: an out over either came back wrong without a word.
+    # out as the residual itself is an in-place residual add, which both modes compute right; an out over part of
+    # it (rows shifted, a transpose) failed inside torch with an error naming neither.
+    inputs = {"y": y, "weight": weight, "bias": bias}
+    if out is not None and (out.data_ptr(), out.stride()) != (residual.data_ptr(), residual.stride()):
+        inputs["residual"] = residual
+    outputs_apart(inputs, {"out": out})
+    config_of(kw.get("config"), LinearResidualConfig)
     result = _linear_residual(y, weight, bias, residual, **kw)
     # A residual narrower than y (fp16 beside an fp32 GEMM) would come back in the promoted dtype.
     return result if result.dtype == residual.dtype else result.to(residual.dtype)
@@ -73,5 +81,7 @@ def linear_residual_bwd(dout: torch.Tensor, y: torch.Tensor, weight: torch.Tenso
             ):  # fmt: skip
                 got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else repr(t)
                 raise ValueError(f"out[{i}] must be a {y.dtype} {shape} tensor on {y.device}, got {got}")
+        dense(**{"out[0]": out[0], "out[1]": out[1]})
         outputs_apart({"dout": dout, "y": y, "weight": weight}, {"out[0]": out[0], "out[1]": out[1]})
+    config_of(kw.get("config"), LinearResidualBwdConfig)
     return _linear_residual_bwd(dout, y, weight, **kw)

@@ -118,3 +118,15 @@ def test_launcher_names_an_out_over_part_of_the_residual(mode):
             launch(y, w, b, r, config=cfg, out=out)
     want = sq + F.linear(y, w, b)
     torch.testing.assert_close(launch(y, w, b, sq, config=cfg, out=sq), want)
+
+
+def test_the_package_exports_the_checked_launchers():
+    """``from kernel_templates.linear_residual import linear_residual`` gave the bare implementation: an ``out``
+    over y came back wrong without a word. The package names are the launchers, which refuse it."""
+    import kernel_templates.linear_residual as pkg
+    from kernel_templates.linear_residual import launch
+
+    assert pkg.linear_residual is launch.linear_residual and pkg.linear_residual_bwd is launch.linear_residual_bwd
+    y, w, r = torch.randn(5, 4), torch.randn(4, 4), torch.randn(5, 4)
+    with pytest.raises(ValueError, match="out"):
+        pkg.linear_residual(y, w, None, r, config=LinearResidualConfig(), out=y)

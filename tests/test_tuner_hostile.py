@@ -214,3 +214,29 @@ def test_a_plugin_that_cannot_be_imported_is_named_not_a_dying_worker(tmp_path):
     finally:
         worker.close()
     assert reply["status"] == "crash" and "no_such_plugin_module" in reply["error"]
+
+
+@pytest.mark.parametrize("bad_ms", [0.0, float("nan"), -1.0])
+def test_a_timing_of_no_positive_finite_time_fails_its_trial_and_the_study_goes_on(
+    tmp_path, monkeypatch, plugin, bad_ms
+):
+    """A median of 0 ms (below the timer's resolution) raised ZeroDivisionError in the TFLOP/s and ended the run;
+    NaN or a negative time would have ranked first. The trial fails with the reason, a correct config wins."""
+    from autotune.tuning import tuner
+
+    request = tuner._Study.request
+
+    def lying_clock(self, msg, timeout=None):
+        reply = request(self, msg, timeout)
+        if msg.get("cmd") == "time" and msg.get("config") == OK and reply.get("status") == "ok":
+            reply = {**reply, "median_ms": bad_ms}
+        return reply
+
+    monkeypatch.setattr(tuner._Study, "request", lying_clock)
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "ok")
+    task = _task(plugin)
+    (r,) = run_tasks([task], _opts(tmp_path))
+    t = _trials(tmp_path, task)["ok"]
+    assert t.user_attrs["status"] == "timing" and "not a positive finite time" in t.user_attrs["error"], t.user_attrs
+    assert t.state != optuna.trial.TrialState.COMPLETE
+    assert r.error is None and r.config == {"mode": "slow"}

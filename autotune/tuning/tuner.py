@@ -603,6 +603,10 @@ class _Study:
     def _finish(
         self, trial, key: str, attrs: dict[str, Any], value: float | None, state: TrialState | None = None
     ) -> str:
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
+            # Below the timer's resolution or a broken clock: no time to rank by (a 0 divided the TFLOP/s).
+            attrs = {**attrs, "status": "timing", "error": f"timing gave {value!r} ms, not a positive finite time"}
+            value = None
         status = attrs["status"]
         if value is not None and self.flops:
             attrs["tflops"] = self.flops / (value * 1e-3) / 1e12

@@ -403,7 +403,7 @@ def test_layer_ops_on_column_strided_x_match_contiguous(device, view):
 
 
 @pytest.mark.parametrize("call", ["hstu_layer", "layer_norm"])
-def test_a_gradient_of_the_fused_layers_gradient_raises_instead_of_dropping_terms(call):
+def test_a_gradient_of_the_fused_layers_gradient_raises_instead_of_dropping_terms(call, device):
     """The layer's kernels give first-order gradients only. Under ``create_graph=True`` they were returned as
     constants, so a second derivative silently lost the layer's terms (here it was exactly the 6x of the x**3
     term beside the layer). It now raises, naming the layer; ``create_graph`` alone still works."""
@@ -411,13 +411,13 @@ def test_a_gradient_of_the_fused_layers_gradient_raises_instead_of_dropping_term
 
     cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
     torch.manual_seed(0)
-    layer = HSTULayer(cfg)
+    layer = HSTULayer(cfg).to(device)
     plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
     params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
               "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
               "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
-    x, off, _ = _batch("cpu", cfg.hidden_dim, [3, 0, 7])
-    seed = torch.zeros(1, dtype=torch.int64)
+    x, off, _ = _batch(device, cfg.hidden_dim, [3, 0, 7])
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
     fns = {
         "hstu_layer": lambda t: hstu_layer(t, params, off, plan, seed),
         "layer_norm": lambda t: layer_norm(t, params["ln1_w"], params["ln1_b"], cfg.eps, plan),

@@ -69,6 +69,7 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, name: str, tol: float) 
     assert err <= tol, f"{name}: max error {err:.2e} of the largest value (tolerance {tol:.0e})"
 
 
+@pytest.mark.interpreter  # CPU tensors through the Triton interpreter; fp32 tolerances tf32 would miss
 @pytest.mark.parametrize(
     ("hidden", "heads", "d", "lengths", "dtype", "keep"),
     [
@@ -97,6 +98,7 @@ def test_untuned_shapes_match_the_pytorch_layer(hidden, heads, d, lengths, dtype
         _assert_close(grads[name], g_, f"d{name}", tol)
 
 
+@pytest.mark.interpreter  # CPU tensors through the Triton interpreter; fp32 tolerances tf32 would miss
 def test_parameters_of_other_dtypes_and_strides_get_gradients_in_their_own_dtype():
     """fp64 and fp16 master parameters, a transposed weight and strided vectors: the result of contiguous fp32 ones,
     each gradient in its parameter's dtype."""
@@ -122,6 +124,7 @@ def test_parameters_of_other_dtypes_and_strides_get_gradients_in_their_own_dtype
         _assert_close(grads[name], g_, f"d{name}", 2e-3 if name == "ln1_w" else 1e-4)
 
 
+@pytest.mark.interpreter  # CPU tensors through the Triton interpreter; fp32 tolerances tf32 would miss
 @pytest.mark.parametrize(("keep", "recompute_ln", "zero_copy"), [("pre+uvqk", False, True), ("pre", True, False)])
 def test_dropout_keeps_one_minus_p_scaled_and_the_backward_uses_the_forward_mask(keep, recompute_ln, zero_copy):
     """With W_o = I the layer's output minus x is the dropped LN(attn) * u: its kept entries are ~(1 - p), scaled by
@@ -165,6 +168,7 @@ def test_a_bad_plan_is_a_value_error_naming_it():
         plan_layer(torch.float32, True, 32, 32, 0.1, EPS, 0.0, "default")
 
 
+@pytest.mark.interpreter  # CPU tensors through the Triton interpreter; fp32 tolerances tf32 would miss
 @pytest.mark.parametrize("keep", ["pre+uvqk", "uvqk"])
 def test_an_ambient_autocast_leaves_the_plans_precision(keep):
     """The plan fixes the compute dtype. Under an ambient autocast the torch backends' GEMMs ran in its dtype:

@@ -215,7 +215,7 @@ def test_fused_layer_with_the_side_stream_matches_serial():
             torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
-def test_the_side_streams_work_is_joined_when_a_later_backward_step_raises(monkeypatch):
+def test_the_side_streams_work_is_joined_when_a_later_backward_step_raises(monkeypatch, device):
     """The layer's backward joins the output projection's side-stream work (its ``pending`` events) at its end.
     A step after the launch that raised left the events unwaited: under CUDA-graph capture that is an unjoined
     fork (capture end then fails with it, hiding the step's own error). They are now waited on the way out."""
@@ -246,9 +246,10 @@ def test_the_side_streams_work_is_joined_when_a_later_backward_step_raises(monke
     g = torch.Generator().manual_seed(0)
     shapes = {"ln1_w": (64,), "ln1_b": (64,), "w_uvqk": (256, 64), "b_uvqk": (256,),
               "ln2_w": (64,), "ln2_b": (64,), "w_o": (64, 64), "b_o": (64,)}  # fmt: skip
-    params = {k: (torch.randn(s, generator=g) * 0.1).requires_grad_(True) for k, s in shapes.items()}
-    off = torch.tensor([0, 5, 16], dtype=torch.int64)
-    out = hstu_layer(torch.randn(16, 64, generator=g), params, off, plan, torch.zeros(1, dtype=torch.int64))
+    params = {k: (torch.randn(s, generator=g) * 0.1).to(device).requires_grad_(True) for k, s in shapes.items()}
+    off = torch.tensor([0, 5, 16], dtype=torch.int64, device=device)
+    x, seed = torch.randn(16, 64, generator=g).to(device), torch.zeros(1, dtype=torch.int64, device=device)
+    out = hstu_layer(x, params, off, plan, seed)
     monkeypatch.setattr(dispatch, "launcher", spy)
     with pytest.raises(RuntimeError, match="gemm_silu_bwd failed"):
         out.sum().backward()

@@ -37,12 +37,20 @@ class FarmOptions:
 
     @classmethod
     def from_env(cls) -> FarmOptions:
-        return cls(
+        """The knobs of the environment; a grace period no longer than the heartbeat interval is refused: every
+        live worker would count as dead between two of its beats, and its task be taken over again and again."""
+        fopts = cls(
             heartbeat_s=int(env_number("AUTOTUNE_FARM_HEARTBEAT", 10, 1, integer=True)),
             grace_s=int(env_number("AUTOTUNE_FARM_GRACE", 60, 1, integer=True)),
             retries=int(env_number("AUTOTUNE_FARM_RETRIES", 3, 0, integer=True)),
             poll_s=env_number("AUTOTUNE_FARM_POLL", 2.0, 0.01),
         )
+        if fopts.grace_s <= fopts.heartbeat_s:
+            raise FarmError(
+                f"AUTOTUNE_FARM_GRACE={fopts.grace_s} must exceed AUTOTUNE_FARM_HEARTBEAT={fopts.heartbeat_s} "
+                "(seconds; a few heartbeats, e.g. 6x): a live worker would count as dead between two of its beats"
+            )
+        return fopts
 
 
 def env_number(name: str, default: float, minimum: float, integer: bool = False) -> float:

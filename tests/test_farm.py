@@ -721,3 +721,38 @@ def test_a_missing_driver_is_named_for_the_url_given(monkeypatch, url, hint):
     monkeypatch.setattr(optuna.storages, "RDBStorage", no_driver)
     with pytest.raises(farm_storage.FarmError, match=hint):
         farm_storage._open_storage(url)
+
+
+@pytest.mark.parametrize(("heartbeat", "grace"), [("10", "5"), ("10", "10"), ("60", None)])
+def test_a_grace_period_within_one_heartbeat_is_refused(monkeypatch, capsys, heartbeat, grace):
+    """A grace period no longer than the heartbeat interval (AUTOTUNE_FARM_HEARTBEAT=60 alone meets the default grace
+    of 60) counted every live worker as dead between two beats: its task was taken over again and again until its
+    retries ran out. It is a one-line error naming both variables, before any worker starts."""
+    from autotune.tuning.cli import main
+
+    monkeypatch.setenv("AUTOTUNE_FARM_HEARTBEAT", heartbeat)
+    if grace is None:
+        monkeypatch.delenv("AUTOTUNE_FARM_GRACE", raising=False)
+    else:
+        monkeypatch.setenv("AUTOTUNE_FARM_GRACE", grace)
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake", "--trials", "2"]
+    assert main([*argv, "--workers", "2", "--storage", "postgresql://nobody@127.0.0.1:1/none"]) == 2
+    err = capsys.readouterr().err
+    assert "AUTOTUNE_FARM_GRACE=" in err and "must exceed AUTOTUNE_FARM_HEARTBEAT" in err, err
+
+
+@pytest.mark.parametrize("workers", [65, 100000])
+def test_workers_past_the_host_limit_are_refused_before_any_start(monkeypatch, capsys, workers):
+    """``--workers 100000`` (a typo) started that many worker processes, each with its own storage connections."""
+    from autotune.tuning import farm
+    from autotune.tuning.cli import main
+
+    spawned = []
+    monkeypatch.setattr(farm, "_spawn", lambda *a, **k: spawned.append(a))
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake", "--trials", "2"]
+    assert main([*argv, "--workers", str(workers), "--storage", "postgresql://nobody@127.0.0.1:1/none"]) == 2
+    assert f"--workers must be an integer in [1, {farm.MAX_WORKERS}], got {workers}" in capsys.readouterr().err
+    for bad in (0, -1, workers, 2.5, True):  # the library call too, before it opens the storage
+        with pytest.raises(farm.FarmError, match=r"workers must be an integer in \[1, 64\]"):
+            farm.run_farm([], None, "postgresql://nobody@127.0.0.1:1/none", workers=bad)
+    assert not spawned

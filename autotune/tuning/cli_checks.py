@@ -77,8 +77,10 @@ def check_run_numbers(args: argparse.Namespace) -> None:
     """Usage errors for numbers ``autotune run`` cannot work with."""
     check_task_numbers(args)
     int_in("--trials", args.trials, 1)
-    if args.workers is not None:
-        int_in("--workers", args.workers, 1)
+    if args.workers is not None:  # each is a process with its own storage connections: 1000 was a fork storm
+        from autotune.tuning.farm import MAX_WORKERS
+
+        int_in("--workers", args.workers, 1, MAX_WORKERS)
     if args.backends is not None and not args.backends:
         raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
     if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:

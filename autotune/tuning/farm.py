@@ -79,6 +79,9 @@ from autotune.tuning.worker import Worker, WorkerError
 FARM_PREFIX = "farm|"
 EXIT_KEY = 3  # a worker's exit status when its timing key differs from the farm's
 SPEC_ENV = "AUTOTUNE_FARM_SPEC"  # a worker's spec (JSON) as its parent hands it over
+# Worker processes one host may start: each holds a Python process with its own storage connections (a stock
+# PostgreSQL server takes 100), so a typo such as --workers 1000 would start a fork storm, not a farm.
+MAX_WORKERS = 64
 # Tuning knobs that decide what a farm's results mean: another value is another farm.
 FARM_KNOBS = (
     "n_trials",
@@ -555,6 +558,12 @@ def run_farm(
 ) -> list[TaskResult]:
     """This host's part of the farm: join, run ``workers`` processes until the farm drains, merge the
     farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS
+    ):
+        raise FarmError(
+            f"workers must be an integer in [1, {MAX_WORKERS}] (or None: one per visible GPU), got {workers!r}"
+        )
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = farm_storage(url, fopts)

@@ -103,7 +103,7 @@ def _check_farm(url: str, roots: list[Path], n_tasks: int = N_TASKS) -> dict:
         keys = [
             t.user_attrs["config_key"]
             for t in optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-            if t.user_attrs.get("measured")
+            if t.user_attrs.get("measured") and t.user_attrs.get("status") != "interrupted"  # killed: measured again
         ]
         measured += len(keys)
         duplicates += len(keys) - len(set(keys))
@@ -756,3 +756,25 @@ def test_workers_past_the_host_limit_are_refused_before_any_start(monkeypatch, c
         with pytest.raises(farm.FarmError, match=r"workers must be an integer in \[1, 64\]"):
             farm.run_farm([], None, "postgresql://nobody@127.0.0.1:1/none", workers=bad)
     assert not spawned
+
+
+def test_audit_counts_this_farms_measured_trials_only(tmp_path):
+    """``status --audit`` counted a config trial whose holder was killed after its "measured" mark (failed as
+    interrupted, its config then measured by the next holder) as a config timed twice, and counted the task
+    studies of another farm naming the same task (other knobs) as this farm's."""
+    from autotune.tuning import farm_status
+    from autotune.tuning.tasks import Task
+
+    storage = optuna.storages.InMemoryStorage()
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    attrs = {"task": task.to_dict(), "task_key": task.study_name, "label": task.label(), "result": {"error": None}}
+    for name in ("farm|h100|aaa", "farm|h100|bbb"):
+        farm = optuna.create_study(study_name=name, storage=storage)
+        farm.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs))
+        study = optuna.create_study(study_name=f"{task.study_name}|src0|h100|env0|{name}", storage=storage)
+        for state, status in ((TrialState.FAIL, "interrupted"), (TrialState.COMPLETE, "ok")):
+            marks = {"config_key": "fake:mode=ok", "measured": True, "status": status}
+            value = 1.0 if status == "ok" else None
+            study.add_trial(optuna.trial.create_trial(state=state, value=value, user_attrs=marks))
+    got = farm_status.audit(storage, "farm|h100|aaa", tmp_path)
+    assert (got["tasks"], got["measured"], got["duplicates"]) == (1, 1, 0), got

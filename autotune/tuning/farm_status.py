@@ -81,17 +81,25 @@ def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
     """The farm's evidence: tasks finished, configs measured twice in one task study (must be 0) and
     finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0)."""
     from autotune.runtime import artifacts as art
+    from autotune.tuning.decide import RETRY_STATUSES
     from autotune.tuning.farm import latest_per_task
 
     farm = optuna.load_study(study_name=name, storage=storage)
     latest = latest_per_task(farm.get_trials(deepcopy=False))
     done = [t for t in latest.values() if t.state == TrialState.COMPLETE and (t.user_attrs.get("result") or {})]
+    # This farm's task studies only (their names end with it): another farm naming a task has its own study.
+    # A trial its holder was killed in (failed as interrupted, its config queued again) was never measured, even
+    # when the kill came after the trial's "measured" mark and before its tell.
     prefixes = tuple(k + "|src" for k in latest)
     measured = duplicates = 0
     for study in optuna.get_all_study_names(storage):
-        if study.startswith(prefixes):
+        if study.startswith(prefixes) and study.endswith("|" + name):
             trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-            keys = [t.user_attrs["config_key"] for t in trials if t.user_attrs.get("measured")]
+            keys = [
+                t.user_attrs["config_key"]
+                for t in trials
+                if t.user_attrs.get("measured") and t.user_attrs.get("status") not in RETRY_STATUSES
+            ]
             measured, duplicates = measured + len(keys), duplicates + len(keys) - len(set(keys))
     lost, artifacts = 0, {}
     for t in done:

@@ -778,3 +778,24 @@ def test_audit_counts_this_farms_measured_trials_only(tmp_path):
             study.add_trial(optuna.trial.create_trial(state=state, value=value, user_attrs=marks))
     got = farm_status.audit(storage, "farm|h100|aaa", tmp_path)
     assert (got["tasks"], got["measured"], got["duplicates"]) == (1, 1, 0), got
+
+
+def test_status_of_a_database_without_optuna_tables_writes_nothing_there(pg_url, tmp_path, capsys):
+    """``autotune status`` only reads: on a database that holds no Optuna storage (a fresh one, or the wrong one
+    named by mistake) it created Optuna's thirteen tables there. It says there is no farm and leaves it as it was."""
+    import sqlalchemy
+
+    from autotune.tuning.cli import main
+
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for url in (pg_url, f"sqlite:///{empty}"):
+        assert main(["status", "--storage", url]) == 1
+        assert "no farm in" in capsys.readouterr().out
+        assert main(["status", "--storage", url, "--farm", "farm|h100|x"]) == 2
+        assert "no such farm" in capsys.readouterr().err
+        engine = sqlalchemy.create_engine(rdb_url(url))
+        try:
+            assert sqlalchemy.inspect(engine).get_table_names() == [], url
+        finally:
+            engine.dispose()

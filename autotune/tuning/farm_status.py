@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.tuning.farm import FARM_PREFIX, failure_reason, result_trial, task_runs
-from autotune.tuning.farm_storage import FarmError, _safe, is_farm_url, plain_storage
+from autotune.tuning.farm_storage import FarmError, NoOptunaTables, _safe, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -195,10 +195,12 @@ def cmd_status(args: Any) -> int:
         if str(path) != ":memory:" and not path.is_file():  # opening it would create an empty database there
             raise CLIError(f"--storage {args.storage}: no such database file ({path})")
     try:
-        storage = plain_storage(args.storage)
+        storage = plain_storage(args.storage, create=False)  # a read: no Optuna tables made in a database
+    except NoOptunaTables:
+        storage = None
     except FarmError as e:
         raise CLIError(str(e)) from None
-    farms = farm_names(storage)
+    farms = farm_names(storage) if storage is not None else []
     if args.farm and args.farm not in farms:
         known = ", ".join(repr(n) for n in farms) or "none"
         raise CLIError(f"--farm {args.farm!r}: no such farm in {_safe(args.storage)} (farms there: {known})")

@@ -89,18 +89,29 @@ def farm_storage(url: str, fopts: FarmOptions | None = None) -> optuna.storages.
     return _open_storage(url, **kw)
 
 
-def plain_storage(url: str) -> optuna.storages.RDBStorage:
-    """An RDBStorage without heartbeats (readers: status, the run's progress table)."""
-    return _open_storage(url)
+class NoOptunaTables(FarmError):
+    """The database holds no Optuna storage (a reader opened it with ``create=False``)."""
 
 
-def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
-    """Open (and on first use create) Optuna's tables; FarmError naming ``--storage`` when that fails, so a
-    wrong or unreachable URL is one line, not a driver traceback."""
+def plain_storage(url: str, create: bool = True) -> optuna.storages.RDBStorage:
+    """An RDBStorage without heartbeats (readers: status, the run's progress table). ``create=False``: a database
+    without Optuna's tables is ``NoOptunaTables``, not given them (``autotune status`` only reads)."""
+    return _open_storage(url, create=create)
+
+
+def _open_storage(url: str, create: bool = True, **kw: Any) -> optuna.storages.RDBStorage:
+    """Open (and on first use create, unless ``create`` is off) Optuna's tables; FarmError naming ``--storage``
+    when that fails, so a wrong or unreachable URL is one line, not a driver traceback."""
     engine_kwargs = {"pool_pre_ping": True, "connect_args": _connect_args(rdb_url(url))}
     try:
         with _schema_lock(rdb_url(url)):
-            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs=engine_kwargs, **kw)
+            if not create and not _has_optuna_tables(rdb_url(url)):
+                raise NoOptunaTables(f"--storage {_safe(url)}: the database holds no Optuna storage")
+            return optuna.storages.RDBStorage(
+                rdb_url(url), engine_kwargs=engine_kwargs, skip_table_creation=not create, **kw
+            )
+    except FarmError:
+        raise
     except ImportError as e:
         need = (
             "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
@@ -114,6 +125,18 @@ def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
         if is_farm_url(url):
             hint += " and that the server runs (python -m autotune.tuning.pg_local start DIR prints a local one's URL)"
         raise FarmError(f"--storage {_safe(url)}: cannot open it ({why}); {hint}") from e
+
+
+def _has_optuna_tables(url: str) -> bool:
+    """Whether the database at ``url`` holds Optuna's tables (its ``studies`` and ``version_info``)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=_connect_args(url))
+    try:
+        inspector = sqlalchemy.inspect(engine)
+        return all(inspector.has_table(t) for t in ("studies", "version_info"))
+    finally:
+        engine.dispose()
 
 
 def _connect_args(url: str) -> dict[str, Any]:

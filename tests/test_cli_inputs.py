@@ -54,6 +54,15 @@ def test_run_refuses_a_storage_url_without_its_slashes(capsys, tmp_path, monkeyp
     assert rc == 0 and len(no_tuning) == 1  # such a name, written as a path, is a journal file
 
 
+@pytest.mark.parametrize("url", ["", "  "])
+def test_run_refuses_a_storage_that_names_nothing(capsys, tmp_path, monkeypatch, no_tuning, url):
+    """``--storage "$URL"`` with the variable unset ran without the farm, on the default journal file."""
+    monkeypatch.chdir(tmp_path)
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", url)
+    assert rc == 2 and "--storage names nothing" in text and not no_tuning
+    assert list(tmp_path.iterdir()) == []  # nothing was made: no artifacts folder, no journal
+
+
 def test_merge_refuses_an_artifacts_root_that_is_a_file(capsys, tmp_path):
     root = tmp_path / "artifacts"
     root.write_text("")

@@ -81,6 +81,10 @@ def check_run_numbers(args: argparse.Namespace) -> None:
         from autotune.tuning.farm import MAX_WORKERS
 
         int_in("--workers", args.workers, 1, MAX_WORKERS)
+    if args.storage is not None and not args.storage.strip():  # `--storage "$URL"` with URL unset ran without the farm
+        raise CLIError(
+            "--storage names nothing; give a postgresql:// or sqlite:/// URL or a journal file, or leave it out"
+        )
     if args.backends is not None and not args.backends:
         raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
     if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:

@@ -799,3 +799,26 @@ def test_status_of_a_database_without_optuna_tables_writes_nothing_there(pg_url,
             assert sqlalchemy.inspect(engine).get_table_names() == [], url
         finally:
             engine.dispose()
+
+
+def test_a_relative_artifacts_root_is_the_callers_folder_for_the_workers_too(pg_url, tmp_path, monkeypatch):
+    """The workers run in the repository: with ``--artifacts rel`` each wrote its entries under the repository's
+    ``rel`` (``--artifacts artifacts`` from elsewhere: into the checked-in artifacts), not the caller's."""
+    import dataclasses
+    import shutil
+
+    from autotune.tuning import farm
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    fopts, task, opts, _ = one_task_farm(pg_url, tmp_path, grace_s=3)
+    rel = Path(f"farm-rel-artifacts-{os.getpid()}")
+    monkeypatch.chdir(tmp_path)
+    try:
+        (result,) = farm.run_farm([task], dataclasses.replace(opts, artifacts_root=rel), pg_url, 1, fopts=fopts)
+        assert result.error is None and (tmp_path / rel / "h100" / "fake_faults.json").is_file()
+        logs = "".join(p.read_text() for p in (tmp_path / rel / "h100" / "studies" / "farm-logs").glob("*.log"))
+        assert "finished" in logs, logs[-2000:]
+        assert not (REPO / rel).exists()
+    finally:
+        shutil.rmtree(REPO / rel, ignore_errors=True)

@@ -558,12 +558,8 @@ def run_farm(
 ) -> list[TaskResult]:
     """This host's part of the farm: join, run ``workers`` processes until the farm drains, merge the
     farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS
-    ):
-        raise FarmError(
-            f"workers must be an integer in [1, {MAX_WORKERS}] (or None: one per visible GPU), got {workers!r}"
-        )
+    if workers is not None and (type(workers) is not int or not 1 <= workers <= MAX_WORKERS):  # bool is no count
+        raise FarmError(f"workers must be an integer in [1, {MAX_WORKERS}] (None: one per GPU), got {workers!r}")
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = farm_storage(url, fopts)
@@ -575,7 +571,11 @@ def run_farm(
     spec = {
         "url": url,
         "farm": name,
-        "opts": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
+        # The workers run in the repository: a relative artifacts root is this process's folder, not theirs.
+        "opts": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
+            "artifacts_root": str(Path(opts.artifacts_root).absolute()),
+        },
         "farm_options": dataclasses.asdict(fopts),
         "deadline": time.time() + budget_s if budget_s else None,
         "parent": os.getpid(),

@@ -822,3 +822,21 @@ def test_a_relative_artifacts_root_is_the_callers_folder_for_the_workers_too(pg_
         assert not (REPO / rel).exists()
     finally:
         shutil.rmtree(REPO / rel, ignore_errors=True)
+
+
+def test_a_plugin_of_the_callers_folder_is_imported_by_the_workers(pg_url, tmp_path, monkeypatch):
+    """``python -m autotune.tuning.cli run --plugin myops`` with myops.py in the current folder: the run imported it,
+    its workers (started in the repository) could not, and every task ended "still queued"."""
+    import dataclasses
+
+    from autotune.tuning import farm
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "farm_cwd_plugin.py").write_text("import autotune.tuning.fake  # noqa: F401 - registers fake_faults\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # what `python -m` does with the current folder
+    fopts, task, opts, _ = one_task_farm(pg_url, tmp_path, grace_s=3)
+    opts = dataclasses.replace(opts, plugins=["farm_cwd_plugin"])
+    (result,) = farm.run_farm([task], opts, pg_url, 1, fopts=fopts)
+    assert result.error is None and result.config is not None, result.error

@@ -535,7 +535,9 @@ def visible_gpus() -> list[str]:
 
 def _spawn(slot: int, spec: dict[str, Any], gpu_ids: list[str], log_dir: Path) -> subprocess.Popen:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # This process's folder, where ``python -m`` finds plugins, after the repository: it never shadows the package.
+    here = [os.getcwd()] if {"", os.getcwd()} & set(sys.path) else []
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *here, *filter(None, [env.get("PYTHONPATH")])])
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids[slot % len(gpu_ids)]
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -840,3 +840,15 @@ def test_a_plugin_of_the_callers_folder_is_imported_by_the_workers(pg_url, tmp_p
     opts = dataclasses.replace(opts, plugins=["farm_cwd_plugin"])
     (result,) = farm.run_farm([task], opts, pg_url, 1, fopts=fopts)
     assert result.error is None and result.config is not None, result.error
+
+
+def test_a_password_given_as_a_query_parameter_is_not_printed(capsys):
+    """libpq also takes the password as ``?password=``: the error naming --storage printed it in full."""
+    from autotune.tuning.cli import main
+    from autotune.tuning.farm_storage import _safe
+
+    url = _closed_port_url() + "?sslmode=disable&Password=S3cretPw"
+    assert main(["status", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open it" in err and "S3cretPw" not in err and "Password=***" in err, err
+    assert _safe("postgresql://u:S3cretPw@h/db?password=S3cretPw&x=1") == "postgresql://u:***@h/db?password=***&x=1"

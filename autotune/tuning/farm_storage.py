@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -192,8 +193,10 @@ def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[N
 
 
 def _safe(url: str) -> str:
-    """The URL without its password (for messages and status titles)."""
+    """The URL without its password (for messages and status titles): the one before '@', and a ``password=``
+    query parameter (libpq's other spelling, ``postgresql://u@h/db?password=...``)."""
     head, sep, tail = url.partition("://")
+    tail = re.sub(r"([?&]password=)[^&]*", r"\1***", tail, flags=re.IGNORECASE)
     if "@" in tail:
         auth, host = tail.rsplit("@", 1)
         tail = auth.split(":", 1)[0] + ("" if ":" not in auth else ":***") + "@" + host

@@ -852,3 +852,14 @@ def test_a_password_given_as_a_query_parameter_is_not_printed(capsys):
     err = capsys.readouterr().err
     assert "cannot open it" in err and "S3cretPw" not in err and "Password=***" in err, err
     assert _safe("postgresql://u:S3cretPw@h/db?password=S3cretPw&x=1") == "postgresql://u:***@h/db?password=***&x=1"
+
+
+def test_a_task_named_twice_is_queued_once(pg_url, tmp_path):
+    """``run_farm`` given one task twice queued it twice: two workers then tuned it at once in one task study, each
+    failing the other's running trials as interrupted."""
+    from autotune.tuning import farm
+
+    _, task, opts, storage = one_task_farm(pg_url, tmp_path)
+    name = farm.join_farm(storage, [task, task], opts)
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    assert [(t.state, t.user_attrs["task_key"]) for t in trials] == [(TrialState.WAITING, task.study_name)]

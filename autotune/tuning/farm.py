@@ -160,7 +160,7 @@ def join_farm(storage: optuna.storages.RDBStorage, tasks: list[Task], opts: Tune
         for t in farm.get_trials(deepcopy=False):
             if "task_key" in t.user_attrs:
                 by_task.setdefault(t.user_attrs["task_key"], []).append(t)
-        for task in tasks:
+        for task in {t.study_name: t for t in tasks}.values():  # a task named twice is queued once, not held twice
             trials = by_task.get(task.study_name, [])
             if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
                 continue

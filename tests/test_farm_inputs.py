@@ -172,3 +172,16 @@ def test_a_task_named_twice_is_queued_once(pg_url, tmp_path):
     name = farm.join_farm(storage, [task, task], opts)
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
     assert [(t.state, t.user_attrs["task_key"]) for t in trials] == [(TrialState.WAITING, task.study_name)]
+
+
+def test_a_farm_on_a_storage_other_than_postgresql_is_refused(tmp_path):
+    """``run_farm`` on a sqlite URL ran its workers without the row and advisory locks its claims rely on."""
+    from autotune.tuning import farm, tuner
+    from autotune.tuning.tasks import Task
+
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = tuner.TuneOptions(n_trials=2, interpret=True, plugins=["autotune.tuning.fake"], artifacts_root=tmp_path)
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    with pytest.raises(farm.FarmError, match=r"--storage sqlite:///.*: a farm runs on PostgreSQL"):
+        farm.run_farm([task], opts, url, workers=2)
+    assert not (tmp_path / "farm.db").exists()

@@ -562,6 +562,8 @@ def run_farm(
     farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
     if workers is not None and (type(workers) is not int or not 1 <= workers <= MAX_WORKERS):  # bool is no count
         raise FarmError(f"workers must be an integer in [1, {MAX_WORKERS}] (None: one per GPU), got {workers!r}")
+    if not is_farm_url(url):  # the claims' row and advisory locks are PostgreSQL's: sqlite would lose them silently
+        raise FarmError(f"--storage {_safe(url)}: a farm runs on PostgreSQL (postgresql://...)")
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = farm_storage(url, fopts)

@@ -78,7 +78,7 @@ def check_run_numbers(args: argparse.Namespace) -> None:
     check_task_numbers(args)
     int_in("--trials", args.trials, 1)
     if args.workers is not None:  # each is a process with its own storage connections: 1000 was a fork storm
-        from autotune.tuning.farm import MAX_WORKERS
+        from autotune.tuning.farm_storage import MAX_WORKERS
 
         int_in("--workers", args.workers, 1, MAX_WORKERS)
     if args.storage is not None and not args.storage.strip():  # `--storage "$URL"` with URL unset ran without the farm

@@ -61,11 +61,13 @@ from autotune.tuning.artifact_io import (
     warm_starts_for,
 )
 from autotune.tuning.farm_storage import (  # noqa: F401 - the farm's storage API, re-exported
+    MAX_WORKERS,
     FarmError,
     FarmOptions,
     _advisory_lock,
     _retry_callback,
     _safe,
+    check_farm_call,
     env_number,
     farm_storage,
     is_farm_url,
@@ -79,9 +81,6 @@ from autotune.tuning.worker import Worker, WorkerError
 FARM_PREFIX = "farm|"
 EXIT_KEY = 3  # a worker's exit status when its timing key differs from the farm's
 SPEC_ENV = "AUTOTUNE_FARM_SPEC"  # a worker's spec (JSON) as its parent hands it over
-# Worker processes one host may start: each holds a Python process with its own storage connections (a stock
-# PostgreSQL server takes 100), so a typo such as --workers 1000 would start a fork storm, not a farm.
-MAX_WORKERS = 64
 # Tuning knobs that decide what a farm's results mean: another value is another farm.
 FARM_KNOBS = (
     "n_trials",
@@ -560,10 +559,7 @@ def run_farm(
 ) -> list[TaskResult]:
     """This host's part of the farm: join, run ``workers`` processes until the farm drains, merge the
     farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
-    if workers is not None and (type(workers) is not int or not 1 <= workers <= MAX_WORKERS):  # bool is no count
-        raise FarmError(f"workers must be an integer in [1, {MAX_WORKERS}] (None: one per GPU), got {workers!r}")
-    if not is_farm_url(url):  # the claims' row and advisory locks are PostgreSQL's: sqlite would lose them silently
-        raise FarmError(f"--storage {_safe(url)}: a farm runs on PostgreSQL (postgresql://...)")
+    check_farm_call(url, workers)
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = farm_storage(url, fopts)

@@ -70,6 +70,20 @@ def env_number(name: str, default: float, minimum: float, integer: bool = False)
     return value
 
 
+# Worker processes one host may start: each holds a Python process with its own storage connections (a stock
+# PostgreSQL server takes 100), so a typo such as --workers 1000 would start a fork storm, not a farm.
+MAX_WORKERS = 64
+
+
+def check_farm_call(url: str, workers: int | None) -> None:
+    """FarmError for a farm this host cannot run: a worker count outside [1, MAX_WORKERS] (None: one per GPU), or
+    a storage other than PostgreSQL, whose row and advisory locks the claims rely on (sqlite would lose them)."""
+    if workers is not None and (type(workers) is not int or not 1 <= workers <= MAX_WORKERS):  # bool is no count
+        raise FarmError(f"workers must be an integer in [1, {MAX_WORKERS}] (None: one per GPU), got {workers!r}")
+    if not is_farm_url(url):
+        raise FarmError(f"--storage {_safe(url)}: a farm runs on PostgreSQL (postgresql://...)")
+
+
 # ------------------------------------------------------------------------------------------ storage
 def is_farm_url(url: str | None) -> bool:
     """A PostgreSQL storage URL: the farm's engine (row locks, heartbeats, many hosts)."""

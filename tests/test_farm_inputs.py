@@ -60,7 +60,9 @@ def test_workers_past_the_host_limit_are_refused_before_any_start(monkeypatch, c
     monkeypatch.setattr(farm, "_spawn", lambda *a, **k: spawned.append(a))
     argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake", "--trials", "2"]
     assert main([*argv, "--workers", str(workers), "--storage", "postgresql://nobody@127.0.0.1:1/none"]) == 2
-    assert f"--workers must be an integer in [1, {farm.MAX_WORKERS}], got {workers}" in capsys.readouterr().err
+    assert f"--workers must be at most {farm.MAX_WORKERS} (worker processes on this host), got {workers}" in (
+        capsys.readouterr().err
+    )
     for bad in (0, -1, workers, 2.5, True):  # the library call too, before it opens the storage
         with pytest.raises(farm.FarmError, match=r"workers must be an integer in \[1, 64\]"):
             farm.run_farm([], None, "postgresql://nobody@127.0.0.1:1/none", workers=bad)

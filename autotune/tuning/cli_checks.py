@@ -77,10 +77,14 @@ def check_run_numbers(args: argparse.Namespace) -> None:
     """Usage errors for numbers ``autotune run`` cannot work with."""
     check_task_numbers(args)
     int_in("--trials", args.trials, 1)
-    if args.workers is not None:  # each is a process with its own storage connections: 1000 was a fork storm
+    if args.workers is not None:
         from autotune.tuning.farm_storage import MAX_WORKERS
 
-        int_in("--workers", args.workers, 1, MAX_WORKERS)
+        int_in("--workers", args.workers, 1)
+        if args.workers > MAX_WORKERS:  # each is a process with its own storage connections: 1000 was a fork storm
+            raise CLIError(
+                f"--workers must be at most {MAX_WORKERS} (worker processes on this host), got {args.workers}"
+            )
     if args.storage is not None and not args.storage.strip():  # `--storage "$URL"` with URL unset ran without the farm
         raise CLIError(
             "--storage names nothing; give a postgresql:// or sqlite:/// URL or a journal file, or leave it out"

@@ -29,6 +29,13 @@ def test_an_empty_password_is_refused(tmp_path):
     assert not (tmp_path / "pg").exists()
 
 
+def test_a_file_named_as_the_server_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "pgdata").write_text("notes")
+    assert pg_local.main(["start", str(tmp_path / "pgdata")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+    assert (tmp_path / "pgdata").read_text() == "notes"
+
+
 def test_a_server_with_a_password_of_url_characters_is_reachable_by_its_url():
     if pg_local.missing_binaries():
         pytest.skip("no PostgreSQL server programs: apt-get install postgresql to run this")

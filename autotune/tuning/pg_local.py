@@ -137,6 +137,8 @@ def start(
     """
     if password is not None and not password:  # `--password "$PW"` with PW unset: no password, no remote login
         raise PgError("--password is empty; give the password remote hosts log in with")
+    if Path(folder).exists() and not Path(folder).is_dir():  # it was a FileExistsError traceback from mkdir
+        raise PgError(f"{folder} exists and is not a folder; name a folder for the server's files")
     missing = missing_binaries()
     if missing:
         raise PgError(

@@ -54,6 +54,15 @@ def test_run_refuses_a_storage_url_without_its_slashes(capsys, tmp_path, monkeyp
     assert rc == 0 and len(no_tuning) == 1  # such a name, written as a path, is a journal file
 
 
+@pytest.mark.parametrize("url", ["", "  "])
+def test_run_refuses_a_storage_that_names_nothing(capsys, tmp_path, monkeypatch, no_tuning, url):
+    """``--storage "$URL"`` with the variable unset ran without the farm, on the default journal file."""
+    monkeypatch.chdir(tmp_path)
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", url)
+    assert rc == 2 and "--storage names nothing" in text and not no_tuning
+    assert list(tmp_path.iterdir()) == []  # nothing was made: no artifacts folder, no journal
+
+
 def test_merge_refuses_an_artifacts_root_that_is_a_file(capsys, tmp_path):
     root = tmp_path / "artifacts"
     root.write_text("")
@@ -75,6 +84,21 @@ def test_status_watch_must_be_a_positive_interval(capsys, tmp_path, watch):
     farm.enqueue_trial({}, user_attrs={"task_key": "t", "label": "a task"})
     rc, text = _run(capsys, "status", "--storage", url, "--watch", watch)
     assert rc == 2 and "--watch must be a positive number" in text
+
+
+def test_status_audit_of_a_missing_artifacts_folder_is_refused(capsys, tmp_path):
+    """``--audit`` with a misspelt folder reported every finished task's entry as lost from the artifacts."""
+    import optuna
+
+    from autotune.tuning.farm_status import FARM_PREFIX
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name=f"{FARM_PREFIX}h100|x", storage=url)
+    rc, text = _run(capsys, "status", "--storage", url, "--audit", str(tmp_path / "artifcts"))
+    assert rc == 2 and "--audit" in text and "no such artifacts folder" in text, text
+    rc, text = _run(capsys, "status", "--storage", url, "--audit", str(tmp_path))
+    assert rc == 0 and "entries_lost 0" in text, text
 
 
 def test_a_value_named_twice_is_one_task(capsys):

@@ -103,7 +103,7 @@ def _check_farm(url: str, roots: list[Path], n_tasks: int = N_TASKS) -> dict:
         keys = [
             t.user_attrs["config_key"]
             for t in optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-            if t.user_attrs.get("measured")
+            if t.user_attrs.get("measured") and t.user_attrs.get("status") != "interrupted"  # killed: measured again
         ]
         measured += len(keys)
         duplicates += len(keys) - len(set(keys))

@@ -520,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="farm worker processes on this host (default: one per visible GPU, each pinned with "
-        "CUDA_VISIBLE_DEVICES; 1 without one); needs --storage postgresql://...",
+        "CUDA_VISIBLE_DEVICES; 1 without one; at most 64); needs --storage postgresql://...",
     )
     run.add_argument("--sampler", default="tpe", choices=("tpe", "random", "bruteforce", "gp"))
     run.add_argument("--seed", type=int, default=0)

@@ -78,7 +78,17 @@ def check_run_numbers(args: argparse.Namespace) -> None:
     check_task_numbers(args)
     int_in("--trials", args.trials, 1)
     if args.workers is not None:
+        from autotune.tuning.farm_storage import MAX_WORKERS
+
         int_in("--workers", args.workers, 1)
+        if args.workers > MAX_WORKERS:  # each is a process with its own storage connections: 1000 was a fork storm
+            raise CLIError(
+                f"--workers must be at most {MAX_WORKERS} (worker processes on this host), got {args.workers}"
+            )
+    if args.storage is not None and not args.storage.strip():  # `--storage "$URL"` with URL unset ran without the farm
+        raise CLIError(
+            "--storage names nothing; give a postgresql:// or sqlite:/// URL or a journal file, or leave it out"
+        )
     if args.backends is not None and not args.backends:
         raise CLIError("--backends names nothing; give at least one backend (e.g. triton)")
     if not math.isfinite(args.eval_timeout) or args.eval_timeout <= 0:

@@ -61,11 +61,13 @@ from autotune.tuning.artifact_io import (
     warm_starts_for,
 )
 from autotune.tuning.farm_storage import (  # noqa: F401 - the farm's storage API, re-exported
+    MAX_WORKERS,
     FarmError,
     FarmOptions,
     _advisory_lock,
     _retry_callback,
     _safe,
+    check_farm_call,
     env_number,
     farm_storage,
     is_farm_url,
@@ -157,7 +159,7 @@ def join_farm(storage: optuna.storages.RDBStorage, tasks: list[Task], opts: Tune
         for t in farm.get_trials(deepcopy=False):
             if "task_key" in t.user_attrs:
                 by_task.setdefault(t.user_attrs["task_key"], []).append(t)
-        for task in tasks:
+        for task in {t.study_name: t for t in tasks}.values():  # a task named twice is queued once, not held twice
             trials = by_task.get(task.study_name, [])
             if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
                 continue
@@ -532,7 +534,9 @@ def visible_gpus() -> list[str]:
 
 def _spawn(slot: int, spec: dict[str, Any], gpu_ids: list[str], log_dir: Path) -> subprocess.Popen:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # This process's folder, where ``python -m`` finds plugins, after the repository: it never shadows the package.
+    here = [os.getcwd()] if {"", os.getcwd()} & set(sys.path) else []
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *here, *filter(None, [env.get("PYTHONPATH")])])
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = gpu_ids[slot % len(gpu_ids)]
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -555,6 +559,7 @@ def run_farm(
 ) -> list[TaskResult]:
     """This host's part of the farm: join, run ``workers`` processes until the farm drains, merge the
     farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
+    check_farm_call(url, workers)
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = farm_storage(url, fopts)
@@ -566,7 +571,11 @@ def run_farm(
     spec = {
         "url": url,
         "farm": name,
-        "opts": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
+        # The workers run in the repository: a relative artifacts root is this process's folder, not theirs.
+        "opts": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
+            "artifacts_root": str(Path(opts.artifacts_root).absolute()),
+        },
         "farm_options": dataclasses.asdict(fopts),
         "deadline": time.time() + budget_s if budget_s else None,
         "parent": os.getpid(),

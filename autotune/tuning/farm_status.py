@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.tuning.farm import FARM_PREFIX, failure_reason, result_trial, task_runs
-from autotune.tuning.farm_storage import FarmError, _safe, is_farm_url, plain_storage
+from autotune.tuning.farm_storage import FarmError, NoOptunaTables, _safe, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
@@ -81,17 +81,25 @@ def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
     """The farm's evidence: tasks finished, configs measured twice in one task study (must be 0) and
     finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0)."""
     from autotune.runtime import artifacts as art
+    from autotune.tuning.decide import RETRY_STATUSES
     from autotune.tuning.farm import latest_per_task
 
     farm = optuna.load_study(study_name=name, storage=storage)
     latest = latest_per_task(farm.get_trials(deepcopy=False))
     done = [t for t in latest.values() if t.state == TrialState.COMPLETE and (t.user_attrs.get("result") or {})]
+    # This farm's task studies only (their names end with it): another farm naming a task has its own study.
+    # A trial its holder was killed in (failed as interrupted, its config queued again) was never measured, even
+    # when the kill came after the trial's "measured" mark and before its tell.
     prefixes = tuple(k + "|src" for k in latest)
     measured = duplicates = 0
     for study in optuna.get_all_study_names(storage):
-        if study.startswith(prefixes):
+        if study.startswith(prefixes) and study.endswith("|" + name):
             trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
-            keys = [t.user_attrs["config_key"] for t in trials if t.user_attrs.get("measured")]
+            keys = [
+                t.user_attrs["config_key"]
+                for t in trials
+                if t.user_attrs.get("measured") and t.user_attrs.get("status") not in RETRY_STATUSES
+            ]
             measured, duplicates = measured + len(keys), duplicates + len(keys) - len(set(keys))
     lost, artifacts = 0, {}
     for t in done:
@@ -180,6 +188,8 @@ def cmd_status(args: Any) -> int:
     from autotune.tuning.cli_checks import positive_seconds
 
     positive_seconds("--watch", args.watch)  # 0 would silently not watch, -1 or nan crash time.sleep
+    if getattr(args, "audit", None) is not None and not Path(args.audit).is_dir():  # a typo read as entries lost
+        raise CLIError(f"--audit {args.audit}: no such artifacts folder")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
     if args.storage.startswith("sqlite:///"):
@@ -187,10 +197,12 @@ def cmd_status(args: Any) -> int:
         if str(path) != ":memory:" and not path.is_file():  # opening it would create an empty database there
             raise CLIError(f"--storage {args.storage}: no such database file ({path})")
     try:
-        storage = plain_storage(args.storage)
+        storage = plain_storage(args.storage, create=False)  # a read: no Optuna tables made in a database
+    except NoOptunaTables:
+        storage = None
     except FarmError as e:
         raise CLIError(str(e)) from None
-    farms = farm_names(storage)
+    farms = farm_names(storage) if storage is not None else []
     if args.farm and args.farm not in farms:
         known = ", ".join(repr(n) for n in farms) or "none"
         raise CLIError(f"--farm {args.farm!r}: no such farm in {_safe(args.storage)} (farms there: {known})")

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,12 +38,20 @@ class FarmOptions:
 
     @classmethod
     def from_env(cls) -> FarmOptions:
-        return cls(
+        """The knobs of the environment; a grace period no longer than the heartbeat interval is refused: every
+        live worker would count as dead between two of its beats, and its task be taken over again and again."""
+        fopts = cls(
             heartbeat_s=int(env_number("AUTOTUNE_FARM_HEARTBEAT", 10, 1, integer=True)),
             grace_s=int(env_number("AUTOTUNE_FARM_GRACE", 60, 1, integer=True)),
             retries=int(env_number("AUTOTUNE_FARM_RETRIES", 3, 0, integer=True)),
             poll_s=env_number("AUTOTUNE_FARM_POLL", 2.0, 0.01),
         )
+        if fopts.grace_s <= fopts.heartbeat_s:
+            raise FarmError(
+                f"AUTOTUNE_FARM_GRACE={fopts.grace_s} must exceed AUTOTUNE_FARM_HEARTBEAT={fopts.heartbeat_s} "
+                "(seconds; a few heartbeats, e.g. 6x): a live worker would count as dead between two of its beats"
+            )
+        return fopts
 
 
 def env_number(name: str, default: float, minimum: float, integer: bool = False) -> float:
@@ -59,6 +68,20 @@ def env_number(name: str, default: float, minimum: float, integer: bool = False)
         kind = "an integer" if integer else "a number"
         raise FarmError(f"{name}={raw!r}: must be {kind} >= {minimum:g}")
     return value
+
+
+# Worker processes one host may start: each holds a Python process with its own storage connections (a stock
+# PostgreSQL server takes 100), so a typo such as --workers 1000 would start a fork storm, not a farm.
+MAX_WORKERS = 64
+
+
+def check_farm_call(url: str, workers: int | None) -> None:
+    """FarmError for a farm this host cannot run: a worker count outside [1, MAX_WORKERS] (None: one per GPU), or
+    a storage other than PostgreSQL, whose row and advisory locks the claims rely on (sqlite would lose them)."""
+    if workers is not None and (type(workers) is not int or not 1 <= workers <= MAX_WORKERS):  # bool is no count
+        raise FarmError(f"workers must be an integer in [1, {MAX_WORKERS}] (None: one per GPU), got {workers!r}")
+    if not is_farm_url(url):
+        raise FarmError(f"--storage {_safe(url)}: a farm runs on PostgreSQL (postgresql://...)")
 
 
 # ------------------------------------------------------------------------------------------ storage
@@ -81,18 +104,29 @@ def farm_storage(url: str, fopts: FarmOptions | None = None) -> optuna.storages.
     return _open_storage(url, **kw)
 
 
-def plain_storage(url: str) -> optuna.storages.RDBStorage:
-    """An RDBStorage without heartbeats (readers: status, the run's progress table)."""
-    return _open_storage(url)
+class NoOptunaTables(FarmError):
+    """The database holds no Optuna storage (a reader opened it with ``create=False``)."""
 
 
-def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
-    """Open (and on first use create) Optuna's tables; FarmError naming ``--storage`` when that fails, so a
-    wrong or unreachable URL is one line, not a driver traceback."""
+def plain_storage(url: str, create: bool = True) -> optuna.storages.RDBStorage:
+    """An RDBStorage without heartbeats (readers: status, the run's progress table). ``create=False``: a database
+    without Optuna's tables is ``NoOptunaTables``, not given them (``autotune status`` only reads)."""
+    return _open_storage(url, create=create)
+
+
+def _open_storage(url: str, create: bool = True, **kw: Any) -> optuna.storages.RDBStorage:
+    """Open (and on first use create, unless ``create`` is off) Optuna's tables; FarmError naming ``--storage``
+    when that fails, so a wrong or unreachable URL is one line, not a driver traceback."""
     engine_kwargs = {"pool_pre_ping": True, "connect_args": _connect_args(rdb_url(url))}
     try:
         with _schema_lock(rdb_url(url)):
-            return optuna.storages.RDBStorage(rdb_url(url), engine_kwargs=engine_kwargs, **kw)
+            if not create and not _has_optuna_tables(rdb_url(url)):
+                raise NoOptunaTables(f"--storage {_safe(url)}: the database holds no Optuna storage")
+            return optuna.storages.RDBStorage(
+                rdb_url(url), engine_kwargs=engine_kwargs, skip_table_creation=not create, **kw
+            )
+    except FarmError:
+        raise
     except ImportError as e:
         need = (
             "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
@@ -106,6 +140,18 @@ def _open_storage(url: str, **kw: Any) -> optuna.storages.RDBStorage:
         if is_farm_url(url):
             hint += " and that the server runs (python -m autotune.tuning.pg_local start DIR prints a local one's URL)"
         raise FarmError(f"--storage {_safe(url)}: cannot open it ({why}); {hint}") from e
+
+
+def _has_optuna_tables(url: str) -> bool:
+    """Whether the database at ``url`` holds Optuna's tables (its ``studies`` and ``version_info``)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=_connect_args(url))
+    try:
+        inspector = sqlalchemy.inspect(engine)
+        return all(inspector.has_table(t) for t in ("studies", "version_info"))
+    finally:
+        engine.dispose()
 
 
 def _connect_args(url: str) -> dict[str, Any]:
@@ -161,8 +207,10 @@ def _advisory_lock(storage: optuna.storages.RDBStorage, name: str) -> Iterator[N
 
 
 def _safe(url: str) -> str:
-    """The URL without its password (for messages and status titles)."""
+    """The URL without its password (for messages and status titles): the one before '@', and a ``password=``
+    query parameter (libpq's other spelling, ``postgresql://u@h/db?password=...``)."""
     head, sep, tail = url.partition("://")
+    tail = re.sub(r"([?&]password=)[^&]*", r"\1***", tail, flags=re.IGNORECASE)
     if "@" in tail:
         auth, host = tail.rsplit("@", 1)
         tail = auth.split(":", 1)[0] + ("" if ":" not in auth else ":***") + "@" + host

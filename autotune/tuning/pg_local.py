@@ -106,8 +106,11 @@ def _state(folder: Path) -> dict:
 
 
 def storage_url(host: str, port: int, password: str | None = None, db: str = DB) -> str:
-    """The Optuna storage URL of the server (``autotune run --storage URL``)."""
-    auth = f"{USER}:{password}" if password else USER
+    """The Optuna storage URL of the server (``autotune run --storage URL``); the password percent-encoded, so one
+    holding '@', '%' or '/' names the same password in the URL."""
+    from urllib.parse import quote
+
+    auth = f"{USER}:{quote(password, safe='')}" if password else USER
     return f"postgresql://{auth}@{host}:{port}/{db}"
 
 
@@ -132,6 +135,10 @@ def start(
     Idempotent: a running server's URL is returned as it is. ``listen`` other than loopback opens it to
     other hosts (password authentication then, scram-sha-256; trust on loopback only).
     """
+    if password is not None and not password:  # `--password "$PW"` with PW unset: no password, no remote login
+        raise PgError("--password is empty; give the password remote hosts log in with")
+    if Path(folder).exists() and not Path(folder).is_dir():  # it was a FileExistsError traceback from mkdir
+        raise PgError(f"{folder} exists and is not a folder; name a folder for the server's files")
     missing = missing_binaries()
     if missing:
         raise PgError(

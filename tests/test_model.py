@@ -112,8 +112,9 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
         ("tiny", {"lr": float("inf")}, "lr must be a positive finite number"),
         ("tiny", {"zipf_alpha": 0}, "zipf_alpha must be a positive"),
         ("tiny", {"label_noise": None}, "label_noise must be a number"),
-        ("tiny", {"seed": -1}, "seed must be an int >= 0"),
-        ("tiny", {"seed": 1.5}, "seed must be an int >= 0"),
+        ("tiny", {"seed": -1}, r"seed must be an int in \[0, 2\*\*64\)"),
+        ("tiny", {"seed": 1.5}, "seed must be an int in"),
+        ("tiny", {"seed": 2**64}, r"seed must be an int in \[0, 2\*\*64\), got 18446744073709551616"),
         ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
         ("tiny", {"length_dist": "file", "lengths_file": 123}, "lengths_file must be a path string"),
         ("tiny", {"zero_copy": False}, "zero_copy=False .* needs layer='fused'"),
@@ -170,7 +171,8 @@ def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
     [["--steps", "0"], ["--warmup", "-1"], ["--log-every", "0"], ["--dtype", "fp16"], ["--set", "foo=1"],
      ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"], ["--device", "nope"],
      ["--device", "cpu", "--cuda-graph"], ["--device", "cpu", "--layer", "fused", "--precision", "bf16"],
-     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"], ["--graph-tokens", "64"]],
+     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"], ["--graph-tokens", "64"],
+     ["--seed", str(2**64)]],
 )  # fmt: skip
 def test_train_cli_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -219,6 +221,20 @@ def test_a_batch_of_empty_sequences_has_zero_loss_and_gradients(device, over):
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_sequence_above_max_seq_len_is_named_before_the_position_table(precision):
+    """A batch whose sequence outgrows max_seq_len indexed past the position embedding: a bare IndexError on the
+    CPU (a device-side assert on a GPU) before the attention call could name the length."""
+    over = {"layer": "fused", "precision": "bf16", "kernels": "default"} if precision == "bf16" else {}
+    cfg = get_config("tiny", **{"kernels": "reference", "max_seq_len": 8, "min_seq_len": 2, **over})
+    model = HSTURankingModel(cfg)
+    n = 11
+    rows = torch.zeros(n, dtype=torch.long)
+    batch = JaggedBatch(rows, rows, torch.arange(n), torch.zeros(n, cfg.num_tasks), torch.tensor([0, 1, n]), [1, n - 1])
+    with pytest.raises(ValueError, match="sequence of 10 tokens \\(sequence 1\\), above the model's max_seq_len 8"):
+        model.loss(batch)
 
 
 @pytest.mark.parametrize(

@@ -162,6 +162,13 @@ def run(
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
     if prime is not None and not isinstance(prime, bool):
         raise ValueError(f"prime must be a bool or None, got {prime!r}")
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg must be a ModelConfig (models.config.get_config), got {type(cfg).__name__}")
+    cfg.validate()  # a config built without replace/get_config: its bad field named, not a later symptom
+    if dtype not in (None, "bf16", "fp32"):  # else found by autocast_context after the model was built
+        raise ValueError(f"dtype must be 'bf16', 'fp32' or None, got {dtype!r}")
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device must be a str or torch.device (cpu, cuda[:N]), got {device!r}")
     r = _prepare(cfg, torch.device(device), dtype, artifacts, gpu, allow_same_arch)
     prime = (r.device.type == "cuda" and r.graphed is None) if prime is None else prime
     if r.device.type == "cuda":

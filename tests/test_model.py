@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autotune.runtime import dispatch
-from models.config import PRESETS, get_config
+from models.config import PRESETS, ModelConfig, get_config
 from models.data import JaggedBatch, SyntheticJaggedDataset
 from models.hstu import HSTURankingModel
 from models.metrics import step_flops
@@ -240,12 +240,19 @@ def test_a_sequence_above_max_seq_len_is_named_before_the_position_table(precisi
 @pytest.mark.parametrize(
     ("kw", "match"),
     [({"steps": 2.5}, "steps must be an int >= 1, got 2.5"), ({"warmup": True}, "warmup must be an int >= 0"),
-     ({"workers": -1}, "workers must be an int >= 0"), ({"device": "meta"}, "device must be cpu or cuda")],
+     ({"workers": -1}, "workers must be an int >= 0"), ({"device": "meta"}, "device must be cpu or cuda"),
+     ({"dtype": "fp16"}, "dtype must be 'bf16', 'fp32' or None, got 'fp16'"),
+     ({"device": None}, "device must be a str or torch.device"),
+     ({"cfg": "tiny"}, "cfg must be a ModelConfig"),
+     ({"cfg": ModelConfig(num_layers=0)}, "num_layers must be a positive int, got 0")],
 )  # fmt: skip
-def test_run_checks_its_arguments_before_set_up(kw, match):
-    """A float step count failed in ``range`` after the model was built, a meta device inside autocast."""
+def test_run_checks_its_arguments_before_set_up(kw, match, monkeypatch):
+    """A float step count failed in ``range`` after the model was built, a meta device inside autocast, a bad
+    dtype after the model was built, a config built without validation with another check's message."""
+    monkeypatch.setattr("models.train.build", lambda *a: pytest.fail("the model was built before the checks"))
+    kw = {"cfg": get_config("tiny", kernels="reference"), "steps": 1, **kw}
     with pytest.raises(ValueError, match=match):
-        run(get_config("tiny", kernels="reference"), **{"steps": 1, **kw}, progress=False)
+        run(**kw, progress=False)
 
 
 def test_train_cli_refuses_unusable_device_and_json_path_up_front(tmp_path, capsys):

@@ -519,6 +519,7 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     check_device(torch.device(device))
+    distributed.env_info()  # torchrun's variables, named when unusable
     if cfg.cuda_graph and torch.device(device).type != "cuda":
         raise ValueError(f"--cuda-graph needs a CUDA device, got --device {device}")
     if cfg.graph_tokens and not cfg.cuda_graph:
@@ -586,7 +587,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _check_cli_args(args, cfg, device)
     except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's message for a bad --device
         parser.error(str(e))
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    rank0 = distributed.env_info().rank == 0
     if args.json and rank0:  # a run that fails writes no JSON: an older file there would read as this run's
         Path(args.json).unlink(missing_ok=True)
     try:

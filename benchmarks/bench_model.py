@@ -32,7 +32,7 @@ from autotune.tuning.cli import CLIError  # noqa: E402
 from autotune.tuning.cli_checks import writable_file  # noqa: E402
 from benchmarks.cli_args import at_least  # noqa: E402
 from models.config import KERNEL_SOURCES, PRESETS, get_config  # noqa: E402
-from models.train import check_kernels, check_precision, default_dtype, parse_overrides, run  # noqa: E402
+from models.train import check_device, check_kernels, check_precision, default_dtype, parse_overrides, run  # noqa: E402
 
 
 def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any, int, int]]:
@@ -43,6 +43,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any,
         raise ValueError("--set kernels=...: the kernel source is each variant's own (--kernels tuned default ...)")
     at_least(args, 1, "--log-every")  # run() refused these two with a traceback
     at_least(args, 0, "--workers")
+    check_device(device)  # --device cuda on a host without one was run()'s traceback at the first variant
     runs = []
     for variant in args.kernels:
         source, own = parse_variant(variant)
@@ -51,6 +52,9 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Any,
         cfg = get_config(args.preset, **{**overrides, **own, "kernels": source})
         if cfg.cuda_graph and device.type != "cuda":
             raise ValueError(f"--kernels {variant!r}: CUDA graphs need a CUDA device, got --device {device}")
+        if cfg.graph_tokens and not cfg.cuda_graph:  # else ignored: the variant ran eagerly under its name
+            raise ValueError(f"--kernels {variant!r}: graph_tokens pads the batches of CUDA-graph steps: "
+                             "add cuda_graph=true (or --cuda-graph)")  # fmt: skip
         check_precision(cfg, args.dtype or default_dtype(device))
         check_kernels(cfg, device)
         steps = args.reference_steps if source == "reference" else args.steps

@@ -204,8 +204,9 @@ class ModelConfig:
             raise ValueError(f"min_seq_len ({self.min_seq_len}) must be <= max_seq_len ({self.max_seq_len})")
         if not isinstance(self.num_actions, int) or isinstance(self.num_actions, bool) or self.num_actions < 5:
             raise ValueError(f"num_actions must be an int >= 5 (none + click x like), got {self.num_actions!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**64:
+            # torch.manual_seed takes 64 bits: a larger seed was its overflow traceback after the checks
+            raise ValueError(f"seed must be an int in [0, 2**64), got {self.seed!r}")
         self._validate_floats()
         if self.num_items < self.num_categories:
             raise ValueError(f"num_items ({self.num_items}) must be >= num_categories ({self.num_categories})")

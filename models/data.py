@@ -41,6 +41,7 @@ def sample_length(rng: np.random.Generator, cfg: ModelConfig) -> int:
 def length_sample(cfg: ModelConfig, n: int = 4096, seed: int = 0) -> list[int]:
     """``n`` seeded draws of ``sample_length``: the data config's length law as a sample, so the tuner
     (``autotune run --from-model``) draws its representative batches from the lengths training sees."""
+    cfg.validate()  # a config built directly: an unknown length_dist drew heavy-tailed lengths without a word
     rng = np.random.default_rng(seed)
     return [sample_length(rng, cfg) for _ in range(n)]
 
@@ -63,6 +64,7 @@ class SyntheticSequences:
     """Deterministic generator of user histories: ``gen[i]`` is the same for a given seed."""
 
     def __init__(self, cfg: ModelConfig) -> None:
+        cfg.validate()  # a config built directly (not by get_config/replace): its bad field named, not a numpy error
         self.cfg = cfg
         self.items_per_cat = cfg.num_items // cfg.num_categories
         self.rank_probs = _zipf_probs(self.items_per_cat, cfg.zipf_alpha)

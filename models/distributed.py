@@ -39,14 +39,36 @@ class DistInfo:
         return self.world > 1
 
 
-def setup(device_type: str) -> DistInfo:
-    """Join the job torchrun started (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``): NCCL on GPUs, gloo on CPU."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+def _env_int(name: str, default: str | None) -> int:
+    raw = os.environ.get(name, default)
+    if raw is None:
+        world = os.environ["WORLD_SIZE"]
+        raise ValueError(f"WORLD_SIZE={world} without {name}: start data-parallel runs with torchrun")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an int") from None
+
+
+def env_info() -> DistInfo:
+    """This process's place from torchrun's ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``, without joining anything:
+    ``ValueError`` naming the variable when they are unusable (a stray ``WORLD_SIZE`` was a bare KeyError)."""
+    world = _env_int("WORLD_SIZE", "1")
     if world <= 1:
         return DistInfo()
+    rank, local_rank = _env_int("RANK", None), _env_int("LOCAL_RANK", "0")
+    if not 0 <= rank < world or local_rank < 0:
+        raise ValueError(f"RANK={rank} / LOCAL_RANK={local_rank} do not fit WORLD_SIZE={world}")
+    return DistInfo(rank, world, local_rank)
+
+
+def setup(device_type: str) -> DistInfo:
+    """Join the job torchrun started (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``): NCCL on GPUs, gloo on CPU."""
+    info = env_info()
+    if not info.enabled:
+        return info
     import torch.distributed as dist
 
-    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return info

@@ -169,6 +169,8 @@ class HSTURankingModel(nn.Module):
 
     def forward(self, batch: JaggedBatch) -> torch.Tensor:
         """Logits of shape (L, num_tasks)."""
+        if batch.lengths and not torch.compiler.is_compiling():
+            self._check_lengths(batch.lengths)
         if self.cfg.precision == "bf16":
             return self._forward_compute_dtype(batch)
         x = self.input_proj(self.item_emb(batch.items) + self.action_emb(batch.prev_actions))
@@ -177,6 +179,17 @@ class HSTURankingModel(nn.Module):
             x = layer(x, batch.seq_offsets)
         x = self.final_norm(x)
         return torch.cat([head(x) for head in self.heads], dim=1)
+
+    def _check_lengths(self, lengths: list[int]) -> None:
+        """A sequence above max_seq_len indexes past the position table: an IndexError on the CPU, a device-side
+        assert (a dead CUDA context) on a GPU, before the attention call could name it. The host lengths say it
+        first (no device sync); a traced call skips this, so its guards never hold the lengths."""
+        longest = max(lengths)
+        if longest > self.cfg.max_seq_len:
+            raise ValueError(
+                f"batch has a sequence of {longest} tokens (sequence {lengths.index(longest)}), above the model's "
+                f"max_seq_len {self.cfg.max_seq_len}"
+            )
 
     def _forward_compute_dtype(self, batch: JaggedBatch) -> torch.Tensor:
         """precision="bf16": the stream stays in the compute dtype from the embeddings to the logits.

@@ -162,6 +162,13 @@ def run(
         raise ValueError(f"balance must be one of {distributed.BALANCE}, got {balance!r}")
     if prime is not None and not isinstance(prime, bool):
         raise ValueError(f"prime must be a bool or None, got {prime!r}")
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg must be a ModelConfig (models.config.get_config), got {type(cfg).__name__}")
+    cfg.validate()  # a config built without replace/get_config: its bad field named, not a later symptom
+    if dtype not in (None, "bf16", "fp32"):  # else found by autocast_context after the model was built
+        raise ValueError(f"dtype must be 'bf16', 'fp32' or None, got {dtype!r}")
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device must be a str or torch.device (cpu, cuda[:N]), got {device!r}")
     r = _prepare(cfg, torch.device(device), dtype, artifacts, gpu, allow_same_arch)
     prime = (r.device.type == "cuda" and r.graphed is None) if prime is None else prime
     if r.device.type == "cuda":
@@ -512,6 +519,7 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     check_device(torch.device(device))
+    distributed.env_info()  # torchrun's variables, named when unusable
     if cfg.cuda_graph and torch.device(device).type != "cuda":
         raise ValueError(f"--cuda-graph needs a CUDA device, got --device {device}")
     if cfg.graph_tokens and not cfg.cuda_graph:
@@ -579,7 +587,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _check_cli_args(args, cfg, device)
     except (ValueError, RuntimeError) as e:  # RuntimeError: torch.device's message for a bad --device
         parser.error(str(e))
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    rank0 = distributed.env_info().rank == 0
     if args.json and rank0:  # a run that fails writes no JSON: an older file there would read as this run's
         Path(args.json).unlink(missing_ok=True)
     try:

@@ -31,6 +31,8 @@ def _interpreter_on_the_cpu(monkeypatch):
         (["--kernels", "default", "--cuda-graph"], "CUDA graphs need a CUDA device"),
         (["--kernels", "reference", "--base", "tuned"], "--base 'tuned' is none of the variants"),
         (["--kernels", "reference", "--dtype", "fp16"], "invalid choice"),
+        (["--kernels", "reference", "--device", "meta"], "device must be cpu or cuda[:N], got 'meta'"),
+        (["--kernels", "reference", "default:graph_tokens=8"], "graph_tokens pads the batches of CUDA-graph steps"),
     ],
 )
 def test_bad_variants_are_usage_errors_before_anything_runs(argv, match, monkeypatch, capsys):

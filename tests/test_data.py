@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from models.config import get_config
-from models.data import SyntheticJaggedDataset, SyntheticSequences, make_loader
+from models.config import ModelConfig, get_config
+from models.data import SyntheticJaggedDataset, SyntheticSequences, length_sample, make_loader
 
 
 def test_deterministic_and_seed_dependent():
@@ -123,3 +124,18 @@ def test_a_rewritten_lengths_file_is_read_again(tmp_path):
     path.write_text("64\n")
     with pytest.raises(ValueError, match="64 tokens, above max_seq_len 32"):
         get_config("tiny", length_dist="file", lengths_file=str(path))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("length_dist", "zipf", "length_dist must be one of"), ("num_categories", 0, "num_categories must be a positive"),
+     ("taste_size", 100, r"taste_size \(100\) must be <= num_categories")],
+)  # fmt: skip
+def test_data_from_a_config_built_directly_names_its_bad_field(field, value, match):
+    """A ModelConfig built without get_config/replace is not validated: an unknown length_dist drew heavy-tailed
+    lengths without a word, others failed inside numpy (ZeroDivisionError, 'larger sample than population')."""
+    cfg = ModelConfig(kernels="reference", **{field: value})
+    with pytest.raises(ValueError, match=match):
+        SyntheticJaggedDataset(cfg).batch(0)
+    with pytest.raises(ValueError, match=match):
+        length_sample(cfg, 3)

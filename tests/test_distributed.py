@@ -209,3 +209,32 @@ def test_group_scope_destroys_its_group_when_the_closing_barrier_fails(monkeypat
     if initialized:
         dist.destroy_process_group()
     assert not initialized
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without RANK: start data-parallel runs with torchrun"),
+     ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an int"),
+     ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 / LOCAL_RANK=0 do not fit WORLD_SIZE=2"),
+     ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an int")],
+)  # fmt: skip
+def test_unusable_torchrun_variables_are_a_usage_error_naming_them(env, match, monkeypatch, capsys):
+    """A stray WORLD_SIZE (no torchrun) was a bare KeyError on RANK, after the config and CLI checks."""
+    from models.train import main
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, val in env.items():
+        monkeypatch.setenv(name, val)
+    monkeypatch.setattr("models.train.run", lambda *a, **k: pytest.fail("run() started"))
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--kernels", "reference", "--device", "cpu", "--no-progress"])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        distributed.setup("cpu")
+
+
+def test_a_single_process_ignores_rank_variables(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "x")
+    assert distributed.env_info() == distributed.DistInfo()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autotune.runtime import dispatch
-from models.config import PRESETS, get_config
+from models.config import PRESETS, ModelConfig, get_config
 from models.data import JaggedBatch, SyntheticJaggedDataset
 from models.hstu import HSTURankingModel
 from models.metrics import step_flops
@@ -112,8 +112,9 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
         ("tiny", {"lr": float("inf")}, "lr must be a positive finite number"),
         ("tiny", {"zipf_alpha": 0}, "zipf_alpha must be a positive"),
         ("tiny", {"label_noise": None}, "label_noise must be a number"),
-        ("tiny", {"seed": -1}, "seed must be an int >= 0"),
-        ("tiny", {"seed": 1.5}, "seed must be an int >= 0"),
+        ("tiny", {"seed": -1}, r"seed must be an int in \[0, 2\*\*64\)"),
+        ("tiny", {"seed": 1.5}, "seed must be an int in"),
+        ("tiny", {"seed": 2**64}, r"seed must be an int in \[0, 2\*\*64\), got 18446744073709551616"),
         ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
         ("tiny", {"length_dist": "file", "lengths_file": 123}, "lengths_file must be a path string"),
         ("tiny", {"zero_copy": False}, "zero_copy=False .* needs layer='fused'"),
@@ -170,7 +171,8 @@ def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
     [["--steps", "0"], ["--warmup", "-1"], ["--log-every", "0"], ["--dtype", "fp16"], ["--set", "foo=1"],
      ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"], ["--device", "nope"],
      ["--device", "cpu", "--cuda-graph"], ["--device", "cpu", "--layer", "fused", "--precision", "bf16"],
-     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"], ["--graph-tokens", "64"]],
+     ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"], ["--graph-tokens", "64"],
+     ["--seed", str(2**64)]],
 )  # fmt: skip
 def test_train_cli_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -221,15 +223,36 @@ def test_a_batch_of_empty_sequences_has_zero_loss_and_gradients(device, over):
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
 
 
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_sequence_above_max_seq_len_is_named_before_the_position_table(precision):
+    """A batch whose sequence outgrows max_seq_len indexed past the position embedding: a bare IndexError on the
+    CPU (a device-side assert on a GPU) before the attention call could name the length."""
+    over = {"layer": "fused", "precision": "bf16", "kernels": "default"} if precision == "bf16" else {}
+    cfg = get_config("tiny", **{"kernels": "reference", "max_seq_len": 8, "min_seq_len": 2, **over})
+    model = HSTURankingModel(cfg)
+    n = 11
+    rows = torch.zeros(n, dtype=torch.long)
+    batch = JaggedBatch(rows, rows, torch.arange(n), torch.zeros(n, cfg.num_tasks), torch.tensor([0, 1, n]), [1, n - 1])
+    with pytest.raises(ValueError, match="sequence of 10 tokens \\(sequence 1\\), above the model's max_seq_len 8"):
+        model.loss(batch)
+
+
 @pytest.mark.parametrize(
     ("kw", "match"),
     [({"steps": 2.5}, "steps must be an int >= 1, got 2.5"), ({"warmup": True}, "warmup must be an int >= 0"),
-     ({"workers": -1}, "workers must be an int >= 0"), ({"device": "meta"}, "device must be cpu or cuda")],
+     ({"workers": -1}, "workers must be an int >= 0"), ({"device": "meta"}, "device must be cpu or cuda"),
+     ({"dtype": "fp16"}, "dtype must be 'bf16', 'fp32' or None, got 'fp16'"),
+     ({"device": None}, "device must be a str or torch.device"),
+     ({"cfg": "tiny"}, "cfg must be a ModelConfig"),
+     ({"cfg": ModelConfig(num_layers=0)}, "num_layers must be a positive int, got 0")],
 )  # fmt: skip
-def test_run_checks_its_arguments_before_set_up(kw, match):
-    """A float step count failed in ``range`` after the model was built, a meta device inside autocast."""
+def test_run_checks_its_arguments_before_set_up(kw, match, monkeypatch):
+    """A float step count failed in ``range`` after the model was built, a meta device inside autocast, a bad
+    dtype after the model was built, a config built without validation with another check's message."""
+    monkeypatch.setattr("models.train.build", lambda *a: pytest.fail("the model was built before the checks"))
+    kw = {"cfg": get_config("tiny", kernels="reference"), "steps": 1, **kw}
     with pytest.raises(ValueError, match=match):
-        run(get_config("tiny", kernels="reference"), **{"steps": 1, **kw}, progress=False)
+        run(**kw, progress=False)
 
 
 def test_train_cli_refuses_unusable_device_and_json_path_up_front(tmp_path, capsys):

@@ -187,3 +187,20 @@ def test_a_farm_on_a_storage_other_than_postgresql_is_refused(tmp_path):
     with pytest.raises(farm.FarmError, match=r"--storage sqlite:///.*: a farm runs on PostgreSQL"):
         farm.run_farm([task], opts, url, workers=2)
     assert not (tmp_path / "farm.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "label"), [("a/b", "a_b"), ("../..", ".._.."), ("..", "host"), ("", None), ("n1 x", "n1_x")]
+)
+def test_the_host_label_is_a_safe_file_name_part(monkeypatch, given, label):
+    """``AUTOTUNE_FARM_HOST=a/b`` named a log file in a folder that does not exist (a traceback), and '../x' one
+    outside the logs folder: the label keeps letters, digits, '.', '_' and '-' only."""
+    import re
+    import socket
+
+    from autotune.tuning.farm import host_label
+
+    monkeypatch.setenv("AUTOTUNE_FARM_HOST", given)
+    got = host_label()
+    assert got == (label or re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()))
+    assert "/" not in got and got.strip(".")

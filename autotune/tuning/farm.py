@@ -36,6 +36,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -304,8 +305,11 @@ class _ClaimedStorage:
 
 
 def host_label() -> str:
-    """This host's name in worker ids and logs (``AUTOTUNE_FARM_HOST`` overrides it, e.g. in tests)."""
-    return os.environ.get("AUTOTUNE_FARM_HOST") or socket.gethostname()
+    """This host's name in worker ids and log file names (``AUTOTUNE_FARM_HOST`` overrides it, e.g. in tests): a
+    '/' or '..' in it put a worker's log outside the logs folder, or failed to open it, so only letters, digits,
+    '.', '_' and '-' are kept (others become '_')."""
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get("AUTOTUNE_FARM_HOST") or socket.gethostname())
+    return label if label.strip(".") else "host"
 
 
 def _log(msg: str) -> None:

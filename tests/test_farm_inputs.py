@@ -204,3 +204,37 @@ def test_the_host_label_is_a_safe_file_name_part(monkeypatch, given, label):
     got = host_label()
     assert got == (label or re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()))
     assert "/" not in got and got.strip(".")
+
+
+def test_status_watch_survives_a_storage_outage(monkeypatch):
+    """``autotune status --watch`` ended in a traceback when the storage dropped out between redraws (a restart,
+    a network blip); it now says so and keeps watching until the farm is done."""
+    import argparse
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    from autotune.tuning import farm_status
+
+    replies = iter(["busy", OSError("server closed the connection unexpectedly"), "busy", "done"])
+
+    def snapshot(storage, name):
+        r = next(replies)
+        if isinstance(r, Exception):
+            raise r
+        return {"counts": {"running": int(r == "busy"), "waiting": 0}, "r": r}
+
+    monkeypatch.setattr(farm_status, "plain_storage", lambda url, create=False: object())
+    monkeypatch.setattr(farm_status, "farm_names", lambda storage: ["f"])
+    monkeypatch.setattr(farm_status, "snapshot", snapshot)
+    monkeypatch.setattr(farm_status, "render", lambda snap, url: Text(f"farm {snap['r']}"))
+    shown = []
+    update = Live.update
+    monkeypatch.setattr(Live, "update", lambda self, r, **kw: shown.append(r) or update(self, r, **kw))
+    args = argparse.Namespace(storage="postgresql://u@h:1/db", watch=0.01, farm=None, audit=None)
+    assert farm_status.cmd_status(args) == 0
+    assert next(replies, None) is None  # watched through the outage to the end
+    console = Console(width=200, record=True)
+    console.print(shown[0])
+    assert "storage unreachable (server closed the connection unexpectedly)" in console.export_text()

@@ -183,6 +183,7 @@ def cmd_status(args: Any) -> int:
     """Print (or with ``--watch`` keep redrawing) the farms of a storage; 1 when it holds none."""
     from rich.console import Group
     from rich.live import Live
+    from rich.markup import escape
 
     from autotune.tuning.cli import CLIError, _console
     from autotune.tuning.cli_checks import positive_seconds
@@ -231,8 +232,13 @@ def cmd_status(args: Any) -> int:
         try:
             while busy:
                 time.sleep(args.watch)
-                renderable, busy = view()
-                live.update(renderable, refresh=True)
+                try:
+                    renderable, busy = view()
+                    live.update(renderable, refresh=True)
+                except Exception as e:  # noqa: BLE001 - a storage restart or network blip: say so, keep watching
+                    why = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+                    note = f"[yellow]storage unreachable ({escape(why[:200])}); retrying every {args.watch:g} s[/]"
+                    live.update(Group(renderable, note), refresh=True)
         except KeyboardInterrupt:
             pass
     return 0

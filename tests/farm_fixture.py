@@ -9,6 +9,15 @@ import optuna
 
 from autotune.tuning.study_storage import rdb_url
 
+# Fast farm timings for tests (beats every second, a dead worker noticed after 3 s) over the fake op's two configs.
+FARM_ENV = {
+    "AUTOTUNE_FAKE_MODES": "ok,ok2",
+    "AUTOTUNE_FARM_HEARTBEAT": "1",
+    "AUTOTUNE_FARM_GRACE": "3",
+    "AUTOTUNE_FARM_POLL": "0.3",
+    "TRITON_INTERPRET": "1",
+}
+
 
 def rdb_storage(url: str) -> optuna.storages.RDBStorage:
     """A plain Optuna storage on ``url`` (no farm wrapper): what another host would open."""

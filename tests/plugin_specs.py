@@ -67,3 +67,19 @@ def registered_plugin(monkeypatch: Any, module: str) -> Iterator[ModuleType]:
     finally:
         spec.unregister(plugin.NAME)
         forget()
+
+
+def trials_by_mode(root: Path, task: Any, param: str) -> dict[str, Any]:
+    """The last non-duplicate trial of each value of ``param`` (e.g. 'torch.mode') in ``task``'s study under
+    ``root``: what a test of the tuner's verdicts reads back."""
+    import optuna
+
+    from autotune.tuning.tuner import make_storage
+
+    storage = make_storage(None, task.gpu, root)
+    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
+    out = {}
+    for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
+        if not t.user_attrs.get("duplicate") and param in t.params:
+            out[t.params[param]] = t
+    return out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from farm_fixture import one_task_farm, rdb_storage, run_one
+from farm_fixture import FARM_ENV, one_task_farm, rdb_storage, run_one
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 from proc_env import REPO, child_env
@@ -30,13 +30,6 @@ from autotune.tuning.study_storage import rdb_url
 load_plugins(["autotune.tuning.fake"])
 BUCKETS = "256,512,1K,2K"
 N_TASKS = 16  # 4 buckets x 2 distributions x 2 head dims
-FARM_ENV = {
-    "AUTOTUNE_FAKE_MODES": "ok,ok2",
-    "AUTOTUNE_FARM_HEARTBEAT": "1",
-    "AUTOTUNE_FARM_GRACE": "3",
-    "AUTOTUNE_FARM_POLL": "0.3",
-    "TRITON_INTERPRET": "1",
-}
 
 
 def _argv(url: str, root: Path, workers: int, buckets: str = BUCKETS, dims: str = "32,64") -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from farm_fixture import one_task_farm
+from farm_fixture import FARM_ENV, one_task_farm
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 from proc_env import REPO
@@ -17,13 +17,6 @@ from autotune.tuning.registry import load_plugins
 from autotune.tuning.study_storage import rdb_url
 
 load_plugins(["autotune.tuning.fake"])
-FARM_ENV = {
-    "AUTOTUNE_FAKE_MODES": "ok,ok2",
-    "AUTOTUNE_FARM_HEARTBEAT": "1",
-    "AUTOTUNE_FARM_GRACE": "3",
-    "AUTOTUNE_FARM_POLL": "0.3",
-    "TRITON_INTERPRET": "1",
-}
 
 
 def _closed_port_url() -> str:

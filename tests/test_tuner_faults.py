@@ -16,6 +16,7 @@ import time
 
 import optuna
 import pytest
+from plugin_specs import trials_by_mode
 from proc_env import child_env
 
 from autotune.runtime import artifacts as art
@@ -47,14 +48,7 @@ def _opts(tmp_path, **kw) -> TuneOptions:
 
 
 def _trials(tmp_path, task: Task) -> dict[str, optuna.trial.FrozenTrial]:
-    """Last non-duplicate trial per mode."""
-    storage = make_storage(None, task.gpu, tmp_path)
-    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
-    out = {}
-    for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
-        if not t.user_attrs.get("duplicate") and "fake.mode" in t.params:
-            out[t.params["fake.mode"]] = t
-    return out
+    return trials_by_mode(tmp_path, task, "fake.mode")
 
 
 def _written(tmp_path) -> dict:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from plugin_specs import registered_plugin
+from plugin_specs import registered_plugin, trials_by_mode
 
 from autotune.runtime import artifacts as art
 from autotune.tuning.tasks import Task
-from autotune.tuning.tuner import TuneOptions, make_storage, run_tasks
+from autotune.tuning.tuner import TuneOptions, run_tasks
 from autotune.tuning.worker import check_lengths
 
 PLUGIN = "spec_plugin_hostile"
@@ -40,14 +40,7 @@ def _opts(tmp_path, **kw) -> TuneOptions:
 
 
 def _trials(tmp_path, task: Task) -> dict[str, optuna.trial.FrozenTrial]:
-    """Last non-duplicate trial per mode."""
-    storage = make_storage(None, task.gpu, tmp_path)
-    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
-    out = {}
-    for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
-        if not t.user_attrs.get("duplicate") and "torch.mode" in t.params:
-            out[t.params["torch.mode"]] = t
-    return out
+    return trials_by_mode(tmp_path, task, "torch.mode")
 
 
 def _written(tmp_path, plugin) -> dict:

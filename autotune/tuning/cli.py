@@ -427,7 +427,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Time default vs tuned configs in this process on the given shapes (GPU only)."""
     from rich.table import Table
 
-    if args.heatmap:
+    if args.heatmap or args.from_csv:  # --from-csv is a heatmap re-render (no GPU): it implies --heatmap
         from autotune.tuning.cli_heatmap import cmd_heatmap
 
         return cmd_heatmap(args)

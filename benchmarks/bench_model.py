@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="bf16 (default on GPU) or fp32")
-    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--artifacts", default=None, help="tuned artifact directory (default: the packaged artifacts)")
     p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
     p.add_argument(
         "--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides (repeatable)"

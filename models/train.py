@@ -133,7 +133,7 @@ def run(
     device: str | torch.device = "cpu",
     warmup: int = 2,
     dtype: str | None = None,
-    artifacts: str = "artifacts",
+    artifacts: str | None = None,
     gpu: str | None = None,
     log_every: int = 10,
     workers: int = 0,
@@ -218,7 +218,12 @@ def check_kernels(cfg: ModelConfig, device: torch.device) -> None:
 
 
 def _prepare(
-    cfg: ModelConfig, device: torch.device, dtype: str | None, artifacts: str, gpu: str | None, allow_same_arch: bool
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: str | None,
+    artifacts: str | None,
+    gpu: str | None,
+    allow_same_arch: bool,
 ) -> _Run:
     """Device and process group, the tuned artifacts (``kernels="tuned"``), model, Adam and the step form."""
     check_device(device)
@@ -488,7 +493,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype", default=None, choices=("bf16", "fp32"), help="bf16 (autocast; GPU default) or fp32 (CPU default)"
     )
-    p.add_argument("--artifacts", default="artifacts", help="tuned artifact directory (kernels=tuned)")
+    p.add_argument(
+        "--artifacts",
+        default=None,
+        help="tuned artifact directory (kernels=tuned; default: the packaged artifacts, autotune.load())",
+    )
     p.add_argument("--gpu", default=None, help="artifact GPU name (default: detected)")
     p.add_argument(
         "--allow-same-arch",

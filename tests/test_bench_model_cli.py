@@ -83,3 +83,19 @@ def test_an_unwritable_json_is_a_usage_error_before_anything_runs(where, match, 
         bench_model.main([*BASE, "--kernels", "reference", "--json", str(tmp_path / where)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"--json {tmp_path / where}" in err and match in err, err
+
+
+def test_artifacts_default_to_the_packaged_ones(tmp_path, monkeypatch):
+    """Without --artifacts the tuned variant loads the shipped artifacts (autotune.load()), not ./artifacts."""
+    seen = []
+
+    def fake_run(cfg, steps, device, warmup, dtype, artifacts, *a, **kw):
+        seen.append(artifacts)
+        return {"kernels": cfg.kernels, "tokens_per_s": 1.0, "steps": steps, "step_ms": 1.0, "tflops": 1.0,
+                "mfu": None, "peak_memory_gib": None, "first_loss": 0.7, "final_loss": 0.6,
+                "dispatch": {"warnings": []}}  # fmt: skip
+
+    monkeypatch.setattr(bench_model, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    bench_model.main([*BASE, "--kernels", "reference"])
+    assert seen == [None]

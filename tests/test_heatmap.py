@@ -88,6 +88,16 @@ def test_cli_rerenders_a_csv_without_a_gpu(tmp_path):
     assert main(["bench", "--heatmap", "--from-csv", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
 
 
+def test_from_csv_alone_rerenders_without_a_gpu(tmp_path):
+    """--from-csv re-renders a table (no GPU needed, as its help says) without --heatmap beside it."""
+    from autotune.tuning.cli import main
+
+    heatmap.write_csv(_rows(), tmp_path / "in.csv")
+    out = tmp_path / "out"
+    assert main(["bench", "--from-csv", str(tmp_path / "in.csv"), "--out", str(out)]) == 0
+    assert (out / "heatmap.csv").is_file()
+
+
 HEADER = "direction,dqk,heads,batch,length,source,ms,tflops,mfu\n"
 GOOD = "fwd,128,4,1,128,tuned,0.1,10,0.1\n"
 

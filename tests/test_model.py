@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,6 +94,24 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
         result = run(get_config("tiny", kernels="tuned"), steps=1, warmup=0, artifacts=str(tmp_path), gpu="h100",
                      progress=False, device=device)  # fmt: skip
     assert result["dispatch"]["warnings"] and result["dispatch"]["choices"][0]["chosen_from"] == "default"
+
+
+def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch):
+    """--kernels tuned without --artifacts loads the shipped artifacts (autotune.load()), whatever the cwd."""
+    from autotune.runtime.artifacts import DEFAULT_ROOT
+
+    monkeypatch.chdir(tmp_path)  # no ./artifacts here
+    seen = {}
+    real_load = dispatch.load
+
+    def spy(path=None, gpu=None, allow_same_arch=False):
+        seen["path"] = path
+        return real_load(path, gpu, allow_same_arch)
+
+    monkeypatch.setattr(dispatch, "load", spy)
+    run(get_config("tiny", kernels="tuned"), steps=1, warmup=0, gpu="h100", progress=False, device="cpu")
+    assert seen["path"] is None
+    assert Path(dispatch.summary()["path"]).resolve() == DEFAULT_ROOT.resolve()
 
 
 @pytest.mark.parametrize(

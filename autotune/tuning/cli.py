@@ -427,7 +427,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Time default vs tuned configs in this process on the given shapes (GPU only)."""
     from rich.table import Table
 
-    if args.heatmap:
+    if args.heatmap or args.from_csv:  # --from-csv is a heatmap re-render (no GPU): it implies --heatmap
         from autotune.tuning.cli_heatmap import cmd_heatmap
 
         return cmd_heatmap(args)
@@ -498,7 +498,8 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masks", help="mask features: causal (default), targets, context, window, ...")
     p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
     p.add_argument(
-        "--artifacts", help="artifacts root (default ./artifacts; runs/interpret/artifacts with --interpret)"
+        "--artifacts",
+        help="artifacts root (default: the package's artifacts/, runs/interpret/artifacts beside it with --interpret)",
     )
     p.add_argument("--seq-cap", type=int, default=None, help=argparse.SUPPRESS)  # tests/CI: cap real lengths
 
@@ -557,7 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--artifacts", default=None)
     merge = sub.add_parser("merge", help="fold artifacts written by other runs into artifacts/<gpu>/<kernel>.json")
     merge.add_argument("files", nargs="+", help="artifact JSON files (each: one kernel on one GPU)")
-    merge.add_argument("--artifacts", default=None, help="artifacts root to merge into (default ./artifacts)")
+    merge.add_argument(
+        "--artifacts", default=None, help="artifacts root to merge into (default: the package's artifacts/)"
+    )
     merge.add_argument(
         "--replace",
         action="store_true",

@@ -287,7 +287,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("verify", help="re-check every artifact entry of this GPU against the reference")
     p.add_argument("--gpu", default="auto", help="GPU whose artifacts to re-check (default: the one present)")
     p.add_argument("--kernel", default=None, help="kernels, e.g. fwd,bwd (default: every artifact of the GPU)")
-    p.add_argument("--artifacts", default=None, help="artifacts root (default ./artifacts)")
+    p.add_argument("--artifacts", default=None, help="artifacts root (default: the package's artifacts/)")
     p.add_argument(
         "--level",
         default="full",

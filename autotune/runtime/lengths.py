@@ -33,7 +33,7 @@ import json
 import os
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,13 @@ def _lines(text: str) -> Iterator[str]:
         start = end
 
 
+def _int(word: str, where: str) -> int:
+    try:
+        return int(word)
+    except ValueError:
+        raise LengthsError(f"{where}: {_show(word)} is not an integer length (not JSON either)") from None
+
+
 def _parse_text(text: str, where: str) -> tuple[array, list[list[int]] | None]:
     """(lengths, batches or None) of a text file: lengths separated by spaces or commas (``#`` starts a comment),
     each checked as read into one compact array (a list of words per line made a 68 MB file of 12M lengths, one a
@@ -166,29 +173,18 @@ def _parse_text(text: str, where: str) -> tuple[array, list[list[int]] | None]:
     values, sizes, multi = array("q"), array("q"), False
     for line in _lines(text):
         try:
-            n = int(line)  # one length a line, the common file: no split
-        except ValueError:
-            count = 0
-            for match in _WORD.finditer(line.split("#", 1)[0]):  # no list of words: a line may hold millions
-                try:
-                    n = int(match.group())
-                except ValueError:
-                    raise LengthsError(
-                        f"{where}: {_show(match.group())} is not an integer length (not JSON either)"
-                    ) from None
-                if not 0 <= n <= MAX_LENGTH:
-                    check_length(n, where)
-                values.append(n)
-                count += 1
-            if not count:
-                continue
-            multi = multi or count > 1
-            sizes.append(count)
-        else:
+            words: Iterable[int] = (int(line),)  # one length a line, the common file: no split
+        except ValueError:  # no list of words: a line may hold millions
+            words = (_int(m.group(), where) for m in _WORD.finditer(line.split("#", 1)[0]))
+        count = 0
+        for n in words:
             if not 0 <= n <= MAX_LENGTH:
                 check_length(n, where)
             values.append(n)
-            sizes.append(1)
+            count += 1
+        if count:
+            multi = multi or count > 1
+            sizes.append(count)
     if not (multi and len(sizes) > 1):
         return values, None
     flat, batches, start = values.tolist(), [], 0

@@ -96,7 +96,7 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
     assert result["dispatch"]["warnings"] and result["dispatch"]["choices"][0]["chosen_from"] == "default"
 
 
-def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch):
+def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch, device):
     """--kernels tuned without --artifacts loads the shipped artifacts (autotune.load()), whatever the cwd."""
     from autotune.runtime.artifacts import DEFAULT_ROOT
 
@@ -109,7 +109,7 @@ def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch):
         return real_load(path, gpu, allow_same_arch)
 
     monkeypatch.setattr(dispatch, "load", spy)
-    run(get_config("tiny", kernels="tuned"), steps=1, warmup=0, gpu="h100", progress=False, device="cpu")
+    run(get_config("tiny", kernels="tuned"), steps=1, warmup=0, gpu="h100", progress=False, device=device)
     assert seen["path"] is None
     assert Path(dispatch.summary()["path"]).resolve() == DEFAULT_ROOT.resolve()
 

@@ -471,9 +471,10 @@ def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch)
         ops.hstu_attention(q, q, q, torch.empty(batch + 1, dtype=torch.int32, device="meta"), 8, validate="none")
         assert (seen[-1][10], seen[-1][12]) == (want, want)
     fwd = layer.Step(FWD, "cute", type("C", (), {"to_dict": lambda self: grid})(), "tuned")
-    plan = type("P", (), {"step": lambda self, kind: fwd, "head_dim": 64, "heads": 4, "dtype": torch.bfloat16})()
-    assert layer._attention_step(plan, FWD, torch.empty(big, device="meta")) is fwd
-    swapped = layer._attention_step(plan, FWD, torch.empty(big + 1, device="meta"))
+    fields = {"head_dim": 64, "heads": 4, "dtype": torch.bfloat16, "distribution": "uniform", "source": "tuned"}
+    plan = type("P", (), {"step": lambda self, kind: fwd, **fields})()
+    assert layer._attention_step(plan, FWD, torch.empty(big, device="meta"), big) is fwd
+    swapped = layer._attention_step(plan, FWD, torch.empty(big + 1, device="meta"), big)
     assert swapped.backend == "triton" and isinstance(swapped.config, HSTUFwdConfig | HSTUBwdConfig)
 
 

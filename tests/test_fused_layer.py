@@ -52,6 +52,13 @@ def _run(cfg, x, offsets, dout, device, state_dict=None, seed=0):
     return out.detach().float(), grads, layer.state_dict()
 
 
+def _params(layer: HSTULayer) -> dict[str, torch.Tensor]:
+    """``hstu_layer``'s parameter dict of an ``HSTULayer``."""
+    return {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
+            "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
+            "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, name: str, device: str) -> None:
     """fp32: tight; bf16 (GPU): relative to the largest value, as bf16 GEMM chains allow."""
     a, b = a.float(), b.float()
@@ -236,9 +243,7 @@ def test_fused_layer_rejects_bad_offsets_like_the_attention_call(offsets, max_se
     with pytest.raises(ValueError, match=match):
         layer(x, off)
     plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, max_seq_len, 0.1, cfg.eps, 0.0, "default")
-    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
-              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
-              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    params = _params(layer)
     seed = torch.zeros(1, dtype=torch.int64)
     for mode in ("full", "async"):
         with pytest.raises(ValueError, match=match):
@@ -262,9 +267,7 @@ def test_fused_layer_launches_past_the_grid_limit_for_the_longest_sequence(devic
     x, off, dout = _batch(device, cfg.hidden_dim, [0, 1, 5, 16, 16, 0, 9, 16, 16] * 3)
     dt = _dtype(device)
     plan = plan_layer(dt, cfg.num_heads, cfg.head_dim, 4096, 0.1, cfg.eps, 0.0, "default")
-    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
-              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
-              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    params = _params(layer)
     seed = torch.zeros(1, dtype=torch.int64, device=device)
 
     def run():
@@ -283,6 +286,71 @@ def test_fused_layer_launches_past_the_grid_limit_for_the_longest_sequence(devic
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("hint", [None, "uniform"])
+def test_fused_layer_chooses_attention_by_the_calls_fill(device, monkeypatch, hint):
+    """With tuned kernels and no distribution declared, the layer's attention kernels are chosen per call as
+    ``hstu_attention`` chooses them: by the longest length the rows allow and the batch's fill
+    L / (B x max_seq_len), the same choice in forward and backward (a jagged batch runs the entry for its fill, not
+    the plan's, which was chosen with no batch at hand). A declared distribution keeps the plan's choice. Output
+    and gradients match the plan's own."""
+    import dataclasses
+    import json
+
+    from autotune.runtime.layer import hstu_layer, plan_layer
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
+    torch.manual_seed(0)
+    layer = HSTULayer(cfg).to(device)
+    params = _params(layer)
+    x, off, dout = _batch(device, cfg.hidden_dim)  # 64 rows in 7 sequences of at most 32
+    dt = _dtype(device)
+    plan = plan_layer(dt, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "tuned", hint)  # no file: defaults
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def run():
+        xg = x.to(dt).clone().requires_grad_(True)
+        out = hstu_layer(xg, params, off, plan, seed)
+        return out, torch.autograd.grad(out, [xg, *params.values()], dout.to(out.dtype))
+
+    want, want_grads = run()
+    select, launcher, asked, launched = dispatch.select, dispatch.launcher, [], {}
+
+    def by_fill(kind, *args, **kw):  # for skewed batches, a choice other than the plan's (its l2_group)
+        c = select(kind, *args, **kw)
+        if not kind.startswith("hstu_attention"):
+            return c
+        asked.append((kind, args[4], args[5], kw.get("fill")))
+        config = json.loads(c.config)
+        if kw.get("fill") is not None and kw["fill"] < 0.5:
+            config["l2_group"] = 1 if config["l2_group"] != 1 else 2
+        return dataclasses.replace(c, config=json.dumps(config), source="tuned")
+
+    def spy(backend, kind):
+        fn = launcher(backend, kind)
+
+        def run(*args, **kw):
+            launched[kind] = args[-1]  # the config, after q, k, v and the launch arguments
+            return fn(*args, **kw)
+
+        return run if kind.startswith("hstu_attention") else fn
+
+    monkeypatch.setattr(dispatch, "select", by_fill)
+    monkeypatch.setattr(dispatch, "launcher", spy)
+    got, got_grads = run()
+    fill = 64 / (7 * 32) if hint is None else None
+    # Each attention call sizes its launch for both kinds (their grids must agree): forward and backward ask alike.
+    assert set(asked) == (
+        {("hstu_attention_bwd", 32, None, fill), ("hstu_attention_fwd", 32, None, fill)} if hint is None else set()
+    )
+    for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):
+        changed = launched[kind].l2_group != plan.step(kind).config.l2_group
+        assert changed == (hint is None), (kind, launched[kind], plan.step(kind).config)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    tol = 1e-6 if device == "cpu" else 2e-2  # a GPU backward's dQ may sum by atomics, in any order
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
 def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
     """``hstu_layer`` reads its parameters by the plan's heads x head_dim: one of another shape (a projection
     with extra rows was read in part, silently), a missing one or a plan of other heads is a ValueError naming
@@ -293,9 +361,7 @@ def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
     layer = HSTULayer(cfg).to(device)
     x, off, _ = _batch(device, cfg.hidden_dim)
     plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
-    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
-              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
-              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    params = _params(layer)
     seed = torch.zeros(1, dtype=torch.int64, device=device)
     wide = torch.cat([params["w_uvqk"], params["w_uvqk"][:32]])
     for bad, match in (
@@ -372,9 +438,7 @@ def test_layer_ops_on_column_strided_x_match_contiguous(device, view):
     layer = HSTULayer(cfg).to(device)
     dt = _dtype(device)
     plan = plan_layer(dt, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
-    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
-              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
-              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    params = _params(layer)
     _, off, _ = _batch(device, cfg.hidden_dim)
     rows, hidden = int(off[-1]), cfg.hidden_dim
     gen = torch.Generator().manual_seed(1)
@@ -413,9 +477,7 @@ def test_a_gradient_of_the_fused_layers_gradient_raises_instead_of_dropping_term
     torch.manual_seed(0)
     layer = HSTULayer(cfg).to(device)
     plan = plan_layer(torch.float32, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "default")
-    params = {"ln1_w": layer.input_norm.weight, "ln1_b": layer.input_norm.bias, "w_uvqk": layer.uvqk.weight,
-              "b_uvqk": layer.uvqk.bias, "ln2_w": layer.attn_norm.weight, "ln2_b": layer.attn_norm.bias,
-              "w_o": layer.out_proj.weight, "b_o": layer.out_proj.bias}  # fmt: skip
+    params = _params(layer)
     x, off, _ = _batch(device, cfg.hidden_dim, [3, 0, 7])
     seed = torch.zeros(1, dtype=torch.int64, device=device)
     fns = {

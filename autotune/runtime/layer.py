@@ -95,6 +95,8 @@ class LayerPlan:
     zero_copy: bool
     du_silu: bool  # with zero_copy and a kept pre-activation: u's SiLU' inside the LN * u + dropout backward
     steps: tuple[Step, ...]
+    source: str = "tuned"  # what dispatch chose from; the attention steps are chosen again per call (by fill)
+    distribution: str | None = None
 
     def step(self, kind: str) -> Step:
         for s in self.steps:
@@ -104,6 +106,15 @@ class LayerPlan:
 
 
 _PLANS: dict[tuple, LayerPlan] = {}
+_STEPS: dict[tuple, Step] = {}  # one Step per dispatch choice (a config decoded once)
+
+
+def _step_of(kind: str, c: dispatch.Choice) -> Step:
+    key = (kind, c.backend, c.config, c.source)
+    s = _STEPS.get(key)
+    if s is None:
+        s = _STEPS[key] = Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source)
+    return s
 
 
 def plan_layer(
@@ -149,22 +160,36 @@ def plan_layer(
         def build(_state: object) -> LayerPlan:
             steps = []
             for kind in LAYER_KERNELS:
-                c = dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
-                steps.append(Step(kind, c.backend, dispatch.decode_config(c.backend, kind, c.config), c.source))
-            return LayerPlan(dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps))
+                steps.append(
+                    _step_of(
+                        kind, dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
+                    )
+                )
+            return LayerPlan(
+                dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps), source, distribution
+            )
 
         plan = dispatch.cache_unless_reloaded(build, lambda p: _PLANS.__setitem__(key, p))
     return plan
 
 
 dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen again
+dispatch.on_clear(_STEPS.clear)
 
 
-def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor) -> Step:
-    """The plan's attention kernel, or the Triton default where its launch grid cannot hold the batch."""
+def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int) -> Step:
+    """The plan's attention kernel; with tuned kernels and no declared distribution, the one ``hstu_attention``
+    would choose for this call instead: by the longest length the rows allow and the call's fill
+    L / (B x max_seq_len) (host-side shape arithmetic, no sync), so a jagged batch runs the entry tuned nearest
+    its fill, not the one the plan chose with no batch at hand. The Triton default where the launch grid cannot
+    hold the batch."""
     s = plan.step(kind)
     d = plan.head_dim
     batch = seq_offsets.shape[0] - 1
+    if plan.distribution is None and plan.source == "tuned" and type(rows) is int and not torch.compiler.is_compiling():
+        longest = launch_lengths(plan.max_seq_len, None, rows)[0]
+        fill = dispatch.call_fill(rows, batch, longest)
+        s = _step_of(kind, dispatch.select(kind, plan.dtype, d, d, plan.heads, longest, None, "tuned", fill=fill))
     backend, config = dispatch.for_batch(kind, s.backend, s.config, batch, d, d, plan.dtype, plan.heads)
     if backend == s.backend:
         return s
@@ -174,7 +199,7 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor) -> St
 def _attention_call(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int) -> tuple[Step, tuple]:
     """The attention step of ``kind`` and its launch arguments after q, k, v: lengths that both attention steps'
     grids can hold (the forward's and the backward's launches agree)."""
-    steps = {k: _attention_step(plan, k, seq_offsets) for k in ("hstu_attention_fwd", "hstu_attention_bwd")}
+    steps = {k: _attention_step(plan, k, seq_offsets, rows) for k in ("hstu_attention_fwd", "hstu_attention_bwd")}
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
     sizes = [dispatch.grid_rows(k, s.backend, s.config) for k, s in steps.items()]
     max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)

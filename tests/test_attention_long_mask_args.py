@@ -71,17 +71,11 @@ def test_a_window_or_context_near_2_31_gives_the_reference_result(device, reques
 
 
 @pytest.mark.interpreter
-@pytest.mark.xfail(
-    strict=True,
-    reason="hashed kernel bug, fix with a re-tune: kernel_templates/hstu_attention/triton_common.py computes "
-    "row_range_for_keys' `scalar_id(end_n - 1, ...) + max_attn_len` (+ contextual_seq_len) and key_range_for_rows' "
-    "`id_min - max_attn_len (+ contextual_seq_len - 1)` in int32, which wrap for values near 2**31; the calls cap "
-    "both at rows + 1 (input_check.launch_mask_lengths) in front of the launchers",
-)
 @pytest.mark.parametrize("direction", ["bwd", "fwd"])
-def test_the_triton_launchers_wrap_a_window_near_2_31(memcheck, direction):  # noqa: F811
-    """The launchers themselves: the backward with max_attn_len = 2**31 - 1 returns zero dK/dV rows (wrong), the
-    forward with context and window both 2**31 - 1 reads keys outside the sequence (the memory checker's error)."""
+def test_the_triton_launchers_take_a_window_near_2_31(memcheck, direction):  # noqa: F811
+    """The launchers called directly cap window and context as the calls do (the kernels add them to position ids
+    in int32): uncapped, the backward with max_attn_len = 2**31 - 1 returned zero dK/dV rows, and the forward with
+    context and window both 2**31 - 1 read keys outside the sequence (the memory checker's error)."""
     q, k, v = _inputs("cpu", grad=False)
     off = offsets_from_lengths(LENGTHS, "cpu")
     alpha = 1.0 / math.sqrt(32)

@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .config import HSTUBwdConfig
+from .input_check import launch_mask_lengths
 from .reference import score_scale
 from .triton_common import (
     interpreter_bf16,
@@ -403,6 +404,8 @@ def hstu_attention_bwd(
             return tuple(r.to(t.dtype) for r, t in zip(res, (q, k, v), strict=True))
         return tuple(o.copy_(r) for o, r in zip(out, res, strict=True))
     L, H, dqk = q.shape
+    # Window and context capped as every call path caps them: the kernels add them to position ids in int32.
+    contextual_seq_len, max_attn_len = launch_mask_lengths(int(contextual_seq_len), int(max_attn_len), L)
     dv_dim = v.shape[2]
     do = do.contiguous() if do.stride(-1) != 1 else do
     batch = seq_offsets.numel() - 1

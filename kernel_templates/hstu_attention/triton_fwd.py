@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .config import HSTUFwdConfig
+from .input_check import launch_mask_lengths
 from .reference import score_scale
 from .triton_common import interpreter_bf16, query_block_setup, row_head_strides, valid_mask
 
@@ -194,6 +195,8 @@ def hstu_attention_fwd(
         res = hstu_attention_fwd(q.float(), k.float(), v.float(), *args, config)
         return res.to(q.dtype) if out is None else out.copy_(res)
     L, H, dqk = q.shape
+    # Window and context capped as every call path caps them: the kernels add them to position ids in int32.
+    contextual_seq_len, max_attn_len = launch_mask_lengths(int(contextual_seq_len), int(max_attn_len), L)
     dv = v.shape[2]
     if out is None:
         out = torch.empty((L, H, dv), dtype=q.dtype, device=q.device)

@@ -452,6 +452,35 @@ def test_a_worker_finishes_its_hand_back_through_further_signals():
     assert r.returncode == 0 and r.stdout.strip() == "handed back", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
+def test_merge_takes_the_last_finished_of_tasks_sharing_an_entry_by_epoch_not_local_time(tmp_path):
+    """Two tasks of one artifact entry (one bucket, other batches) finished on hosts in other time zones: Optuna's
+    ``datetime_complete`` is each host's naive local time, so the later result looked earlier and the earlier
+    one was merged last. The merge orders by the workers' epoch ``finished_at``."""
+    import datetime as dt
+
+    from autotune.tuning import farm
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TaskResult, TuneOptions
+
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="farm|h100|tz", storage=storage)
+    early, late = (Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=b) for b in (2, 4))
+    base = {"backend": "fake", "median_ms": 1.0, "spread_ms": 0.0, "tflops": 1.0}
+    now = dt.datetime(2026, 1, 1, 12)
+    # early finished at epoch 1000 on a host 9 h ahead (local clock 21:00), late at epoch 2000 on one 5 h behind
+    for task, size, epoch, local in ((late, 2, 2000.0, now - dt.timedelta(hours=5)),
+                                     (early, 1, 1000.0, now + dt.timedelta(hours=9))):  # fmt: skip
+        entry = TaskResult(task, config={"mode": "ok", "size": size}, **base).entry()
+        attrs = {"task": task.to_dict(), "task_key": task.study_name, "label": task.label(),
+                 "result": {"entry": entry, "error": None}, "finished_at": epoch}  # fmt: skip
+        trial = optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs)
+        trial.datetime_start, trial.datetime_complete = local - dt.timedelta(seconds=1), local
+        study.add_trial(trial)
+    assert farm.merge_farm(storage, study.study_name, TuneOptions(artifacts_root=tmp_path)) == 2
+    entries = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries
+    assert [e["config"]["size"] for e in entries] == [2]
+
+
 def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsys):
     """No retries left (AUTOTUNE_FARM_RETRIES=0) and the worker holding the task is killed: the farm drains,
     the run exits 1 and names the task, its lost holder and why; status counts it and keeps the reason."""

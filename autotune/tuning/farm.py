@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import os
@@ -437,6 +436,7 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
                     raise
                 raise LeaseLost(f"farm trial {tid} was failed as stale by another worker ({e!r})") from e
             trial.set_user_attr("result", _summary(r))
+            trial.set_user_attr("finished_at", time.time())  # epoch: hosts' clocks agree on it, zones need not
             if farm.tell(trial, r.tuning_s, skip_if_finished=True).state != TrialState.COMPLETE:
                 raise LeaseLost(f"farm trial {tid} was failed as stale by another worker before it finished")
         except (LeaseLost, UpdateFinishedTrialError) as e:
@@ -664,7 +664,7 @@ def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
     done = [t for t in latest_per_task(farm.get_trials(deepcopy=False)).values() if t.state == TrialState.COMPLETE]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     # Tasks that share an artifact entry (one bucket, another batch, cap, sample or seed): the last finished wins.
-    for t in sorted(done, key=lambda t: t.datetime_complete or dt.datetime.min):
+    for t in sorted(done, key=finish_order):
         entry = _result(t).get("entry") or {}
         if entry.get("config") is not None and "task" in t.user_attrs:
             task = t.user_attrs["task"]
@@ -673,6 +673,16 @@ def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
     for (gpu, kernel), entries in sorted(groups.items()):
         merge_entries(kernel, gpu, entries, Path(opts.artifacts_root), env)
     return sum(len(v) for v in groups.values())
+
+
+def finish_order(t: FrozenTrial) -> float:
+    """When a farm trial finished, as an epoch time: ``finished_at`` (written by the worker before its tell);
+    Optuna's ``datetime_complete`` is a naive local time of the finishing host, so two hosts in other time zones
+    ordered by it merged the earlier result last."""
+    at = t.user_attrs.get("finished_at")
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        return float(at)
+    return t.datetime_complete.timestamp() if t.datetime_complete else 0.0
 
 
 def task_runs(trials: list[FrozenTrial]) -> dict[str, list[FrozenTrial]]:

@@ -14,7 +14,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuning.farm import FARM_PREFIX, failure_reason, result_trial, task_runs
+from autotune.tuning.farm import FARM_PREFIX
+from autotune.tuning.farm_results import failure_reason, result_trial, task_runs
 from autotune.tuning.farm_storage import FarmError, NoOptunaTables, _safe, is_farm_url, plain_storage
 
 STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
@@ -82,7 +83,7 @@ def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
     finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0)."""
     from autotune.runtime import artifacts as art
     from autotune.tuning.decide import RETRY_STATUSES
-    from autotune.tuning.farm import latest_per_task
+    from autotune.tuning.farm_results import latest_per_task
 
     farm = optuna.load_study(study_name=name, storage=storage)
     latest = latest_per_task(farm.get_trials(deepcopy=False))

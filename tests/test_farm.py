@@ -256,6 +256,38 @@ def test_claim_left_without_a_heartbeat_is_requeued(pg_url, tmp_path):
     assert study.trials[orphan.number].state == TrialState.FAIL
 
 
+def test_a_task_cut_by_a_time_budget_is_queued_again_at_the_next_join(pg_url):
+    """A task whose result says it was cut by the run's time budget (``cut``) is queued again when the farm is
+    joined next, as a re-run on one host resumes its study; a task finished in full is not."""
+    from autotune.tuning import farm
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TaskResult, TuneOptions
+
+    fopts = farm.FarmOptions(heartbeat_s=1, grace_s=2, retries=3, poll_s=0.2)
+    task = Task("fake_faults", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=64)
+    opts = TuneOptions(interpret=True, plugins=["autotune.tuning.fake"])
+    storage = farm.farm_storage(pg_url, fopts)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+    result = TaskResult(task, backend="fake", config={"mode": "ok", "size": 1}, median_ms=1.0, tflops=1.0)
+
+    def finish(cut: bool) -> None:
+        trial = farm.claim(study, fopts)
+        assert trial is not None
+        result.cut = cut
+        trial.set_user_attr("result", farm._summary(result))
+        study.tell(trial, 1.0)
+
+    def waiting() -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    finish(cut=True)
+    farm.join_farm(storage, [task], opts)
+    assert waiting() == 1
+    finish(cut=False)
+    farm.join_farm(storage, [task], opts)
+    assert waiting() == 0
+
+
 def test_orphan_of_a_host_in_another_time_zone_is_requeued(pg_url, tmp_path):
     """Optuna stamps a trial's start with the claiming host's local wall clock: an orphan claimed on a host
     5 hours ahead (another time zone) is re-queued after two grace periods all the same."""

@@ -85,6 +85,16 @@ class _Interrupt(Reporter):
 
 
 @pytest.mark.interpreter
+def test_a_task_cut_by_the_time_budget_says_so_and_a_rerun_completes_it(tmp_path):
+    """A run whose budget ends before the task's trials are measured writes its best so far, marked ``cut`` (the
+    farm re-queues such a task at its next join); a re-run without the budget resumes the study to its trials."""
+    opts = _opts(tmp_path, n_trials=6)
+    (cut,) = run_tasks([_fake_task()], opts, time_budget_s=1e-9)
+    assert cut.cut and cut.config is not None and cut.trials < 6
+    (done,) = run_tasks([_fake_task()], opts)
+    assert not done.cut and done.trials == 6
+
+
 def test_interrupted_study_resumes_where_it_stopped(tmp_path):
     """Real forward template under the interpreter: stop after 2 measured trials, then resume to 4."""
     task = Task("hstu_attention_fwd", "h100", "float32", 32, 32, 1, 256, "jagged", batch=2, seq_cap=64)

@@ -152,7 +152,8 @@ def farm_name(tasks: list[Task], opts: TuneOptions) -> str:
 def join_farm(storage: optuna.storages.RDBStorage, tasks: list[Task], opts: TuneOptions) -> str:
     """Create or join the tasks' farm: check the timing key, enqueue tasks not done, held or waiting.
 
-    A task whose last run ended with an error is queued again, as a re-run on one host would retry it.
+    A task whose last run ended with an error, or was cut short by a time budget, is queued again, as a re-run
+    on one host would retry or resume it (its study keeps the trials measured so far).
     """
     name = farm_name(tasks, opts)
     mine = timing_key(tasks[0].gpu, sorted({t.kernel for t in tasks}), opts.interpret)
@@ -173,8 +174,12 @@ def join_farm(storage: optuna.storages.RDBStorage, tasks: list[Task], opts: Tune
             trials = by_task.get(task.study_name, [])
             if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
                 continue
-            if any(t.state == TrialState.COMPLETE and not _result(t).get("error") for t in trials):
-                continue
+            # Done unless its result is an error or was cut by a time budget: a re-run resumes the task's study.
+            latest = result_trial(trials) if trials else None
+            if latest is not None and latest.state == TrialState.COMPLETE:
+                r = _result(latest)
+                if not r.get("error") and not r.get("cut"):
+                    continue
             attrs = {"task": task.to_dict(), "task_key": task.study_name, "label": task.label()}
             farm.enqueue_trial({}, user_attrs=attrs, skip_if_exists=False)
     return name
@@ -409,7 +414,7 @@ def _warm_starts(farm: optuna.Study, task: Task, opts: TuneOptions) -> list[tupl
 
 
 def _summary(r: TaskResult) -> dict[str, Any]:
-    keep = ("statuses", "error", "kept_default", "default_config")
+    keep = ("statuses", "error", "kept_default", "default_config", "cut")
     return {"entry": r.entry(), **{k: getattr(r, k) for k in keep}}
 
 

@@ -140,6 +140,7 @@ class TaskResult:
     rejected: dict[str, str] = field(default_factory=dict)  # config key -> why the final checks refused it
     comparison: dict[str, Any] | None = None  # interleaved winner/default timing verdict
     samples: int | None = None  # timed samples behind the chosen config's trial time
+    cut: bool = False  # stopped by its deadline (the time budget) before its trials were measured
 
     def entry(self) -> dict[str, Any]:
         t = self.task
@@ -683,6 +684,7 @@ def tune_task(
     while asks < limit and len(s.seen) < size and dup_streak < 40:
         firsts_done = first_keys <= s.seen.keys()
         if firsts_done and (s.measured >= opts.n_trials or time.time() > deadline):
+            result.cut = s.measured < opts.n_trials
             break
         status = s.step()
         asks += 1

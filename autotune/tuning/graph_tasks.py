@@ -675,7 +675,8 @@ def build_tasks(
 ) -> list[GraphTask]:
     """Tasks of the ops, identical ones merged (with counts and node names), in the CLI's order.
 
-    Distribution: the call's hint, else the lengths file's ("uniform" when its batches are), else every
+    Distribution: the call's hint, else the lengths file's ("uniform" when its batches are), else "jagged"
+    drawn from the graph's length sample (a model that leaves its batches to dispatch's fill match), else every
     synthetic law (``DISTRIBUTIONS``). Batch: the graph's, else the lengths file's largest batch, else
     ``default_batch``. The jagged attention tasks draw their batches from the file's lengths, else from
     the graph's (``GraphOps.lengths``), else from the synthetic jagged law.
@@ -690,8 +691,12 @@ def build_tasks(
             )
         if op.distribution:
             dists: tuple[str, ...] = (op.distribution,)
+        elif lengths:
+            dists = ("uniform" if lengths.uniform else "jagged",)
+        elif sample:  # the model's own length law: its tasks are what dispatch matches its batches' fill to
+            dists = ("jagged",)
         else:
-            dists = (("uniform" if lengths.uniform else "jagged"),) if lengths else DISTRIBUTIONS
+            dists = DISTRIBUTIONS
         batch = op.batch or (lengths.batch if lengths and lengths.batch else default_batch)
         for dist in dists:
             drawn = sample if dist == "jagged" and op.kernel in (FWD, BWD) else None

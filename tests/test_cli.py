@@ -184,6 +184,19 @@ def test_end_to_end_run_under_the_interpreter_then_show(capsys, monkeypatch, tmp
     assert rc == 1 and "not valid JSON" in text
 
 
+def test_a_run_cut_by_its_time_budget_says_which_tasks_and_how_to_resume(capsys, monkeypatch, tmp_path):
+    """A task the time budget stopped before its trials is marked "cut" in the table and named in a line saying
+    the same command resumes it; the resumed run completes it and says nothing of a cut."""
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["run", "--gpu", "h100", "--interpret", "--plugin", "autotune.tuning.fake", "--kernel", "fake_op",
+            "--dims", "32", "--heads", "1", "--buckets", "256", "--distributions", "uniform", "--trials", "4",
+            "--sampler", "bruteforce", "--eval-timeout", "3", "--artifacts", str(tmp_path / "a")]  # fmt: skip
+    rc, text = _run(capsys, *argv, "--time-budget", "0.001s")
+    assert rc == 0 and " cut " in text and "1 task(s) stopped at the time budget before 4 trials" in text, text
+    rc, text = _run(capsys, *argv)
+    assert rc == 0 and "stopped at the time budget" not in text and "4 (" in text, text
+
+
 def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_path):
     """Two runs' files (here: the shipped backward artifact split in halves) merge into the entries of
     one; a stale file is refused by name before any target is written."""

@@ -345,9 +345,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             _fmt(r.tflops),
             _fmt(r.default_tflops),
             _fmt(r.speedup, ".2f") + ("x" if r.speedup else ""),
-            f"{r.trials} ({statuses})",
+            f"{r.trials} ({statuses})" + (" cut" if r.cut and not r.error else ""),
         )
     console.print(table)
+    cut = sum(1 for r in results if r.cut and not r.error)
+    if cut:
+        console.print(
+            f'{cut} task(s) stopped at the time budget before {args.trials} trials ("cut"): their best so far was '
+            "written; the same command resumes their studies (a farm queues them again)."
+        )
     console.print(f"Artifacts: {args.artifacts}/{gpu}/<kernel>.json")
     if args.verify == "quick" and len(results) > failed:
         console.print(

@@ -97,4 +97,5 @@ def _task_result(task: Task, s: dict[str, Any]) -> TaskResult:
     r.verified, r.samples, r.comparison = list(e.get("verified", [])), e.get("samples"), e.get("compare")
     r.statuses, r.error = dict(s.get("statuses") or {}), s.get("error")
     r.kept_default, r.default_config = bool(s.get("kept_default")), s.get("default_config")
+    r.cut = bool(s.get("cut"))
     return r

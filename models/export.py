@@ -510,7 +510,7 @@ def _print(result: ExportResult) -> None:
     )
     for k in result.kernels:
         print(
-            f"  {k['fx_node']}: {k['kernel_dtype']} bucket {k['bucket']} {k['distribution'] or '?'} {k['mask']}: "
+            f"  {k['fx_node']}: {k['kernel_dtype']} bucket {k['bucket']} {k['distribution'] or 'by fill'} {k['mask']}: "
             f"{k['backend']} {k['config']} | bwd {k['bwd_backend']} {k['bwd_config']} ({k['config_source']})"
         )
     for note in result.notes:

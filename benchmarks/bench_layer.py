@@ -16,6 +16,10 @@ two projections 3x theirs. Columns (each adds one thing to the previous):
 6. ``+ recompute``: SiLU(uvqk) and LN(x) recomputed in the backward (less memory, more time);
 7. the forward through the fused GEMM + SiLU kernel, its pre-activation recomputed by a GEMM.
 
+``--law`` times jagged batches instead (the heavy-tailed laws of ``bench_jagged_ratio.py``), and
+``--attention-hint`` sets the model's ``attention_hint``: "auto" matches each batch's attention kernels by its fill,
+"jagged" pins the entries tuned on the synthetic law (rows record law, fill and hint).
+
 Memory: ``saved_gib`` is what the forward leaves for the backward (allocated after the forward minus
 before it), the figure recompute lowers; ``peak_mem_gib`` is the peak of one forward + backward.
 
@@ -35,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_jagged_ratio import law_lengths  # noqa: E402
 from benchmarks.rows import append_rows, time_ms  # noqa: E402
 from kernel_templates.hstu_attention.testing import offsets_from_lengths  # noqa: E402
+from models.config import ATTENTION_HINTS  # noqa: E402
 
 COLUMNS: list[tuple[str, dict[str, Any]]] = [
     ("default unfused", {"kernels": "default", "layer": "unfused"}),
@@ -105,10 +111,11 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
         autotune.load(args.artifacts, gpu=args.gpu, allow_same_arch=args.allow_same_arch)
     rows = []
     for n in args.lengths:
-        lengths = [n] * args.batch
+        lengths = [n] * args.batch if args.law == "full" else law_lengths(args.law, n, args.batch, args.seed)
         base = get_config(
             "seed", max_seq_len=n, min_seq_len=min(256, n), batch_size=args.batch, dropout=args.dropout,
             num_heads=args.heads, head_dim=args.head_dim, hidden_dim=args.heads * args.head_dim,
+            length_dist="full" if args.law == "full" else "heavy_tailed", attention_hint=args.attention_hint,
         )  # fmt: skip
         if device.type != "cuda":
             base = base.replace(num_heads=2, head_dim=32, hidden_dim=64)
@@ -128,9 +135,11 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["tflops"] = flops / (r["p50_ms"] * 1e-3) / 1e12
             except Exception as e:  # noqa: BLE001 - a failing column is a row with its reason, not a crash
                 r = {"error": f"{type(e).__name__}: {e}"[:500]}
+            jagged = {"law": args.law, "fill": round(L / (args.batch * n), 4), "attention_hint": args.attention_hint}
             row = {"bench": "layer", "column": name, "seq_len": n, "batch": args.batch, "heads": base.num_heads,
                    "head_dim": base.head_dim, "hidden": hidden, "dtype": str(x.dtype).removeprefix("torch."),
-                   "flops": flops, **overrides, **r}  # fmt: skip
+                   "flops": flops, **(jagged if args.law != "full" or args.attention_hint != "auto" else {}),
+                   **overrides, **r}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
             torch.cuda.empty_cache() if device.type == "cuda" else None
@@ -201,13 +210,21 @@ def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     own made every fused column an error row, and a missing ``--from-json`` was a traceback."""
     from autotune.tuning.cli_checks import writable_file
     from benchmarks.bench_jagged import check_batch_args
-    from benchmarks.cli_args import attention_head_dims, existing_file, existing_folder, probability, usage_errors
+    from benchmarks.cli_args import (
+        at_least,
+        attention_head_dims,
+        existing_file,
+        existing_folder,
+        probability,
+        usage_errors,
+    )
 
     names = [name for name, _ in COLUMNS]
     unknown = [c for c in args.columns or [] if c not in names]
     if unknown:
         p.error(f"--columns: unknown column(s) {unknown}; known: {names}")
     check_batch_args(p, args, "--lengths")
+    at_least(args, 0, "--seed")
     with usage_errors(p):
         probability("--dropout", args.dropout)
         if any(o["layer"] == "fused" for c, o in COLUMNS if not args.columns or c in args.columns):
@@ -218,13 +235,26 @@ def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             writable_file("--png", args.png)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=256)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument(
+        "--law",
+        default="full",
+        choices=("full", "u3", "pareto", "one-long"),
+        help="sequence lengths: all at the length (full), or a heavy-tailed law of bench_jagged_ratio.py",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the law's lengths")
+    p.add_argument(
+        "--attention-hint",
+        default="auto",
+        choices=ATTENTION_HINTS,
+        help="the model's attention_hint: auto = uniform for full lengths, else matched by fill",
+    )
     p.add_argument("--columns", nargs="*", default=None, help="only these columns")
     p.add_argument("--artifacts", default=None, help="tuned artifacts folder (default: the packaged ones)")
     p.add_argument("--gpu", default=None)
@@ -232,6 +262,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--from-json", default=None, help="render rows from this .jsonl instead of running")
     p.add_argument("--png", default=None)
     p.add_argument("--no-save", action="store_true", help="do not append rows to benchmarks/results")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     args = p.parse_args(argv)
     check_options(p, args)
     if args.from_json:

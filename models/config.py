@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.runtime.buckets import DISTRIBUTIONS
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
 
@@ -43,6 +44,7 @@ LAYER_IMPLS = ("unfused", "fused")
 PRECISIONS = ("autocast", "bf16")
 RECOMPUTE = ("none", "uvqk", "pre", "ln", "uvqk+ln", "pre+ln")
 LENGTH_DISTRIBUTIONS = ("full", "uniform", "heavy_tailed", "file")
+ATTENTION_HINTS = ("auto", *DISTRIBUTIONS)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class ModelConfig:
     # length_dist="file": real sequence lengths (any format of autotune.runtime.lengths) that the synthetic
     # batches draw from, raised to min_seq_len; `autotune run --from-model` tunes on the same lengths.
     lengths_file: str = ""
+    # The attention calls' length-distribution hint: "auto" = "uniform" for full lengths, else none (dispatch
+    # matches each batch by its fill); "uniform", "jagged" or "sparse" pins the entries tuned on that law.
+    attention_hint: str = "auto"
     zipf_alpha: float = 1.1
     num_categories: int = 16
     taste_size: int = 4
@@ -114,10 +119,12 @@ class ModelConfig:
 
     @property
     def distribution(self) -> str | None:
-        """The attention calls' length-distribution hint: "uniform" for full lengths; otherwise None, so dispatch
-        picks each batch's entry by its fill L / (B x max_seq_len). The "jagged" entries were tuned on one
-        synthetic law; pinned to them, heavy-tailed batches of other shapes ran up to 20% slower (fused layer,
-        H100, 4K-8K) than with the entry nearest their fill, which is the jagged one on that law's batches."""
+        """The attention calls' length-distribution hint: ``attention_hint`` where pinned; else "uniform" for full
+        lengths and otherwise None, so dispatch picks each batch's entry by its fill L / (B x max_seq_len). The
+        "jagged" entries were tuned on one synthetic law; pinned to them, heavy-tailed batches of other shapes ran
+        up to 20% slower (fused layer, H100, 4K-8K) than with the entry nearest their fill."""
+        if self.attention_hint != "auto":
+            return self.attention_hint
         return "uniform" if self.length_dist == "full" else None
 
     def _validate_lengths_file(self) -> None:
@@ -201,6 +208,8 @@ class ModelConfig:
             raise ValueError("zero_copy=False copies the fused layer's q/k/v/u: it needs layer='fused'")
         if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:
             raise ValueError(f"graph_tokens must be an int >= 0 (0: max_seq_len), got {self.graph_tokens!r}")
+        if self.attention_hint not in ATTENTION_HINTS:
+            raise ValueError(f"attention_hint must be one of {ATTENTION_HINTS}, got {self.attention_hint!r}")
         if self.length_dist not in LENGTH_DISTRIBUTIONS:
             raise ValueError(f"length_dist must be one of {LENGTH_DISTRIBUTIONS}, got {self.length_dist!r}")
         if self.min_seq_len > self.max_seq_len:

@@ -110,6 +110,24 @@ def test_bench_layer_options_are_checked_before_any_layer_runs(argv, match, monk
     assert e.value.code == 2 and match in capsys.readouterr().err
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize(("hint", "want"), [("auto", None), ("jagged", "jagged")])
+def test_bench_layer_times_a_law_s_batches_under_the_attention_hint(hint, want, monkeypatch):
+    """``--law`` times a heavy-tailed batch (its fill recorded) and ``--attention-hint`` reaches the fused layer's
+    plan: "auto" leaves the attention to the fill match (no distribution), "jagged" pins it."""
+    import models.hstu
+
+    seen = []
+    plan_layer = models.hstu.plan_layer
+    monkeypatch.setattr(models.hstu, "plan_layer", lambda *a, **kw: seen.append(a[8]) or plan_layer(*a, **kw))
+    argv = ["--lengths", "64", "--batch", "4", "--law", "one-long", "--columns", "+ zero copy",
+            "--attention-hint", hint, "--no-save"]  # fmt: skip
+    (row,) = bench_layer.bench(bench_layer.parser().parse_args(argv))
+    assert "error" not in row, row
+    assert (row["law"], row["attention_hint"]) == ("one-long", hint) and 0 < row["fill"] < 1
+    assert seen and set(seen) == {want}
+
+
 @pytest.mark.parametrize("calls", [1, 2, 5])
 def test_call_host_refills_a_backward_block_during_the_warm_up(calls, monkeypatch):
     """The warm-up made ``max(3, calls // 4)`` calls from one refill of ``calls`` outputs: with ``--calls`` 1 or 2

@@ -78,6 +78,8 @@ def test_lengths_file_drives_the_batches_and_the_tuning_tasks(tmp_path):
     path.write_text(json.dumps({"2": 5, "20": 3, "31": 1}))
     cfg = get_config("tiny", length_dist="file", lengths_file=str(path))
     assert cfg.distribution is None  # dispatch matches each batch by its fill
+    assert cfg.replace(attention_hint="jagged").distribution == "jagged"  # pinned by the user
+    assert get_config("tiny", length_dist="full").distribution == "uniform"
     drawn = length_sample(cfg, 300)
     assert set(drawn) == {cfg.min_seq_len, 20, 31}
     batch = SyntheticJaggedDataset(cfg).batch(0)

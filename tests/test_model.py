@@ -124,6 +124,7 @@ def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch, de
         ("tiny", {"head_dim": 320, "hidden_dim": 640}, "above the kernels' largest head dim 256"),
         ("tiny", {"min_seq_len": 64}, "min_seq_len"),
         ("tiny", {"length_dist": "zipf"}, "length_dist"),
+        ("tiny", {"attention_hint": "zipf"}, "attention_hint must be one of"),
         ("tiny", {"num_layer": 3}, "unknown config field"),
         ("tiny", {"dropout": 1.5}, "dropout"),
         ("tiny", {"dropout": "0.1"}, "dropout must be a number"),

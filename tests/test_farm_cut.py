@@ -63,3 +63,17 @@ def test_a_finished_at_that_is_no_finite_epoch_falls_back_to_the_completion_time
     middle = study.get_trials(deepcopy=False)[1]
     assert finish_order(middle) == pytest.approx((now - dt.timedelta(minutes=5)).timestamp())
     assert _merged_sizes(storage, study, tmp_path) == [3]
+
+
+def test_a_cut_result_never_replaces_a_full_result_of_its_entry(tmp_path):
+    """Two tasks of one artifact entry (one bucket, other batches): one tuned in full, the other cut by a time budget
+    after it. The merge wrote the cut task's best so far over the full result; a full result now wins over any cut
+    one, and among full results the last finished still wins."""
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="farm|h100|cut", storage=storage)
+    now = dt.datetime.now()
+    _finish(study, _task(batch=2), 1, now.timestamp() - 60, now - dt.timedelta(minutes=1))
+    _finish(study, _task(batch=4), 2, now.timestamp(), now, cut=True)
+    assert _merged_sizes(storage, study, tmp_path / "a") == [1]
+    _finish(study, _task(batch=8), 3, now.timestamp() - 30, now - dt.timedelta(seconds=30))
+    assert _merged_sizes(storage, study, tmp_path / "b") == [3]

@@ -77,3 +77,33 @@ def test_a_cut_result_never_replaces_a_full_result_of_its_entry(tmp_path):
     assert _merged_sizes(storage, study, tmp_path / "a") == [1]
     _finish(study, _task(batch=8), 3, now.timestamp() - 30, now - dt.timedelta(seconds=30))
     assert _merged_sizes(storage, study, tmp_path / "b") == [3]
+
+
+def test_status_shows_a_cut_task_as_cut_not_done(tmp_path):
+    """``autotune status`` counted a task the time budget cut as done, though the next join queues it again; it is
+    counted and labelled "cut" until a run finishes it, and a re-queued one is waiting."""
+    from autotune.tuning import farm_status
+
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="farm|h100|status", storage=storage)
+    now = dt.datetime.now()
+    cut, full = _task(bucket=256), _task(bucket=512)
+    _finish(study, cut, 1, now.timestamp(), now, cut=True)
+    _finish(study, full, 1, now.timestamp(), now)
+    snap = farm_status.snapshot(storage, study.study_name)
+    assert snap["counts"]["cut"] == 1 and snap["counts"]["done"] == 1, snap["counts"]
+    assert [r["state"] for r in snap["tasks"]] == ["cut", "done"]
+    text = _rendered(farm_status.render(snap, "postgresql://h/db"))
+    assert "1 done" in text and "1 cut" in text, text
+    attrs = {"task": cut.to_dict(), "task_key": cut.study_name, "label": cut.label()}
+    study.enqueue_trial({}, user_attrs=attrs)  # the next join queues the cut task again
+    snap = farm_status.snapshot(storage, study.study_name)
+    assert (snap["counts"]["cut"], snap["counts"]["waiting"]) == (0, 1)
+
+
+def _rendered(renderable: Any) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115 - closed with the console
+    console.print(renderable)
+    return console.export_text()

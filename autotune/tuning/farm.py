@@ -715,7 +715,7 @@ def run_farm_cli(
             state["live"].update(farm_status.render(snap, url), refresh=True)
         elif snap["counts"] != state["counts"]:
             c = snap["counts"]
-            lost = "".join(f", {c[k]} {k}" for k in ("failed", "lost") if c[k])
+            lost = "".join(f", {c[k]} {k}" for k in ("cut", "failed", "lost") if c[k])
             console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left{lost}", highlight=False)
         state["counts"] = snap["counts"]
 

@@ -674,8 +674,9 @@ def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
     farm = _load(storage, name)
     done = [t for t in latest_per_task(farm.get_trials(deepcopy=False)).values() if t.state == TrialState.COMPLETE]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    # Tasks that share an artifact entry (one bucket, another batch, cap, sample or seed): the last finished wins.
-    for t in sorted(done, key=finish_order):
+    # Tasks that share an artifact entry (one bucket, another batch, cap, sample or seed): the last finished wins,
+    # but a result cut by a time budget (its best so far) never replaces one tuned in full, so cut ones go first.
+    for t in sorted(done, key=lambda t: (not _result(t).get("cut"), finish_order(t))):
         entry = _result(t).get("entry") or {}
         if entry.get("config") is not None and "task" in t.user_attrs:
             task = t.user_attrs["task"]
@@ -714,7 +715,7 @@ def run_farm_cli(
             state["live"].update(farm_status.render(snap, url), refresh=True)
         elif snap["counts"] != state["counts"]:
             c = snap["counts"]
-            lost = "".join(f", {c[k]} {k}" for k in ("failed", "lost") if c[k])
+            lost = "".join(f", {c[k]} {k}" for k in ("cut", "failed", "lost") if c[k])
             console.print(f"farm: {c['done']} done, {c['running']} running, {c['waiting']} left{lost}", highlight=False)
         state["counts"] = snap["counts"]
 

@@ -6,6 +6,7 @@ errored re-run or a lost claim hide a task's result.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ def result_of(t: FrozenTrial) -> dict[str, Any]:
 def finish_order(t: FrozenTrial) -> float:
     """When a farm trial finished, as an epoch time: ``finished_at`` (written by the worker before its tell);
     Optuna's ``datetime_complete`` is a naive local time of the finishing host, so two hosts in other time zones
-    ordered by it merged the earlier result last."""
+    ordered by it merged the earlier result last. A ``finished_at`` that is no finite number (a hand-edited
+    NaN, infinity, string or bool) falls back to the latter: a NaN key left the merge's sort unsorted."""
     at = t.user_attrs.get("finished_at")
-    if isinstance(at, (int, float)) and not isinstance(at, bool):
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at):
         return float(at)
     return t.datetime_complete.timestamp() if t.datetime_complete else 0.0
 

@@ -18,7 +18,7 @@ from autotune.tuning.farm import FARM_PREFIX
 from autotune.tuning.farm_results import failure_reason, result_trial, task_runs
 from autotune.tuning.farm_storage import FarmError, NoOptunaTables, _safe, is_farm_url, plain_storage
 
-STATE_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
+STATE_STYLE = {"done": "green", "cut": "yellow", "failed": "red", "lost": "red", "running": "yellow", "waiting": "dim"}
 
 
 def farm_names(storage: Any) -> list[str]:
@@ -27,7 +27,8 @@ def farm_names(storage: Any) -> list[str]:
 
 def _task_state(trials: list[FrozenTrial]) -> tuple[str, FrozenTrial]:
     """A task's state over all its farm trials (claims, retries, re-runs) and the trial that shows it:
-    a held or queued run, else the one whose result speaks for the task (``farm.result_trial``)."""
+    a held or queued run, else the one whose result speaks for the task (``farm.result_trial``). A result cut
+    by a time budget is "cut", not "done": the farm's next join queues the task again."""
     for state, name in ((TrialState.RUNNING, "running"), (TrialState.WAITING, "waiting")):
         held = [t for t in trials if t.state == state]
         if held:
@@ -35,20 +36,21 @@ def _task_state(trials: list[FrozenTrial]) -> tuple[str, FrozenTrial]:
     t = result_trial(trials)
     if t.state != TrialState.COMPLETE:
         return "lost", t
-    return ("failed" if (t.user_attrs.get("result") or {}).get("error") else "done"), t
+    result = t.user_attrs.get("result") or {}
+    return ("failed" if result.get("error") else "cut" if result.get("cut") else "done"), t
 
 
 def snapshot(storage: Any, name: str) -> dict[str, Any]:
     """Plain data of one farm: counts, one row per task, one row per worker."""
     farm = optuna.load_study(study_name=name, storage=storage)
     trials = [t for t in farm.get_trials(deepcopy=False) if "task_key" in t.user_attrs]
-    tasks, counts = [], {k: 0 for k in ("done", "failed", "running", "waiting", "lost")}
+    tasks, counts = [], {k: 0 for k in ("done", "cut", "failed", "running", "waiting", "lost")}
     for runs in task_runs(trials).values():
         state, t = _task_state(runs)
         counts[state] += 1
         entry = (t.user_attrs.get("result") or {}).get("entry") or {}
         progress = t.user_attrs.get("progress") or {}
-        best = entry.get("median_ms") if state in ("done", "failed") else progress.get("best_ms")
+        best = entry.get("median_ms") if state in ("done", "cut", "failed") else progress.get("best_ms")
         tasks.append(
             {
                 "task": t.user_attrs.get("label", t.user_attrs["task_key"]),
@@ -150,6 +152,7 @@ def render(snap: dict[str, Any], url: str) -> Any:
     title = Text.from_markup(
         f"[bold]{escape(snap['farm'])}[/] on {escape(_safe(url))}: [green]{c['done']} done[/], "
         f"[yellow]{c['running']} running[/], {c['waiting']} left"
+        + (f", [yellow]{c['cut']} cut[/] (queued again at the next join)" if c["cut"] else "")
         + (f", [red]{c['failed']} failed[/]" if c["failed"] else "")
         + (f", [red]{c['lost']} lost[/]" if c["lost"] else "")
         + f"\n{escape(str(key.get('gpu_name')))} ({key.get('sm_count')} SMs), driver {key.get('driver')}, "

@@ -642,6 +642,12 @@ def _by_fill(pool: list[Any], entry: Any, fbin: int | None) -> Any:
     return _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
 
 
+def entry_for_fill(entries: list[Any], entry: Any, fill: float | None) -> Any:
+    """The entry of ``entry``'s task (all but its distribution) that a call of ``fill`` without a distribution hint
+    runs (``_by_fill``): what a record of such a call (an exported node) names, rather than whichever sorts first."""
+    return _by_fill(list(entries), entry, fill_bin(fill))
+
+
 def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
     """What the closest entry differs in from the call (bucket, distribution, heads, mask)."""
     diffs = []

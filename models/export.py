@@ -14,8 +14,8 @@ function of standard operators defines it, so ONNX Runtime runs the file as is, 
 record the call's kernel key (kernel dtype, bucket, distribution, mask) and the configs a runtime with
 the kernels should launch: the exact tuned entry of ``--gpu``'s artifacts (for a call without a distribution
 hint, which dispatch matches by each batch's fill, the entry it runs for the model's mean batch), else the heuristic
-defaults for ``--kernel-dtype`` on a GPU (``config_source`` says which). The model metadata holds the preset config and where
-the configs came from.
+defaults for ``--kernel-dtype`` on a GPU (``config_source`` says which). The model metadata holds the preset config
+and where the configs came from.
 
 Checked export: ``onnx.checker`` (full check) on the written file, then ONNX Runtime on CPU against
 the PyTorch model with the same weights (the PyTorch oracle kernels) on small jagged batches;

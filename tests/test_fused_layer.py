@@ -394,6 +394,24 @@ def test_fused_layer_backward_launches_the_attention_config_its_forward_chose(de
     assert not [k for k in asked if k.startswith("hstu_attention")]
 
 
+def test_a_symbolic_batch_takes_the_plans_attention_step():
+    """``hstu_attention`` matches by fill only when rows and batch are plain ints; the layer checked the rows alone,
+    so a traced call with a symbolic batch (a fake tensor's SymInt) computed a symbolic fill and failed in
+    ``fill_bin``. It takes the plan's step, as the public call takes the bucket's entry."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from autotune.runtime import layer
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+    offsets = mode.from_tensor(torch.zeros(8, dtype=torch.int32), symbolic_context=dynamic)
+    assert type(offsets.shape[0]) is torch.SymInt
+    plan = layer.plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "tuned", None)
+    for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):
+        assert layer._attention_step(plan, kind, offsets, 64) is plan.step(kind)
+
+
 def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
     """``hstu_layer`` reads its parameters by the plan's heads x head_dim: one of another shape (a projection
     with extra rows was read in part, silently), a missing one or a plan of other heads is a ValueError naming

@@ -186,7 +186,8 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows:
     s = plan.step(kind)
     d = plan.head_dim
     batch = seq_offsets.shape[0] - 1
-    if plan.distribution is None and plan.source == "tuned" and type(rows) is int and not torch.compiler.is_compiling():
+    plain = type(rows) is int and type(batch) is int  # a traced call's symbolic size: the plan's choice, as ops
+    if plan.distribution is None and plan.source == "tuned" and plain and not torch.compiler.is_compiling():
         longest = launch_lengths(plan.max_seq_len, None, rows)[0]
         fill = dispatch.call_fill(rows, batch, longest)
         s = _step_of(kind, dispatch.select(kind, plan.dtype, d, d, plan.heads, longest, None, "tuned", fill=fill))

@@ -150,6 +150,19 @@ def _length_label(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
+def _series(rows: list[dict[str, Any]]) -> tuple[list[str], dict[tuple[str, int], dict[str, Any]]]:
+    """(series names in column order, row per (series, length)). A series is a column, and for jagged rows its law
+    and attention hint too: rows of one column under two hints (``--law pareto`` run with ``--attention-hint auto``
+    and ``jagged``, then rendered together) took one cell, the last row hiding the other."""
+
+    def name(r: dict[str, Any]) -> str:
+        return f"{r['column']} ({r['law']}, hint {r['attention_hint']})" if "law" in r else r["column"]
+
+    order = {c: i for i, (c, _) in enumerate(COLUMNS)}
+    names = sorted({name(r) for r in rows}, key=lambda s: (order.get(s.split(" (")[0], len(order)), s))
+    return names, {(name(r), r["seq_len"]): r for r in rows}
+
+
 def figure(rows: list[dict[str, Any]]) -> Any:
     """Bar chart per length and column: TFLOP/s, and beside it peak memory where the rows have it (a GPU run),
     since what recompute buys is memory, not speed."""
@@ -159,8 +172,7 @@ def figure(rows: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
     lengths = sorted({r["seq_len"] for r in rows})
-    names = [c for c, _ in COLUMNS if any(r["column"] == c for r in rows)]
-    cell = {(r["column"], r["seq_len"]): r for r in rows}
+    names, cell = _series(rows)
     panels = [("tflops", "TFLOP/s (fwd + bwd)")]
     if any(r.get("peak_mem_gib") is not None for r in rows):
         panels.append(("peak_mem_gib", "peak memory (GiB, fwd + bwd)"))
@@ -183,8 +195,7 @@ def figure(rows: list[dict[str, Any]]) -> Any:
 def render(rows: list[dict[str, Any]], png: str | None) -> str:
     """Markdown table (TFLOP/s and peak GiB per column and length) and an optional bar chart (``figure``)."""
     lengths = sorted({r["seq_len"] for r in rows})
-    names = [c for c, _ in COLUMNS if any(r["column"] == c for r in rows)]
-    cell = {(r["column"], r["seq_len"]): r for r in rows}
+    names, cell = _series(rows)
 
     def fmt(r: dict | None) -> str:
         if r is None:

@@ -12,9 +12,10 @@ IR version is the lowest its content needs (``onnx_hstu.pin_ir_version``), so ol
 Each HSTU attention call is one ``hstu.JaggedAttention`` node (``autotune.runtime.onnx_hstu``): a model-local
 function of standard operators defines it, so ONNX Runtime runs the file as is, and its attributes
 record the call's kernel key (kernel dtype, bucket, distribution, mask) and the configs a runtime with
-the kernels should launch: the exact tuned entry of ``--gpu``'s artifacts, else the heuristic defaults for
-``--kernel-dtype`` on a GPU (``config_source`` says which). The model metadata holds the preset config and where
-the configs came from.
+the kernels should launch: the exact tuned entry of ``--gpu``'s artifacts (for a call without a distribution
+hint, which dispatch matches by each batch's fill, the entry it runs for the model's mean batch), else the heuristic
+defaults for ``--kernel-dtype`` on a GPU (``config_source`` says which). The model metadata holds the preset config
+and where the configs came from.
 
 Checked export: ``onnx.checker`` (full check) on the written file, then ONNX Runtime on CPU against
 the PyTorch model with the same weights (the PyTorch oracle kernels) on small jagged batches;
@@ -221,17 +222,38 @@ def _artifacts(gpu: str | None, root: Path | None, notes: list[str]) -> dict[str
     return found
 
 
+def batch_fill(cfg: ModelConfig) -> float | None:
+    """The fill L / (B x max_seq_len) dispatch computes for the model's mean batch (its data config's length law)."""
+    from autotune.runtime import dispatch
+
+    from .data import length_sample
+
+    sample = length_sample(cfg)
+    rows = round(cfg.batch_size * sum(sample) / len(sample))
+    return dispatch.call_fill(rows, cfg.batch_size, min(cfg.max_seq_len, rows))
+
+
 def kernel_records(
-    ep: Any, root: nn.Module, kernel_dtype: str, gpu: str | None, artifacts_root: Path | None, notes: list[str]
+    ep: Any,
+    root: nn.Module,
+    kernel_dtype: str,
+    gpu: str | None,
+    artifacts_root: Path | None,
+    notes: list[str],
+    fill: float | None = None,
 ) -> list[dict[str, Any]]:
     """The kernel-key and config attributes of each hstu::attention_fwd call, in graph order: the tuned entries
     of ``gpu``'s artifacts, else the heuristic defaults for ``kernel_dtype`` on a GPU (never the configs this
-    process traced with, which are for the trace's fp32 and, on a CPU, the Triton interpreter's small tiles)."""
+    process traced with, which are for the trace's fp32 and, on a CPU, the Triton interpreter's small tiles).
+    A call without a distribution hint records the entries dispatch runs for a batch of ``fill`` (the model's),
+    not the bucket's uniform entry, which it runs only for full batches."""
+    from autotune.runtime import dispatch
     from autotune.runtime.buckets import bucket_for
     from autotune.runtime.graph import FWD, attention_op, module_hint, schema_args, walk_nodes
 
     arts = _artifacts(gpu, artifacts_root, notes)
     records = []
+    by_fill = False
     for n in walk_nodes(ep.graph_module):
         if n.op != "call_function" or n.target != torch.ops.hstu.attention_fwd.default:
             continue
@@ -247,6 +269,9 @@ def kernel_records(
             "max_seq_len": op.max_seq_len,
         }
         entries = {k: a.lookup(*key) for k, (a, _) in arts.items()}
+        if op.distribution is None and fill is not None and all(entries.values()):
+            entries = {k: dispatch.entry_for_fill(arts[k][0].entries, e, fill) for k, e in entries.items()}
+            by_fill = True
         if len(arts) == 2 and all(entries.values()):
             fwd, bwd = entries["hstu_attention_fwd"], entries["hstu_attention_bwd"]
             rec.update(
@@ -261,6 +286,11 @@ def kernel_records(
             if arts:
                 notes.append(f"{n.name}: no tuned entry for {key}; recorded the default configs")
         records.append(rec)
+    if by_fill and len(arts) == 2:
+        notes.append(
+            f"nodes without a distribution hint: dispatch matches each batch by its fill; recorded the entries it "
+            f"runs for the model's mean batch (fill {fill:.3g})"
+        )
     return records
 
 
@@ -349,7 +379,8 @@ def export_onnx(
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own pytree deprecations
         example = small_jagged_batch(cfg, seed=0, min_rows=2)
         ep = torch.export.export(module, example, dynamic_shapes=dynamic_shapes(cfg))
-        records = kernel_records(ep, module, kernel_dtype, gpu, artifacts_root and Path(artifacts_root), notes)
+        arts_root = artifacts_root and Path(artifacts_root)
+        records = kernel_records(ep, module, kernel_dtype, gpu, arts_root, notes, batch_fill(cfg) if gpu else None)
         program = torch.onnx.export(
             ep,
             (),

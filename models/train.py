@@ -436,13 +436,15 @@ def _triton_version() -> str | None:
 
 
 def _dispatch_report(loaded: dict[str, Any] | None) -> dict[str, Any]:
-    """Which configs ran (from dispatch's cache) and every fallback warning issued."""
+    """Which configs ran (from dispatch's cache) and every fallback warning issued. A call without a distribution
+    hint is chosen by its fill too, so one kernel and bucket can hold a choice per fill bin: each says its fill."""
     from autotune.runtime import dispatch
 
     choices = [
-        {"kind": k[0], "dtype": str(k[1]), "dqk": k[2], "dv": k[3], "heads": k[4], "max_seq_len": k[5],
-         "distribution": k[6], "source": k[7], "backend": c.backend, "config": json.loads(c.config),
-         "chosen_from": c.source, "bucket": c.bucket}
+        {"kind": k[0], "dtype": str(k[1]), "dqk": k[2], "dv": k[3], "heads": k[4], "length_bucket": k[5],
+         "distribution": k[6], "source": k[7], "mask": k[8],
+         "fill": None if k[9] is None else round(2.0 ** (k[9] / dispatch.FILL_STEPS), 4),
+         "backend": c.backend, "config": json.loads(c.config), "chosen_from": c.source, "bucket": c.bucket}
         for k, c in dispatch.cached_choices().items()
     ]  # fmt: skip
     return {"loaded": loaded, "choices": choices, "warnings": list(dispatch.WARNINGS)}

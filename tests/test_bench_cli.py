@@ -194,6 +194,22 @@ def test_bench_layer_render_writes_tflops_and_peak_memory_bars_with_length_label
     assert heights == sorted(round(r["peak_mem_gib"], 3) for r in rows)
 
 
+def test_bench_layer_render_keeps_one_series_per_law_and_attention_hint():
+    """Rows of one column and length timed under two attention hints (a --law run with --attention-hint auto, one
+    with jagged, rendered together from --from-json) took one table cell: the last row hid the other."""
+    pytest.importorskip("matplotlib")
+    rows = [{"bench": "layer", "column": "+ zero copy", "seq_len": 1024, "tflops": t, "law": "pareto",
+             "fill": 0.2, "attention_hint": hint} for hint, t in (("auto", 120.0), ("jagged", 100.0))]  # fmt: skip
+    rows.append({"bench": "layer", "column": "default unfused", "seq_len": 1024, "tflops": 80.0})
+    table = bench_layer.render(rows, None)
+    assert "| default unfused | 80 |" in table
+    assert (
+        "| + zero copy (pareto, hint auto) | 120 |" in table and "| + zero copy (pareto, hint jagged) | 100 |" in table
+    )
+    assert table.index("default unfused") < table.index("hint auto") < table.index("hint jagged")
+    assert sorted(p.get_height() for p in bench_layer.figure(rows).axes[0].patches) == [80.0, 100.0, 120.0]
+
+
 def test_bench_layer_chart_of_cpu_rows_has_no_memory_panel():
     """CPU rows carry no peak memory: one panel, and the title names no GPU with a dangling comma."""
     pytest.importorskip("matplotlib")

@@ -442,6 +442,30 @@ def test_a_loose_max_seq_len_chooses_by_the_rows(tmp_path, monkeypatch):
     assert json.loads(seen[-1][11])["block_m"] == 32 and seen[-1][5] == 1 << 20  # the call keeps max_seq_len
 
 
+def test_choices_are_cached_per_bucket_not_per_row_count(tmp_path, monkeypatch):
+    """A loose max_seq_len chooses by the rows: keyed by the length, dispatch's cache held (and resolved again) a
+    choice per row count a jagged stream reached. Keyed by the length's bucket it holds one per bucket and fill,
+    and ``length_key`` is ``bucket_for`` up to the largest bucket (one key above it)."""
+    import torch
+
+    from autotune.runtime import ops
+    from autotune.runtime.buckets import bucket_for
+
+    assert all(dispatch.length_key(n) == bucket_for(n) for n in range(dispatch.LARGEST_BUCKET + 1))
+    assert {dispatch.length_key(n) for n in (dispatch.LARGEST_BUCKET + 1, 1 << 20, 2**31 - 1)} == {1 << 16}
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    resolved = []
+    resolve = dispatch._resolve
+    monkeypatch.setattr(dispatch, "_resolve", lambda *a, **kw: resolved.append(a[1]) or resolve(*a, **kw))
+    monkeypatch.setattr(ops, "_AttentionFunction", type("F", (), {"apply": staticmethod(lambda *a: None)}))
+    offsets = torch.empty(2, dtype=torch.int32, device="meta")  # B = 1: fill 1 whatever the rows
+    for rows in range(600, 1000, 7):  # every one in the 1K bucket
+        q = torch.empty(rows, 4, 64, dtype=torch.bfloat16, requires_grad=True)
+        ops.hstu_attention(q, q, q, offsets, 1 << 20, validate="none")
+    assert sorted(resolved) == [BWD, FWD]
+    assert len(dispatch.cached_choices()) == 2
+
+
 def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch):
     """CUDA caps a grid's y dimension at 65535, where the CuTe grid order puts the sequences: a larger batch runs
     the Triton default (once warned) in the public call and the fused layer; compact/persistent CuTe configs

@@ -351,6 +351,67 @@ def test_fused_layer_chooses_attention_by_the_calls_fill(device, monkeypatch, hi
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
 
 
+def test_fused_layer_backward_launches_the_attention_config_its_forward_chose(device, monkeypatch):
+    """The attention kernels chosen by fill were chosen again by the backward: artifacts loaded between a call's
+    forward and backward (another thread, a reload) gave its backward the new files' attention config beside the
+    plan's other steps. The backward launches what the forward chose, and asks dispatch nothing."""
+    import dataclasses
+    import json
+
+    from autotune.runtime.layer import hstu_layer, plan_layer
+
+    cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
+    torch.manual_seed(0)
+    params = _params(HSTULayer(cfg).to(device))
+    x, off, dout = _batch(device, cfg.hidden_dim)
+    dt = _dtype(device)
+    plan = plan_layer(dt, cfg.num_heads, cfg.head_dim, 32, 0.1, cfg.eps, 0.0, "tuned", None)
+    xg = x.to(dt).clone().requires_grad_(True)
+    out = hstu_layer(xg, params, off, plan, torch.zeros(1, dtype=torch.int64, device=device))
+    select, launcher, asked, launched = dispatch.select, dispatch.launcher, [], {}
+
+    def reloaded(kind, *args, **kw):  # what other artifacts choose for the same call
+        asked.append(kind)
+        c = select(kind, *args, **kw)
+        config = json.loads(c.config)
+        if kind.startswith("hstu_attention"):
+            config["l2_group"] = 1 if config["l2_group"] != 1 else 2
+        return dataclasses.replace(c, config=json.dumps(config))
+
+    def spy(backend, kind):
+        fn = launcher(backend, kind)
+
+        def run(*args, **kw):
+            launched[kind] = args[-1]
+            return fn(*args, **kw)
+
+        return run
+
+    monkeypatch.setattr(dispatch, "select", reloaded)
+    monkeypatch.setattr(dispatch, "launcher", spy)
+    out.backward(dout.to(out.dtype))
+    assert launched["hstu_attention_bwd"] == plan.step("hstu_attention_bwd").config  # no file: the plan's default
+    assert not [k for k in asked if k.startswith("hstu_attention")]
+
+
+def test_a_symbolic_batch_takes_the_plans_attention_step():
+    """``hstu_attention`` matches by fill only when rows and batch are plain ints; the layer checked the rows alone,
+    so a traced call with a symbolic batch (a fake tensor's SymInt) computed a symbolic fill and failed in
+    ``fill_bin``. It takes the plan's step, as the public call takes the bucket's entry."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from autotune.runtime import layer
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+    offsets = mode.from_tensor(torch.zeros(8, dtype=torch.int32), symbolic_context=dynamic)
+    assert type(offsets.shape[0]) is torch.SymInt
+    plan = layer.plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "tuned", None)
+    for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):
+        assert layer._attention_step(plan, kind, offsets, 64) is plan.step(kind)
+
+
 def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
     """``hstu_layer`` reads its parameters by the plan's heads x head_dim: one of another shape (a projection
     with extra rows was read in part, silently), a missing one or a plan of other heads is a ValueError naming

@@ -470,9 +470,26 @@ def test_a_lengths_file_no_task_draws_from_is_said_to_be_unused(tmp_path, hint):
         assert [t.task.distribution for t in tasks] == ["uniform"]
         assert graph.notes == [
             f"--lengths {path} is not used: the attention calls declare distribution 'uniform'; dispatch keys on a "
-            "call's hint, so tasks of the file's lengths would not serve these calls (pass distribution=None in the "
-            "model to use it)"
+            "call's hint, so tasks of the file's lengths would not serve these calls (build the model without it to "
+            "use the file: attention_hint='auto' and lengths other than full in models.config, distribution=None in "
+            "HSTUAttention)"
         ]
     else:
         assert [t.task.distribution for t in tasks] == ["jagged"] and tasks[0].task.sample
         assert graph.notes == [f"jagged tasks draw their batches from --lengths {path} (4 lengths, mean 16, max 30)"]
+
+
+def test_an_unused_uniform_lengths_file_is_not_blamed_on_a_hint_the_calls_lack(tmp_path):
+    """Calls without a hint (the presets' jagged models) and a file of one-length batches get uniform tasks, which
+    draw no lengths: the note told the user to pass distribution=None, which the model already did."""
+    path = tmp_path / "l.json"
+    path.write_text("[[16, 16], [30, 30, 30]]\n")
+    lengths = read_lengths_file(str(path))
+    graph = gt.GraphOps("test", [gt.GraphOp(gt.FWD, "attn", "bfloat16", 64, 64, 2, 64, distribution=None)])
+    tasks = gt.build_tasks(graph, "h100", lengths)
+    gt.note_lengths_file(graph, lengths, str(path), tasks)
+    assert [t.task.distribution for t in tasks] == ["uniform"]
+    assert graph.notes == [
+        f"--lengths {path} is not used: every batch of it is of one length, so its tasks are 'uniform' ones, which "
+        "draw no lengths"
+    ]

@@ -96,6 +96,23 @@ def test_tuned_without_artifacts_warns_and_runs(tmp_path, device):
     assert result["dispatch"]["warnings"] and result["dispatch"]["choices"][0]["chosen_from"] == "default"
 
 
+def test_dispatch_report_tells_choices_of_one_bucket_apart_by_fill_and_mask():
+    """Calls without a hint are chosen by fill too: the run's report listed a kernel's choices of one bucket twice
+    with nothing to tell them apart (no fill, no mask). Each row says its fill (None for a pinned hint) and mask."""
+    from models.train import _dispatch_report
+
+    dispatch.reset()
+    try:
+        for fill, mask, dist in ((1.0, "causal", None), (0.1, "causal", None), (None, "window", "jagged")):
+            dispatch.select("hstu_attention_fwd", "float32", 32, 32, 2, 1000, dist, "default", mask, fill)
+        rows = _dispatch_report(None)["choices"]
+    finally:
+        dispatch.reset()
+    got = sorted((r["fill"] is None, r["fill"], r["mask"], r["distribution"], r["length_bucket"]) for r in rows)
+    want = [(False, round(2 ** (-13 / 4), 4), "causal", None, 1024), (False, 1.0, "causal", None, 1024)]
+    assert got == [*want, (True, None, "window", "jagged", 1024)]
+
+
 def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch, device):
     """--kernels tuned without --artifacts loads the shipped artifacts (autotune.load()), whatever the cwd."""
     from autotune.runtime.artifacts import DEFAULT_ROOT

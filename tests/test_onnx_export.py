@@ -322,6 +322,31 @@ def test_tuned_configs_are_recorded_per_node_through_the_cli(tmp_path, capsys):
     assert summary["errors"][0]["ok"] and summary["nodes"] > 0 and summary["size_bytes"] == out.stat().st_size
 
 
+def test_a_node_without_a_hint_records_the_entries_dispatch_runs_for_the_models_fill(tmp_path):
+    """tiny's jagged batches declare no distribution: dispatch runs each by its fill (about 0.56 for tiny). The
+    record took the bucket's uniform entry (``lookup`` prefers it), which dispatch runs only for full batches."""
+    key = {"dtype": "bfloat16", "dqk": 32, "dv": 32, "num_heads": 2, "bucket": 256, "mask": "causal"}
+    uniform = _write_artifacts(tmp_path / "arts", {**key, "distribution": "uniform"})
+    jagged = {}
+    for kind in (FWD, BWD):
+        path = tmp_path / "arts" / "h100" / f"{kind}.json"
+        a = art.load_artifact(path)
+        entry = dict(a.entries[0], distribution="jagged", fill=0.55, config=dict(a.entries[0]["config"], num_warps=2))
+        a.upsert(entry)
+        art.save_artifact(a, path)
+        jagged[kind] = entry["config"]
+    assert jagged[FWD] != uniform[FWD] and jagged[BWD] != uniform[BWD]
+    out = tmp_path / "m.onnx"
+    argv = ["--preset", "tiny", "--out", str(out), "--gpu", "h100", "--artifacts", str(tmp_path / "arts"),
+            "--check-batches", "1"]  # fmt: skip
+    assert export.main(argv) == 0
+    nodes = [onnx_hstu.node_attributes(n) for n in onnx.load(str(out)).graph.node if n.domain == "hstu"]
+    assert nodes
+    for attrs in nodes:
+        assert attrs["distribution"] == "" and attrs["config_source"] == "tuned:h100"
+        assert json.loads(attrs["config"]) == jagged[FWD] and json.loads(attrs["bwd_config"]) == jagged[BWD]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -3,7 +3,7 @@
 Training code calls ``autotune.load("artifacts")`` once; every attention call then asks ``select``
 for its shape bucket. The choice is a pure function of the artifact files and the call's shape (no
 timing, no tuning at runtime), so every process of a job picks the same config. Choices are cached
-per (kind, dtype, head dims, heads, length, distribution, source, mask, fill bin): after the first
+per (kind, dtype, head dims, heads, length bucket, distribution, source, mask, fill bin): after the first
 call a lookup is one dict access. Entries are keyed by (dtype, dims, heads, bucket, distribution,
 mask); when the exact one is missing, dispatch uses the closest entry (same bucket first, then the
 nearest tuned bucket), then the heuristic default, and warns once per reason saying what differs.
@@ -199,7 +199,7 @@ def on_clear(fn) -> None:
 
 def cached_choices() -> dict[tuple, Choice]:
     """A copy of the choices made since the last ``clear_cache``, for reports; keys are (kind, dtype,
-    dqk, dv, heads, max_seq_len, distribution, source, ...) as ``select`` builds them."""
+    dqk, dv, heads, length key (``length_key``), distribution, source, mask, fill bin) as ``select`` builds them."""
     return dict(_CACHE)
 
 
@@ -642,6 +642,12 @@ def _by_fill(pool: list[Any], entry: Any, fbin: int | None) -> Any:
     return _nearest_fill(same, 2.0 ** (fbin / FILL_STEPS)) or entry
 
 
+def entry_for_fill(entries: list[Any], entry: Any, fill: float | None) -> Any:
+    """The entry of ``entry``'s task (all but its distribution) that a call of ``fill`` without a distribution hint
+    runs (``_by_fill``): what a record of such a call (an exported node) names, rather than whichever sorts first."""
+    return _by_fill(list(entries), entry, fill_bin(fill))
+
+
 def _fallback_message(kind: str, call: dict[str, Any], entry: Any) -> str:
     """What the closest entry differs in from the call (bucket, distribution, heads, mask)."""
     diffs = []
@@ -713,6 +719,13 @@ def _resolve(
     return choice or default_choice(kind, dqk, dv, dtype, num_heads)
 
 
+def length_key(max_seq_len: int) -> int:
+    """What a choice depends on of ``max_seq_len``: its bucket (``bucket_for``), or ``2 * LARGEST_BUCKET`` above the
+    largest. The choice cache is keyed by it, not by the length: a loose max_seq_len chooses by the rows, so keyed
+    by the length it held (and resolved again) one choice per row count a jagged stream reached."""
+    return min(max(BUCKETS[0], 1 << (int(max_seq_len) - 1).bit_length()), 2 * LARGEST_BUCKET)
+
+
 def select(
     kind: str,
     dtype: torch.dtype | str,
@@ -738,7 +751,7 @@ def select(
     """
     _check_sizes(dqk, dv, num_heads, max_seq_len)  # before the lookup: True would hit the entry of 1
     fbin = fill_bin(fill) if distribution is None else None
-    key = (kind, dtype, dqk, dv, num_heads, max_seq_len, distribution, source, mask, fbin)
+    key = (kind, dtype, dqk, dv, num_heads, length_key(max_seq_len), distribution, source, mask, fbin)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit

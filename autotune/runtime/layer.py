@@ -186,7 +186,8 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows:
     s = plan.step(kind)
     d = plan.head_dim
     batch = seq_offsets.shape[0] - 1
-    if plan.distribution is None and plan.source == "tuned" and type(rows) is int and not torch.compiler.is_compiling():
+    plain = type(rows) is int and type(batch) is int  # a traced call's symbolic size: the plan's choice, as ops
+    if plan.distribution is None and plan.source == "tuned" and plain and not torch.compiler.is_compiling():
         longest = launch_lengths(plan.max_seq_len, None, rows)[0]
         fill = dispatch.call_fill(rows, batch, longest)
         s = _step_of(kind, dispatch.select(kind, plan.dtype, d, d, plan.heads, longest, None, "tuned", fill=fill))
@@ -196,14 +197,15 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows:
     return Step(kind, backend, dispatch.decode_config(backend, kind, config), "default")
 
 
-def _attention_call(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int) -> tuple[Step, tuple]:
-    """The attention step of ``kind`` and its launch arguments after q, k, v: lengths that both attention steps'
-    grids can hold (the forward's and the backward's launches agree)."""
-    steps = {k: _attention_step(plan, k, seq_offsets, rows) for k in ("hstu_attention_fwd", "hstu_attention_bwd")}
+def _attention_call(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tuple[Step, Step, int, int | None]:
+    """(forward step, backward step, max_seq_len, divisor) of one layer call's attention: lengths that both steps'
+    grids can hold. Chosen once, by the forward: the backward launches what the forward chose, as it runs the
+    plan's other steps, also when other artifacts were loaded in between (a re-choice then mixed two files)."""
+    steps = [_attention_step(plan, k, seq_offsets, rows) for k in ("hstu_attention_fwd", "hstu_attention_bwd")]
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
-    sizes = [dispatch.grid_rows(k, s.backend, s.config) for k, s in steps.items()]
+    sizes = [dispatch.grid_rows(s.kind, s.backend, s.config) for s in steps]
     max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)
-    return steps[kind], (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
+    return steps[0], steps[1], max_seq_len, scaling
 
 
 def _gemm_silu_step(plan: LayerPlan, hidden: int) -> Step:
@@ -252,8 +254,9 @@ class HSTULayerFunction(torch.autograd.Function):
         u, q, k, v = _views(uvqk, plan.heads, plan.head_dim)
         if not plan.zero_copy:  # what chaining split + .contiguous() costs (the layer benchmark's baseline)
             u, q, k, v = (t.contiguous() for t in (u, q, k, v))
-        s, args = _attention_call(plan, "hstu_attention_fwd", seq_offsets, q.shape[0])
-        attn = s.launch(q, k, v, *args, s.config)
+        s, ctx.attention_bwd, max_seq_len, scaling = _attention_call(plan, seq_offsets, q.shape[0])
+        ctx.attention_lengths = (max_seq_len, scaling)
+        attn = s.launch(q, k, v, seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling, s.config)
         attn2 = attn.view(attn.shape[0], -1)
         s = cfg("ln_mul_dropout_fwd")
         y, mean2, rstd2 = s.launch(attn2, u, ln2_w, ln2_b, plan.eps, plan.dropout, seed, config=s.config)
@@ -313,8 +316,9 @@ class HSTULayerFunction(torch.autograd.Function):
                 dy, attn2, u, ln2_w, ln2_b, mean2, rstd2, plan.dropout, seed, config=s.config,
                 out=(d_attn, du, dw2, db2), **more,
             )  # fmt: skip
-            s, args = _attention_call(plan, "hstu_attention_bwd", seq_offsets, L)
+            s, (max_seq_len, scaling) = ctx.attention_bwd, ctx.attention_lengths
             d_attn3 = d_attn.view(L, plan.heads, plan.head_dim)
+            args = (seq_offsets, max_seq_len, plan.alpha, None, 0, 0, scaling)
             s.launch(d_attn3, q, k, v, *args, s.config, out=(dq, dk, dv))
             if not plan.zero_copy:
                 d_uvqk = torch.cat([t.reshape(L, hd) for t in (du, dv, dq, dk)], dim=1)

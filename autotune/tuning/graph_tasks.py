@@ -439,10 +439,17 @@ def note_lengths_file(graph: GraphOps, lengths: LengthsFile, path: str, tasks: l
     graph.notes[:] = [n for n in graph.notes if not n.startswith(MODEL_SAMPLE_NOTE)]
     if not any(gt.task.sample for gt in tasks):
         hints = sorted({op.distribution for op in graph.ops if op.kernel in (FWD, BWD) and op.distribution})
-        why = f"the attention calls declare distribution {', '.join(map(repr, hints))}" if hints else "no jagged task"
+        if not hints:  # no hint to drop: the file's batches are uniform, and so are its tasks
+            graph.notes.append(
+                f"--lengths {path} is not used: every batch of it is of one length, so its tasks are 'uniform' ones, "
+                "which draw no lengths"
+            )
+            return
         graph.notes.append(
-            f"--lengths {path} is not used: {why}; dispatch keys on a call's hint, so tasks of the file's lengths "
-            "would not serve these calls (pass distribution=None in the model to use it)"
+            f"--lengths {path} is not used: the attention calls declare distribution {', '.join(map(repr, hints))}; "
+            "dispatch keys on a call's hint, so tasks of the file's lengths would not serve these calls (build the "
+            "model without it to use the file: attention_hint='auto' and lengths other than full in models.config, "
+            "distribution=None in HSTUAttention)"
         )
         return
     graph.notes.append(f"jagged tasks draw their batches from --lengths {path} ({_sample_stats(lengths.sample)})")

@@ -338,3 +338,60 @@ def check_offsets(
         launch_offsets_check(seq_offsets, num_targets, rows, max_seq_len)
         return
     check_offsets_host(seq_offsets, num_targets, rows, max_seq_len)
+
+
+def check_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    alpha: float,
+    num_targets: torch.Tensor | None,
+    contextual_seq_len: int,
+    max_attn_len: int,
+    scaling_seqlen: int | None,
+) -> None:
+    """The Triton launchers' own host checks (no sync), a ``ValueError`` naming the argument: they are exported
+    and the tuner calls them directly, and the kernels trust what these say. Called directly, a ``num_targets``
+    shorter than the batch was read past its end, and a negative context with a window moved the forward's key
+    range below the sequence (both out-of-bounds reads); a NaN alpha made every output NaN. The fast path is
+    ``shapes_look_valid`` (about 2 us); the offsets' contents stay the kernels' clamps' business."""
+    args = (q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
+    if not shapes_look_valid(*args, None):
+        from .op import validate_hstu_inputs  # (op imports this module)
+
+        validate_hstu_inputs(*args, check_offsets=False, check_head_dims=False)
+    if type(alpha) is not float or not -math.inf < alpha < math.inf:
+        check_alpha(alpha)
+
+
+def check_out(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> None:
+    """An output buffer a launcher is given: a floating-point tensor of ``shape`` on ``device`` whose last dim is
+    contiguous (the kernels store rows through the row and head strides only), else a ``ValueError`` naming it."""
+    if not isinstance(t, torch.Tensor) or t.shape != shape:
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a tensor of shape {shape}, got {got}")
+    if t.dtype not in _FLOATS or t.device != device:
+        raise ValueError(f"{name} must be float16, bfloat16 or float32 on {device}, got {t.dtype} on {t.device}")
+    if shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+
+
+def validate_hstu_grad(do: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming ``do`` when the output gradient does not match the validated q and v:
+    shape (L, H, Dv), q's dtype and q's device."""
+    check_grad(do, (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, "q's")
+
+
+def check_grad(do: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, of: str) -> None:
+    """``do`` is a tensor of ``shape``, ``dtype`` and ``device`` (``of``'s, in the message), else a ``ValueError``
+    naming it: the backward kernels trust do's shape (a short one is read out of bounds)."""
+    if not isinstance(do, torch.Tensor):
+        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
+    if do.shape != shape:
+        raise ValueError(f"do must have shape {tuple(shape)}, got {tuple(do.shape)}")
+    if do.dtype != dtype:
+        raise ValueError(f"do must have {of} dtype {dtype}, got {do.dtype}")
+    if do.device != device:
+        raise ValueError(f"do must be on {of} device {device}, got {do.device}")

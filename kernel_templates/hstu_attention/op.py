@@ -11,7 +11,9 @@ import torch
 from kernel_templates.tensor_memo import capturing
 
 from .config import SUPPORTED_HEAD_DIMS, HSTUBwdConfig, HSTUFwdConfig, default_bwd_config, default_fwd_config
+from .input_check import check_grad as check_grad  # (re-exported: ops and the CuTe launchers import it from here)
 from .input_check import check_offsets_host, shapes_look_valid
+from .input_check import validate_hstu_grad as validate_hstu_grad
 from .triton_bwd import hstu_attention_bwd
 from .triton_fwd import hstu_attention_fwd
 
@@ -148,25 +150,6 @@ def validate_hstu_inputs(
         raise ValueError("max_seq_len must be positive when it is the divisor (scaling_seqlen is None)")
     if check_offsets:
         check_offsets_host(seq_offsets, num_targets, q.shape[0], max_seq_len)
-
-
-def validate_hstu_grad(do: torch.Tensor, q: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise ``ValueError`` naming ``do`` when the output gradient does not match the validated q and v:
-    shape (L, H, Dv), q's dtype and q's device."""
-    check_grad(do, (q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device, "q's")
-
-
-def check_grad(do: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, of: str) -> None:
-    """``do`` is a tensor of ``shape``, ``dtype`` and ``device`` (``of``'s, in the message), else a ``ValueError``
-    naming it: the backward kernels trust do's shape (a short one is read out of bounds)."""
-    if not isinstance(do, torch.Tensor):
-        raise ValueError(f"do must be a torch.Tensor, got {type(do).__name__}")
-    if do.shape != shape:
-        raise ValueError(f"do must have shape {tuple(shape)}, got {tuple(do.shape)}")
-    if do.dtype != dtype:
-        raise ValueError(f"do must have {of} dtype {dtype}, got {do.dtype}")
-    if do.device != device:
-        raise ValueError(f"do must be on {of} device {device}, got {do.device}")
 
 
 class HSTUAttentionFunction(torch.autograd.Function):

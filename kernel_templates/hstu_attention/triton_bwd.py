@@ -17,8 +17,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernel_templates.launch_checks import config_of, outputs_apart
+
 from .config import HSTUBwdConfig
-from .input_check import launch_mask_lengths
+from .input_check import check_launch, check_out, launch_lengths, launch_mask_lengths, validate_hstu_grad
 from .reference import score_scale
 from .triton_common import (
     interpreter_bf16,
@@ -378,6 +380,17 @@ def _hstu_bwd_q_kernel(
     )
 
 
+def check_grad_outs(out: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> None:
+    """``out=(dq, dk, dv)``: three buffers of q's, k's and v's shapes on their device, apart from the inputs and
+    from each other, else a ``ValueError`` naming the buffer (the kernels store through their strides unchecked)."""
+    if not isinstance(out, tuple | list) or len(out) != 3:
+        raise ValueError(f"out must be a tuple (dq, dk, dv) of three tensors, got {type(out).__name__}")
+    names = ("out[0] (dq)", "out[1] (dk)", "out[2] (dv)")
+    for name, t, like in zip(names, out, (q, k, v), strict=True):
+        check_out(name, t, tuple(like.shape), q.device)
+    outputs_apart({"q": q, "k": k, "v": v, "do": do}, dict(zip(names, out, strict=True)))
+
+
 def hstu_attention_bwd(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -395,8 +408,15 @@ def hstu_attention_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward template; returns (dq, dk, dv) in the inputs' dtype. dQ sums in fp32.
 
-    ``out=(dq, dk, dv)`` lets callers (the tuner's poisoned-buffer check) pass the output buffers.
+    ``out=(dq, dk, dv)`` lets callers (the tuner's poisoned-buffer check) pass the output buffers. Shapes, dtypes,
+    devices, scalars, ``do`` and ``out`` are checked here (``check_launch``); the offsets' contents are not.
     """
+    check_launch(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+                 scaling_seqlen)  # fmt: skip
+    config_of(config, HSTUBwdConfig)
+    validate_hstu_grad(do, q, v)
+    if out is not None:
+        check_grad_outs(out, q, k, v, do)
     if interpreter_bf16(q):
         args = (seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
         res = hstu_attention_bwd(do.float(), q.float(), k.float(), v.float(), *args, config)
@@ -406,6 +426,8 @@ def hstu_attention_bwd(
     L, H, dqk = q.shape
     # Window and context capped as every call path caps them: the kernels add them to position ids in int32.
     contextual_seq_len, max_attn_len = launch_mask_lengths(int(contextual_seq_len), int(max_attn_len), L)
+    # A max_seq_len past the rows sized the grid for blocks that cannot exist (past CUDA's 65535: a launch error).
+    max_seq_len, scaling_seqlen = launch_lengths(int(max_seq_len), scaling_seqlen, L)
     dv_dim = v.shape[2]
     do = do.contiguous() if do.stride(-1) != 1 else do
     batch = seq_offsets.numel() - 1

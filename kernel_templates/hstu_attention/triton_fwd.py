@@ -11,8 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_templates.launch_checks import config_of, outputs_apart
+
 from .config import HSTUFwdConfig
-from .input_check import launch_mask_lengths
+from .input_check import check_launch, check_out, launch_lengths, launch_mask_lengths
 from .reference import score_scale
 from .triton_common import interpreter_bf16, query_block_setup, row_head_strides, valid_mask
 
@@ -186,10 +188,17 @@ def hstu_attention_fwd(
     config: HSTUFwdConfig,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch the forward template with an explicit tile config. Inputs are assumed validated.
+    """Launch the forward template with an explicit tile config. The offsets' contents are assumed validated
+    (the kernels clamp them); shapes, dtypes, devices, scalars and ``out`` are checked here (``check_launch``).
 
     ``out`` lets callers (the tuner's poisoned-buffer check) pass the output buffer.
     """
+    check_launch(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len,
+                 scaling_seqlen)  # fmt: skip
+    config_of(config, HSTUFwdConfig)
+    if out is not None:
+        check_out("out", out, (q.shape[0], q.shape[1], v.shape[2]), q.device)
+        outputs_apart({"q": q, "k": k, "v": v}, {"out": out})
     if interpreter_bf16(q):
         args = (seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
         res = hstu_attention_fwd(q.float(), k.float(), v.float(), *args, config)
@@ -197,6 +206,8 @@ def hstu_attention_fwd(
     L, H, dqk = q.shape
     # Window and context capped as every call path caps them: the kernels add them to position ids in int32.
     contextual_seq_len, max_attn_len = launch_mask_lengths(int(contextual_seq_len), int(max_attn_len), L)
+    # A max_seq_len past the rows sized the grid for blocks that cannot exist (past CUDA's 65535: a launch error).
+    max_seq_len, scaling_seqlen = launch_lengths(int(max_seq_len), scaling_seqlen, L)
     dv = v.shape[2]
     if out is None:
         out = torch.empty((L, H, dv), dtype=q.dtype, device=q.device)

@@ -1,6 +1,7 @@
 """A farm host's time budget (``autotune run --storage ... --time-budget``) on a real PostgreSQL
 (``tests/pg_fixture.py``): once the host's deadline has passed its workers claim nothing more, finish the task
-they hold, and the run names the tasks it left queued for another host or the next join."""
+they hold, and the run names the tasks it left queued for another host or the next join; a task cut by the budget
+keeps its cut mark when it also ended with an error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from farm_fixture import FARM_ENV, one_task_farm, rdb_storage
+from farm_fixture import FARM_ENV, one_task_farm, rdb_storage, run_one
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
 
@@ -78,3 +79,51 @@ def test_a_host_out_of_budget_reports_the_tasks_it_left_for_a_later_join(pg_url,
     assert _states(study) == [TrialState.WAITING, TrialState.WAITING]
     assert main(argv) == 0
     assert _states(study) == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+def test_a_task_cut_and_errored_is_shown_cut_and_queued_again(pg_url, tmp_path, monkeypatch):
+    """A task the budget cut whose decision then failed (no config correct among the few measured) records both
+    marks; ``autotune status`` showed it "failed", as if its run had ended for good. It is "cut" (with its error),
+    and the next join queues it again."""
+    from autotune.tuning import farm, farm_status, tuner
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    fopts, task, opts, storage = one_task_farm(pg_url, tmp_path)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+
+    def nothing_correct(s: Any, result: tuner.TaskResult) -> None:
+        result.error = "no config was correct on every check"
+
+    monkeypatch.setattr(tuner, "_decide", nothing_correct)
+    monkeypatch.setattr(farm, "_task_deadline", lambda farm_study, deadline: time.time() - 1)
+    assert run_one(study, farm.claim(study, fopts), opts, fopts, "w") is True
+    result = study.get_trials(deepcopy=False)[0].user_attrs["result"]
+    assert result["cut"] and result["error"], result
+    (row,) = farm_status.snapshot(storage, study.study_name)["tasks"]
+    assert row["state"] == "cut" and "no config was correct" in row["error"], row
+    (r,) = farm.farm_results(study, [task])
+    assert r.cut and r.error
+    farm.join_farm(storage, [task], opts)
+    assert _states(study) == [TrialState.COMPLETE, TrialState.WAITING]
+
+
+def test_the_run_table_marks_a_cut_task_that_errored_as_cut(tmp_path, monkeypatch, capsys):
+    """``autotune run`` marked a task "cut" only when it had no error: one cut and then errored was listed as
+    failed with no word that the budget stopped it and that the same command resumes it."""
+    from autotune.tuning import tuner
+    from autotune.tuning.cli import main
+
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok,ok2")
+
+    def nothing_correct(s: Any, result: tuner.TaskResult) -> None:
+        result.error = "no config was correct on every check"
+
+    monkeypatch.setattr(tuner, "_decide", nothing_correct)
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake", "--trials", "3",
+            "--sampler", "bruteforce", "--buckets", "256", "--dims", "32", "--distributions", "uniform",
+            "--artifacts", str(tmp_path / "a"), "--time-budget", "0.01s"]  # fmt: skip
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "1 of 1 tasks failed" in out, out
+    assert "cut by the time budget" in out, out

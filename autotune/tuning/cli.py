@@ -325,7 +325,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> int:
-    """The run's table and notes; 1 when a task failed. A task a farm host's budget left unclaimed is no failure:
+    """The run's table and notes; 1 when a task failed. A task cut by the time budget says so even when it also
+    ended with an error (the same command resumes it), and one a farm host's budget left unclaimed is no failure:
     it stays queued for another host or the next run."""
     from rich.table import Table
 
@@ -353,7 +354,7 @@ def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> i
             _fmt(r.tflops),
             _fmt(r.default_tflops),
             _fmt(r.speedup, ".2f") + ("x" if r.speedup else ""),
-            "-" if r.left else f"{r.trials} ({statuses})" + (" cut" if r.cut and not r.error else ""),
+            "-" if r.left else f"{r.trials} ({statuses})" + (" cut" if r.cut else ""),
         )
     console.print(table)
     cut = sum(1 for r in results if r.cut and not r.error)
@@ -379,7 +380,8 @@ def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> i
     if failed:
         console.print(f"[red]{len(failed)} of {len(results)} tasks failed[/] (no artifact entry written for them):")
         for r in failed:
-            console.print(f"  {r.task.label()}: {r.error}", markup=False, soft_wrap=True)
+            resume = " (cut by the time budget first: the same command resumes it)" if r.cut else ""
+            console.print(f"  {r.task.label()}: {r.error}{resume}", markup=False, soft_wrap=True)
     return 1 if failed else 0
 
 

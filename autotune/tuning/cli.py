@@ -243,8 +243,6 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     console = _console()
     _fill_defaults(args)
     budget = parse_duration(args.time_budget)
@@ -323,18 +321,29 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise CLIError(str(e)) from None
         with _RichReporter(console) as reporter:
             results = run_tasks(tasks, opts, budget, reporter)
+    return _report_run(console, results, args, gpu)
+
+
+def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> int:
+    """The run's table and notes; 1 when a task failed. A task cut by the time budget says so even when it also
+    ended with an error (the same command resumes it), and one a farm host's budget left unclaimed is no failure:
+    it stays queued for another host or the next run."""
+    from rich.table import Table
+
     table = Table(title=f"autotune run: {gpu}")
     for col in ("kernel", "dims", "dist", "bucket", "best config", "ms", "TFLOP/s", "default TFLOP/s", "speedup"):
         table.add_column(col, justify="right" if col in ("ms", "TFLOP/s", "default TFLOP/s", "speedup") else "left")
     table.add_column("trials (status)")
-    failed = 0
+    failed = [r for r in results if r.error]
+    left = [r for r in results if r.left]
     for r in results:
         t = r.task
         statuses = " ".join(f"{k}:{v}" for k, v in sorted(r.statuses.items()))
         best = f"{r.backend} {config_str(r.config)}" + (" (default)" if r.kept_default else "") if r.config else "-"
         if r.error:
-            failed += 1
             best = f"[red]{r.error[:60]}[/]"
+        elif r.left:
+            best = "[yellow]left for a later join[/]"
         table.add_row(
             t.kernel.replace("hstu_attention_", ""),
             f"{t.dqk}/{t.dv}",
@@ -345,7 +354,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             _fmt(r.tflops),
             _fmt(r.default_tflops),
             _fmt(r.speedup, ".2f") + ("x" if r.speedup else ""),
-            f"{r.trials} ({statuses})" + (" cut" if r.cut and not r.error else ""),
+            "-" if r.left else f"{r.trials} ({statuses})" + (" cut" if r.cut else ""),
         )
     console.print(table)
     cut = sum(1 for r in results if r.cut and not r.error)
@@ -354,18 +363,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             f'{cut} task(s) stopped at the time budget before {args.trials} trials ("cut"): their best so far was '
             "written; the same command resumes their studies (a farm queues them again)."
         )
+    if left:
+        console.print(
+            f"{len(left)} task(s) left queued when this host's time budget ran out (not failed): another host "
+            "running the same command, or its next run here, tunes them:"
+        )
+        for r in left:
+            console.print(f"  {r.task.label()}: {r.left}", markup=False, soft_wrap=True)
     console.print(f"Artifacts: {args.artifacts}/{gpu}/<kernel>.json")
-    if args.verify == "quick" and len(results) > failed:
+    if args.verify == "quick" and len(results) > len(failed) + len(left):
         console.print(
             "Winners were re-checked on their own mask and dtype only (--verify quick): "
             f"`autotune verify --gpu {gpu} --artifacts {args.artifacts} --missing --write` re-checks them on every "
             "mask and dtype before they are committed."
         )
     if failed:
-        console.print(f"[red]{failed} of {len(results)} tasks failed[/] (no artifact entry written for them):")
-        for r in results:
-            if r.error:
-                console.print(f"  {r.task.label()}: {r.error}", markup=False, soft_wrap=True)
+        console.print(f"[red]{len(failed)} of {len(results)} tasks failed[/] (no artifact entry written for them):")
+        for r in failed:
+            resume = " (cut by the time budget first: the same command resumes it)" if r.cut else ""
+            console.print(f"  {r.task.label()}: {r.error}{resume}", markup=False, soft_wrap=True)
     return 1 if failed else 0
 
 

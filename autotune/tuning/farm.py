@@ -17,6 +17,9 @@ command against the same storage. The engine is Optuna's, nothing home-made:
   under the farm's lock as they are made (``_ClaimedStorage``), so none lands after a takeover.
 - The farm study records the timing key (GPU model, SMs, driver, CUDA/torch/Triton/CuTe DSL
   versions, template and search-space hashes); a worker with another key refuses to join.
+- A host's time budget (``budget_s``) is its deadline: each task it claims gets a share of the time left, and once
+  the deadline has passed its workers claim no more (the task each holds ends cut, with its best so far). The tasks
+  still queued stay queued for another host or the next join; the host's results name them (``TaskResult.left``).
 - Results live in the storage (each farm trial's ``result`` attr, each task study's ``result``).
   A worker merges its entry into the local artifact when it finishes a task and every host merges
   all of the farm's entries at the end (``artifact_io.merge_entries``: file lock, re-read, validated).
@@ -326,15 +329,16 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def claim(farm: optuna.Study, fopts: FarmOptions) -> optuna.Trial | None:
-    """Fail stale claims (re-queued by the retry callback), then pop one waiting task; None if none.
+def claim(farm: optuna.Study, fopts: FarmOptions, deadline: float | None = None) -> optuna.Trial | None:
+    """Fail stale claims (re-queued by the retry callback), then pop one waiting task; None if none, or if
+    the host's ``deadline`` has passed (its tasks stay queued for another host or the next join).
 
     Failing a claim and queueing its copy are two writes: under the farm's lock, so a host joining in
     between (which queues every task with no waiting or running copy) cannot queue the task a second time."""
     with _advisory_lock(farm._storage, farm.study_name):
         optuna.storages.fail_stale_trials(farm)
         _fail_orphans(farm, fopts)
-    if not farm.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    if past_deadline(deadline) or not farm.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return None
     trial = farm.ask()
     if "task" not in trial.user_attrs:  # another worker took the last waiting task: ask made a new trial
@@ -389,6 +393,18 @@ def _release(farm: optuna.Study, trial_id: int, reason: str, requeue: bool = Tru
 
 def _drained(farm: optuna.Study) -> bool:
     return not farm.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+
+
+def past_deadline(deadline: float | None) -> bool:
+    """Whether the host's time budget is spent: its workers then claim no task (``None``: no budget)."""
+    return deadline is not None and time.time() >= deadline
+
+
+def _queued_labels(farm: optuna.Study) -> list[str]:
+    """The tasks waiting in the farm, by label (what a host out of budget leaves to others)."""
+    waiting = farm.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    tasks = [t for t in waiting if t.user_attrs.get("task_key")]
+    return sorted({str(t.user_attrs.get("label") or t.user_attrs["task_key"]) for t in tasks})
 
 
 def _task_deadline(farm: optuna.Study, deadline: float | None) -> float:
@@ -498,7 +514,8 @@ def _stop_with_parent(parent: int | None) -> None:
 
 
 def work(spec: dict[str, Any]) -> int:
-    """One worker process: claim tasks until the farm has none waiting or running; 0, or EXIT_KEY."""
+    """One worker process: claim tasks until the farm has none waiting or running, or until this host's deadline
+    has passed (then the task it holds is finished and no other is claimed); 0, or EXIT_KEY."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _worker_signals()
@@ -520,8 +537,8 @@ def work(spec: dict[str, Any]) -> int:
     ctx["worker"] = Worker(plugin_modules(opts.plugins))
     done = 0
     try:
-        while True:
-            trial = claim(farm, fopts)
+        while not past_deadline(ctx["deadline"]):
+            trial = claim(farm, fopts, ctx["deadline"])
             if trial is not None:
                 done += _run_one(farm, trial, ctx)
             elif _drained(farm):
@@ -530,6 +547,14 @@ def work(spec: dict[str, Any]) -> int:
                 time.sleep(fopts.poll_s)
     finally:
         ctx["worker"].close()
+    if past_deadline(ctx["deadline"]):
+        left = _queued_labels(farm)
+        listed = "".join(f"\n  {x}" for x in left)
+        _log(
+            f"{wid}: this host's time budget is spent; {done} tasks finished here, claiming no more; "
+            f"{len(left)} left queued for another host or the next join{listed}"
+        )
+        return 0
     _log(f"{wid}: farm drained; {done} tasks finished here")
     return 0
 
@@ -611,7 +636,7 @@ def run_farm(
                     del procs[slot]
                     if rc == EXIT_KEY:
                         refused.append(slot)
-                    elif rc != 0 and respawns < 2 * n and not _drained(farm):
+                    elif rc != 0 and respawns < 2 * n and not _drained(farm) and not past_deadline(spec["deadline"]):
                         respawns += 1  # a crashed or killed worker: its task is re-queued, start a fresh one
                         procs[slot] = _spawn(slot, spec, gpu_ids, log_dir)
         except BaseException:
@@ -621,7 +646,7 @@ def run_farm(
         logs = ", ".join(str(log_dir / f"{host_label()}-w{s}.log") for s in refused)
         raise FarmError(f"every worker refused to join {name!r} (timing key differs; see {logs})")
     merge_farm(storage, name, opts)
-    return farm_results(farm, tasks, log_dir)
+    return farm_results(farm, tasks, log_dir, budget_spent=past_deadline(spec["deadline"]))
 
 
 def _tick(tick: Callable[[str], None] | None, name: str) -> None:

@@ -78,12 +78,30 @@ def unfinished_reason(t: FrozenTrial | None, logs: Path | None = None) -> str:
     return f"not finished in the farm: still queued, no worker of this host was left to claim it{see}"
 
 
-def farm_results(farm: optuna.Study, tasks: list[Task], logs: Path | None = None) -> list[TaskResult]:
-    """Each task's latest result in the farm (an error result, saying why, for a task that did not finish)."""
-    latest = latest_per_task(farm.get_trials(deepcopy=False))
+def left_reason(t: FrozenTrial) -> str:
+    """Why a host whose time budget ran out returns without a task queued or held in the farm, and who runs it."""
+    if t.state == TrialState.RUNNING:
+        holder = t.user_attrs.get("worker") or "another worker"
+        return f"held by {holder} when this host's time budget ran out; it finishes there"
+    return "still queued when this host's time budget ran out; another host or the next run tunes it"
+
+
+def farm_results(
+    farm: optuna.Study, tasks: list[Task], logs: Path | None = None, budget_spent: bool = False
+) -> list[TaskResult]:
+    """Each task's latest result in the farm (an error result, saying why, for a task that did not finish).
+
+    ``budget_spent``: this host stopped claiming at its deadline, so a task still queued or held elsewhere was left
+    for a later join (``TaskResult.left``), not failed: an earlier run's error is no verdict on it, while an earlier
+    run's config (a cut one's best so far) is still its result."""
+    runs = task_runs(farm.get_trials(deepcopy=False))
     out = []
     for task in tasks:
-        t = latest.get(task.study_name)
+        t = result_trial(runs[task.study_name]) if task.study_name in runs else None
+        pending = [r for r in runs.get(task.study_name, []) if r.state in (TrialState.WAITING, TrialState.RUNNING)]
+        if budget_spent and pending and (t.state != TrialState.COMPLETE or result_of(t).get("error")):
+            out.append(TaskResult(task, left=left_reason(pending[-1])))
+            continue
         if t is None or t.state != TrialState.COMPLETE:
             out.append(TaskResult(task, error=unfinished_reason(t, logs)))
             continue

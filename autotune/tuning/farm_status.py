@@ -28,7 +28,8 @@ def farm_names(storage: Any) -> list[str]:
 def _task_state(trials: list[FrozenTrial]) -> tuple[str, FrozenTrial]:
     """A task's state over all its farm trials (claims, retries, re-runs) and the trial that shows it:
     a held or queued run, else the one whose result speaks for the task (``farm.result_trial``). A result cut
-    by a time budget is "cut", not "done": the farm's next join queues the task again."""
+    by a time budget is "cut", not "done", and not "failed" when it also ended with an error (shown with it): the
+    budget stopped its run, and the farm's next join queues the task again."""
     for state, name in ((TrialState.RUNNING, "running"), (TrialState.WAITING, "waiting")):
         held = [t for t in trials if t.state == state]
         if held:
@@ -37,7 +38,7 @@ def _task_state(trials: list[FrozenTrial]) -> tuple[str, FrozenTrial]:
     if t.state != TrialState.COMPLETE:
         return "lost", t
     result = t.user_attrs.get("result") or {}
-    return ("failed" if result.get("error") else "cut" if result.get("cut") else "done"), t
+    return ("cut" if result.get("cut") else "failed" if result.get("error") else "done"), t
 
 
 def snapshot(storage: Any, name: str) -> dict[str, Any]:

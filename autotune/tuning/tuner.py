@@ -141,6 +141,7 @@ class TaskResult:
     comparison: dict[str, Any] | None = None  # interleaved winner/default timing verdict
     samples: int | None = None  # timed samples behind the chosen config's trial time
     cut: bool = False  # stopped by its deadline (the time budget) before its trials were measured
+    left: str | None = None  # a farm host's budget ran out before it ran the task: why, and who runs it instead
 
     def entry(self) -> dict[str, Any]:
         t = self.task

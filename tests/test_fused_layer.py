@@ -409,7 +409,7 @@ def test_a_symbolic_batch_takes_the_plans_attention_step():
     assert type(offsets.shape[0]) is torch.SymInt
     plan = layer.plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "tuned", None)
     for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):
-        assert layer._attention_step(plan, kind, offsets, 64) is plan.step(kind)
+        assert layer._attention_step(plan, kind, offsets, 64, 32) is plan.step(kind)
 
 
 def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):

@@ -177,9 +177,10 @@ dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen agai
 dispatch.on_clear(_STEPS.clear)
 
 
-def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int) -> Step:
+def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int, longest: int) -> Step:
     """The plan's attention kernel; with tuned kernels and no declared distribution, the one ``hstu_attention``
-    would choose for this call instead: by the longest length the rows allow and the call's fill
+    would choose for this call instead: by ``longest``, the longest length the rows allow (``launch_lengths`` of
+    the plan's max_seq_len, which the caller computes once for both steps), and the call's fill
     L / (B x max_seq_len) (host-side shape arithmetic, no sync), so a jagged batch runs the entry tuned nearest
     its fill, not the one the plan chose with no batch at hand. The Triton default where the launch grid cannot
     hold the batch."""
@@ -188,7 +189,6 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows:
     batch = seq_offsets.shape[0] - 1
     plain = type(rows) is int and type(batch) is int  # a traced call's symbolic size: the plan's choice, as ops
     if plan.distribution is None and plan.source == "tuned" and plain and not torch.compiler.is_compiling():
-        longest = launch_lengths(plan.max_seq_len, None, rows)[0]
         fill = dispatch.call_fill(rows, batch, longest)
         s = _step_of(kind, dispatch.select(kind, plan.dtype, d, d, plan.heads, longest, None, "tuned", fill=fill))
     backend, config = dispatch.for_batch(kind, s.backend, s.config, batch, d, d, plan.dtype, plan.heads)
@@ -201,8 +201,9 @@ def _attention_call(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tu
     """(forward step, backward step, max_seq_len, divisor) of one layer call's attention: lengths that both steps'
     grids can hold. Chosen once, by the forward: the backward launches what the forward chose, as it runs the
     plan's other steps, also when other artifacts were loaded in between (a re-choice then mixed two files)."""
-    steps = [_attention_step(plan, k, seq_offsets, rows) for k in ("hstu_attention_fwd", "hstu_attention_bwd")]
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
+    kinds = ("hstu_attention_fwd", "hstu_attention_bwd")
+    steps = [_attention_step(plan, k, seq_offsets, rows, max_seq_len) for k in kinds]
     sizes = [dispatch.grid_rows(s.kind, s.backend, s.config) for s in steps]
     max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)
     return steps[0], steps[1], max_seq_len, scaling

@@ -113,3 +113,47 @@ def test_a_launcher_names_a_config_of_another_kind(direction):
     args = (offsets_from_lengths(LENGTHS, "cpu"), 30, 0.2, None, 0, 0, None, {"block_m": 16})
     with pytest.raises(ValueError, match="config must be a HSTU"):
         hstu_attention_fwd(q, k, v, *args) if direction == "fwd" else hstu_attention_bwd(v, q, k, v, *args)
+
+
+# The checked launchers' argument names as the attention calls spell them.
+_CALL_NAMES = {"ctx": "contextual_seq_len", "window": "max_attn_len"}
+
+
+@pytest.mark.parametrize("entry", ["runtime ops", "kernel_templates op"])
+@pytest.mark.parametrize("case", list(BAD))
+def test_the_calls_that_launch_the_unchecked_entries_refuse_the_same_arguments(memcheck, entry, case):  # noqa: F811
+    """The attention calls launch ``hstu_attention_*_validated``, which skip the launchers' checks: each bad
+    argument above is refused by the call itself (validating modes), before any kernel runs."""
+    from autotune.runtime import ops
+    from kernel_templates.hstu_attention import op
+
+    kwargs, name = BAD[case]
+    args = {"max_seq_len": 30, "alpha": 0.2, **{_CALL_NAMES.get(n, n): a for n, a in kwargs.items()}}
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    off = offsets_from_lengths(LENGTHS, "cpu")
+    extra = {"source": "default"} if entry == "runtime ops" else {}
+    call = ops.hstu_attention if entry == "runtime ops" else op.hstu_attention
+    with pytest.raises(ValueError, match=name):
+        call(q, k, v, off, **args, **extra)
+
+
+def test_the_runtime_launchers_are_the_unchecked_entries_and_agree_with_the_checked_ones():
+    """Dispatch launches the ``_validated`` entries (as it does CuTe's); called directly with good inputs they
+    return what the checked launchers return, and a direct backward call still has ``do`` checked by name."""
+    from autotune import spec
+    from autotune.runtime import ops
+    from kernel_templates.hstu_attention import triton_bwd
+
+    launchers = {k: spec.resolve(spec.kernel(k).backend("triton").launcher) for k in (ops.FWD, ops.BWD)}
+    assert launchers == {
+        ops.FWD: triton_fwd.hstu_attention_fwd_validated,
+        ops.BWD: triton_bwd.hstu_attention_bwd_validated,
+    }
+    q, k, v = _qkv()
+    args = (offsets_from_lengths(LENGTHS, "cpu"), 30, 0.2, torch.tensor([1, 0, 3, 1, 2]), 2, 7, None)
+    torch.testing.assert_close(launchers[ops.FWD](q, k, v, *args, FWD), hstu_attention_fwd(q, k, v, *args, FWD))
+    do = torch.randn_like(v)
+    want = hstu_attention_bwd(do, q, k, v, *args, BWD)
+    torch.testing.assert_close(launchers[ops.BWD](do, q, k, v, *args, BWD), want)
+    with pytest.raises(ValueError, match="do must have shape"):
+        torch.ops.hstu.attention_bwd(do[:-8], q, k, v, args[0], None, 30, 0.2, 0, 0, None, "triton", "{}", "async")

@@ -497,8 +497,8 @@ def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch)
     fwd = layer.Step(FWD, "cute", type("C", (), {"to_dict": lambda self: grid})(), "tuned")
     fields = {"head_dim": 64, "heads": 4, "dtype": torch.bfloat16, "distribution": "uniform", "source": "tuned"}
     plan = type("P", (), {"step": lambda self, kind: fwd, **fields})()
-    assert layer._attention_step(plan, FWD, torch.empty(big, device="meta"), big) is fwd
-    swapped = layer._attention_step(plan, FWD, torch.empty(big + 1, device="meta"), big)
+    assert layer._attention_step(plan, FWD, torch.empty(big, device="meta"), big, 8) is fwd
+    swapped = layer._attention_step(plan, FWD, torch.empty(big + 1, device="meta"), big, 8)
     assert swapped.backend == "triton" and isinstance(swapped.config, HSTUFwdConfig | HSTUBwdConfig)
 
 

@@ -409,7 +409,7 @@ def test_a_symbolic_batch_takes_the_plans_attention_step():
     assert type(offsets.shape[0]) is torch.SymInt
     plan = layer.plan_layer(torch.float32, 2, 32, 32, 0.1, 1e-5, 0.0, "tuned", None)
     for kind in ("hstu_attention_fwd", "hstu_attention_bwd"):
-        assert layer._attention_step(plan, kind, offsets, 64) is plan.step(kind)
+        assert layer._attention_step(plan, kind, offsets, 64, 32) is plan.step(kind)
 
 
 def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
@@ -449,11 +449,15 @@ def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
         ({"alpha": float("inf")}, "alpha must be finite"),
         ({"alpha": "0.1"}, "alpha must be a number"),
         ({"head_dim": 32.0}, "head_dim must be one of"),
+        ({"max_seq_len": 0}, "max_seq_len must be a positive int below 2"),
+        ({"max_seq_len": 2**31}, "max_seq_len must be a positive int below 2"),
+        ({"max_seq_len": 32.0}, "max_seq_len must be a positive int below 2"),
     ],
 )
 def test_plan_refuses_what_the_kernels_would_compute_wrongly(override, match):
     """A float64 plan ran the kernels and returned wrong outputs and gradients (errors of order 1), and a NaN or
-    infinite alpha NaN outputs, without a word: the attention call refuses both, so the layer's plan does too."""
+    infinite alpha NaN outputs, without a word: the attention call refuses both, so the layer's plan does too. Its
+    max_seq_len as well: the attention launchers take the layer's lengths unchecked."""
     from autotune.runtime.layer import plan_layer
 
     args = {"dtype": torch.float32, "heads": 2, "head_dim": 32, "max_seq_len": 32, "alpha": 0.1, "eps": 1e-5,

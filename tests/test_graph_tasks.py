@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -455,17 +456,24 @@ def test_tasks_json_never_overwrites_its_input(capsys, tmp_path):
     assert (tmp_path / "m.onnx").read_bytes() == before and lengths.read_text() == "100 200\n"
 
 
+def _lengths_file_tasks(tmp_path: Path, text: str, hint: str | None) -> tuple[gt.GraphOps, list[gt.GraphTask], Path]:
+    """(graph, tasks, file path) of one attention call with distribution ``hint`` and a lengths file holding
+    ``text``, after ``note_lengths_file`` has left its note on the graph."""
+    path = tmp_path / "l.json"
+    path.write_text(text)
+    lengths = read_lengths_file(str(path))
+    graph = gt.GraphOps("test", [gt.GraphOp(gt.FWD, "attn", "bfloat16", 64, 64, 2, 64, distribution=hint)])
+    tasks = gt.build_tasks(graph, "h100", lengths)
+    gt.note_lengths_file(graph, lengths, str(path), tasks)
+    return graph, tasks, path
+
+
 @pytest.mark.parametrize("hint", ["uniform", None])
 def test_a_lengths_file_no_task_draws_from_is_said_to_be_unused(tmp_path, hint):
     """A model whose attention calls declare distribution 'uniform' (the seed preset) got uniform tasks, and the
     note said "jagged tasks draw their batches from --lengths FILE": there were none. Now the note says the file
     is not used and why; without a hint the jagged tasks do draw from it."""
-    path = tmp_path / "l.json"
-    path.write_text("[5, 17, 30, 12]\n")
-    lengths = read_lengths_file(str(path))
-    graph = gt.GraphOps("test", [gt.GraphOp(gt.FWD, "attn", "bfloat16", 64, 64, 2, 64, distribution=hint)])
-    tasks = gt.build_tasks(graph, "h100", lengths)
-    gt.note_lengths_file(graph, lengths, str(path), tasks)
+    graph, tasks, path = _lengths_file_tasks(tmp_path, "[5, 17, 30, 12]\n", hint)
     if hint:
         assert [t.task.distribution for t in tasks] == ["uniform"]
         assert graph.notes == [
@@ -482,12 +490,7 @@ def test_a_lengths_file_no_task_draws_from_is_said_to_be_unused(tmp_path, hint):
 def test_an_unused_uniform_lengths_file_is_not_blamed_on_a_hint_the_calls_lack(tmp_path):
     """Calls without a hint (the presets' jagged models) and a file of one-length batches get uniform tasks, which
     draw no lengths: the note told the user to pass distribution=None, which the model already did."""
-    path = tmp_path / "l.json"
-    path.write_text("[[16, 16], [30, 30, 30]]\n")
-    lengths = read_lengths_file(str(path))
-    graph = gt.GraphOps("test", [gt.GraphOp(gt.FWD, "attn", "bfloat16", 64, 64, 2, 64, distribution=None)])
-    tasks = gt.build_tasks(graph, "h100", lengths)
-    gt.note_lengths_file(graph, lengths, str(path), tasks)
+    graph, tasks, path = _lengths_file_tasks(tmp_path, "[[16, 16], [30, 30, 30]]\n", None)
     assert [t.task.distribution for t in tasks] == ["uniform"]
     assert graph.notes == [
         f"--lengths {path} is not used: every batch of it is of one length, so its tasks are 'uniform' ones, which "

@@ -38,7 +38,7 @@ import torch
 from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
-from kernel_templates.hstu_attention.op import check_offsets_format, first_order_only
+from kernel_templates.hstu_attention.op import MAX_SEQ_LEN_LIMIT, check_offsets_format, first_order_only
 from kernel_templates.launch_checks import dense, dropout_p, finite_eps, seed_tensor, unit_columns
 
 LAYER_KERNELS = (
@@ -142,6 +142,10 @@ def plan_layer(
     # As hstu_attention checks it: a NaN or infinite alpha made every output NaN, a string reached the kernels.
     check_alpha(alpha)
     alpha = float(alpha)
+    # The attention launchers take the layer's lengths as validated (the public call's rule: an int32 position, a
+    # divisor): a plan of 0 or of 2**31 and more would run with a zero or out-of-range divisor.
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or not 0 < max_seq_len < MAX_SEQ_LEN_LIMIT:
+        raise ValueError(f"max_seq_len must be a positive int below 2**31, got {max_seq_len!r}")
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
@@ -177,9 +181,10 @@ dispatch.on_clear(_PLANS.clear)  # other artifacts loaded: plans are chosen agai
 dispatch.on_clear(_STEPS.clear)
 
 
-def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int) -> Step:
+def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows: int, longest: int) -> Step:
     """The plan's attention kernel; with tuned kernels and no declared distribution, the one ``hstu_attention``
-    would choose for this call instead: by the longest length the rows allow and the call's fill
+    would choose for this call instead: by ``longest``, the longest length the rows allow (``launch_lengths`` of
+    the plan's max_seq_len, which the caller computes once for both steps), and the call's fill
     L / (B x max_seq_len) (host-side shape arithmetic, no sync), so a jagged batch runs the entry tuned nearest
     its fill, not the one the plan chose with no batch at hand. The Triton default where the launch grid cannot
     hold the batch."""
@@ -188,7 +193,6 @@ def _attention_step(plan: LayerPlan, kind: str, seq_offsets: torch.Tensor, rows:
     batch = seq_offsets.shape[0] - 1
     plain = type(rows) is int and type(batch) is int  # a traced call's symbolic size: the plan's choice, as ops
     if plan.distribution is None and plan.source == "tuned" and plain and not torch.compiler.is_compiling():
-        longest = launch_lengths(plan.max_seq_len, None, rows)[0]
         fill = dispatch.call_fill(rows, batch, longest)
         s = _step_of(kind, dispatch.select(kind, plan.dtype, d, d, plan.heads, longest, None, "tuned", fill=fill))
     backend, config = dispatch.for_batch(kind, s.backend, s.config, batch, d, d, plan.dtype, plan.heads)
@@ -201,8 +205,9 @@ def _attention_call(plan: LayerPlan, seq_offsets: torch.Tensor, rows: int) -> tu
     """(forward step, backward step, max_seq_len, divisor) of one layer call's attention: lengths that both steps'
     grids can hold. Chosen once, by the forward: the backward launches what the forward chose, as it runs the
     plan's other steps, also when other artifacts were loaded in between (a re-choice then mixed two files)."""
-    steps = [_attention_step(plan, k, seq_offsets, rows) for k in ("hstu_attention_fwd", "hstu_attention_bwd")]
     max_seq_len, scaling = launch_lengths(plan.max_seq_len, None, rows)
+    kinds = ("hstu_attention_fwd", "hstu_attention_bwd")
+    steps = [_attention_step(plan, k, seq_offsets, rows, max_seq_len) for k in kinds]
     sizes = [dispatch.grid_rows(s.kind, s.backend, s.config) for s in steps]
     max_seq_len, scaling = fit_grid(max_seq_len, scaling, seq_offsets, rows, sizes)
     return steps[0], steps[1], max_seq_len, scaling

@@ -349,13 +349,6 @@ def _choose(
     return fwd.backend, fwd.config, bwd.backend, bwd.config
 
 
-def distribution_of(length_distribution: str | None) -> str | None:
-    """Artifact distribution key of a length distribution: "full" lengths tune as "uniform"."""
-    if length_distribution is None:
-        return None
-    return "uniform" if length_distribution in ("full", "uniform_full") else "jagged"
-
-
 def hstu_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -14,8 +14,8 @@ from .config import SUPPORTED_HEAD_DIMS, HSTUBwdConfig, HSTUFwdConfig, default_b
 from .input_check import check_grad as check_grad  # (re-exported: ops and the CuTe launchers import it from here)
 from .input_check import check_offsets_host, shapes_look_valid
 from .input_check import validate_hstu_grad as validate_hstu_grad
-from .triton_bwd import hstu_attention_bwd
-from .triton_fwd import hstu_attention_fwd
+from .triton_bwd import hstu_attention_bwd_validated
+from .triton_fwd import hstu_attention_fwd_validated
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_SEQ_LEN_LIMIT = 2**31  # the kernels index positions in int32
@@ -153,7 +153,9 @@ def validate_hstu_inputs(
 
 
 class HSTUAttentionFunction(torch.autograd.Function):
-    """Triton forward and backward; the backward recomputes S from q, k (no saved P)."""
+    """Triton forward and backward; the backward recomputes S from q, k (no saved P). It launches the
+    unchecked entries: ``hstu_attention`` validated the inputs and configs (unless told not to), and the autograd
+    engine hands the backward a ``do`` of the output's shape, dtype and device."""
 
     @staticmethod
     def forward(
@@ -171,7 +173,7 @@ class HSTUAttentionFunction(torch.autograd.Function):
         fwd_config: HSTUFwdConfig,
         bwd_config: HSTUBwdConfig,
     ) -> torch.Tensor:
-        out = hstu_attention_fwd(
+        out = hstu_attention_fwd_validated(
             q,
             k,
             v,
@@ -192,7 +194,7 @@ class HSTUAttentionFunction(torch.autograd.Function):
     def backward(ctx, do: torch.Tensor):
         q, k, v, seq_offsets, num_targets = ctx.saved_tensors
         max_seq_len, alpha, contextual_seq_len, max_attn_len, scaling_seqlen, bwd_config = ctx.args
-        dq, dk, dv = hstu_attention_bwd(
+        dq, dk, dv = hstu_attention_bwd_validated(
             do,
             q,
             k,

@@ -24,7 +24,8 @@ def _triton(direction: str) -> BackendSpec:
     cls = "HSTUFwdConfig" if direction == "fwd" else "HSTUBwdConfig"
     return BackendSpec(
         name="triton",
-        launcher=f"{_T}.triton_{direction}:hstu_attention_{direction}",
+        # The runtime entry takes inputs its caller validated (``autotune.runtime.ops``, the fused layer).
+        launcher=f"{_T}.triton_{direction}:hstu_attention_{direction}_validated",
         config=f"{_T}.config:{cls}",
         space=f"search_spaces.hstu_triton:HSTU_{direction.upper()}_TRITON",
         tune_launch=f"{_TUNING}:launch_triton_{direction}",

@@ -417,9 +417,34 @@ def hstu_attention_bwd(
     validate_hstu_grad(do, q, v)
     if out is not None:
         check_grad_outs(out, q, k, v, do)
+    return hstu_attention_bwd_validated(
+        do, q, k, v, seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
+        config, out,
+    )  # fmt: skip
+
+
+def hstu_attention_bwd_validated(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    max_seq_len: int,
+    alpha: float,
+    num_targets: torch.Tensor | None,
+    contextual_seq_len: int,
+    max_attn_len: int,
+    scaling_seqlen: int | None,
+    config: HSTUBwdConfig,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``hstu_attention_bwd`` without its checks: the runtime launcher (the spec's), for callers that validated
+    the inputs, ``do`` and the config (``autotune.runtime.ops``, ``op.hstu_attention``; the autograd backward gets
+    ``do`` of the output's shape, dtype and device from the engine) and own ``out`` (the fused layer's d(uvqk)
+    views). About 2 us a launch less; direct callers take the checked entry."""
     if interpreter_bf16(q):
         args = (seq_offsets, max_seq_len, alpha, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen)
-        res = hstu_attention_bwd(do.float(), q.float(), k.float(), v.float(), *args, config)
+        res = hstu_attention_bwd_validated(do.float(), q.float(), k.float(), v.float(), *args, config)
         if out is None:
             return tuple(r.to(t.dtype) for r, t in zip(res, (q, k, v), strict=True))
         return tuple(o.copy_(r) for o, r in zip(out, res, strict=True))

@@ -141,6 +141,9 @@ def _run_queue(
             r.checked = list(reply.get("checked", []))
             r.skipped = list(reply.get("skipped", []))
             r.error = str(reply.get("error", ""))[-600:]
+            if r.status == "unchecked" and not r.error:  # the verdict's reason, printed beside it
+                why = "; ".join(r.skipped) if r.skipped else "no case to run"
+                r.error = f"the config's search space rules out every case here: {why}"[:600]
             done(r)
     finally:
         worker.close()

@@ -1,6 +1,6 @@
 """``autotune``: tune (run), inspect (show), re-check (verify) and benchmark (bench) the registered kernels.
 
-autotune run --gpu h100                       # fwd+bwd, bf16, b32 h4, d256/128, 1K-8K, uniform+jagged
+autotune run --gpu h100                       # fwd+bwd, bf16, b32 h4, d256/128, 1K-8K, uniform+jagged+sparse
 autotune run --gpu auto --time-budget 6m      # the same, cut to a few minutes
 autotune run --gpu h100 --dry-run             # tasks and space sizes, no GPU needed
 autotune run --gpu h100 --interpret           # whole pipeline under the Triton interpreter (CI)
@@ -570,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--interpret",
         action="store_true",
         help="run under the Triton interpreter on a tiny shape (its defaults: fwd,bwd, bucket 256, dims 32, "
-        "heads 1, batch 2, float32, uniform,jagged, 3 trials, no time budget)",
+        "heads 1, batch 2, float32, uniform,jagged, 3 trials, no time budget; --gpu auto without a GPU: h100)",
     )
     show = sub.add_parser("show", help="print what artifacts hold")
     show.add_argument("--gpu", default=None, help="GPU (default: all)")

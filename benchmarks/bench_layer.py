@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,9 @@ def check_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         existing_file("--from-json", args.from_json)
         if args.png:  # written after every column ran
             writable_file("--png", args.png)
+    if not args.from_json and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        # Every column was an error row, appended to benchmarks/results/layer.jsonl.
+        p.error("bench_layer.py needs a CUDA GPU (or TRITON_INTERPRET=1 to run the Triton kernels on the CPU)")
 
 
 def parser() -> argparse.ArgumentParser:

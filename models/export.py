@@ -473,7 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.export", description="Export the HSTU model to ONNX.")
     p.add_argument("--preset", required=True, help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--out", required=True, help="output .onnx path")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (one per --set; repeatable)"
+    )
     p.add_argument("--weights", help="state_dict (torch.save) to load; default: the seeded initialisation")
     p.add_argument("--gpu", help="record the tuned configs of this GPU's artifacts (e.g. h100)")
     p.add_argument("--artifacts", help="artifacts root (default: the packaged artifacts)")

@@ -537,6 +537,12 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or default_dtype(device))
     check_kernels(cfg, torch.device(device))
+    if args.artifacts is not None and not Path(args.artifacts).is_dir():  # else every kernel fell back, warned
+        raise ValueError(f"--artifacts {args.artifacts}: no such folder (an artifacts root: <gpu>/<kernel>.json)")
+    from autotune.runtime.gpus import GPUS
+
+    if args.gpu is not None and args.gpu.lower() not in GPUS:
+        raise ValueError(f"--gpu {args.gpu!r}: unknown GPU key; known: {', '.join(sorted(GPUS))}")
     if args.json and not writable_file_path(Path(args.json)):
         raise ValueError(f"--json {args.json}: not a writable file path")
 

@@ -110,6 +110,18 @@ def test_bench_layer_options_are_checked_before_any_layer_runs(argv, match, monk
     assert e.value.code == 2 and match in capsys.readouterr().err
 
 
+def test_bench_layer_without_a_gpu_or_the_interpreter_is_a_usage_error(monkeypatch, capsys):
+    """On a CPU without TRITON_INTERPRET=1 every column was an error row, appended to benchmarks/results."""
+    _no_gpu_work(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(bench_layer, "bench", lambda *a, **kw: pytest.fail("a layer ran without a GPU"))
+    monkeypatch.setattr(bench_layer, "append_rows", lambda *a, **kw: pytest.fail("rows were appended"))
+    with pytest.raises(SystemExit) as e:
+        bench_layer.main(["--lengths", "64", "--batch", "2"])
+    assert e.value.code == 2 and "bench_layer.py needs a CUDA GPU" in capsys.readouterr().err
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize(("hint", "want"), [("auto", None), ("jagged", "jagged")])
 def test_bench_layer_times_a_law_s_batches_under_the_attention_hint(hint, want, monkeypatch):

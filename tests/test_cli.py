@@ -122,6 +122,29 @@ def test_parse_duration():
     assert parse_duration(None) is None
 
 
+def test_no_feasible_config_names_the_backends_and_the_dtype(capsys):
+    """The message blamed the head dims alone, also when --dtype float32 --backends cute ruled out every config."""
+    argv = ("run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "256", "--buckets", "1K")
+    rc, text = _run(capsys, *argv, "--distributions", "uniform", "--dtype", "float32", "--backends", "cute")
+    assert rc == 2 and "no feasible config for hstu_attention_fwd float32" in text and "in cute" in text, text
+    assert "head dims or dtype" in text
+
+
+def test_cuda_graph_under_the_interpreter_is_a_usage_error(capsys, tmp_path):
+    """The interpreter times plain calls: the entries were written with timing 'do_bench+cuda_graph'."""
+    rc, text = _run(capsys, "run", "--interpret", "--cuda-graph", "--artifacts", str(tmp_path))
+    assert rc == 2 and "--cuda-graph" in text and "--interpret" in text, text
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("budget", ["0", "none", "NONE"])
+def test_a_budget_of_0_or_none_is_reported_as_none(capsys, budget):
+    """'0' and 'none' mean no budget (parse_duration); the summary line said 'time budget 0'."""
+    argv = ("run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "32", "--buckets", "256")
+    rc, text = _run(capsys, *argv, "--distributions", "uniform", "--time-budget", budget)
+    assert rc == 0 and "time budget none; nothing was run" in text, text
+
+
 def test_dry_run_lists_tasks_and_space_sizes_without_a_gpu(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run")

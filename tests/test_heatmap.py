@@ -88,6 +88,18 @@ def test_cli_rerenders_a_csv_without_a_gpu(tmp_path):
     assert main(["bench", "--heatmap", "--from-csv", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
 
 
+def test_a_table_error_names_the_option_of_its_file(tmp_path, capsys):
+    """--from-csv and --reference both take a CSV: "heatmap table X does not exist" did not say which option."""
+    from autotune.tuning.cli import main
+
+    heatmap.write_csv(_rows(), tmp_path / "in.csv")
+    argv = ["bench", "--heatmap", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--from-csv", str(tmp_path / "in.csv"), "--reference", str(tmp_path / "no.csv")]) == 2
+    assert "error: --reference: heatmap table" in capsys.readouterr().err
+    assert main([*argv, "--from-csv", str(tmp_path / "no.csv")]) == 2
+    assert "error: --from-csv: heatmap table" in capsys.readouterr().err
+
+
 def test_from_csv_alone_rerenders_without_a_gpu(tmp_path):
     """--from-csv re-renders a table (no GPU needed, as its help says) without --heatmap beside it."""
     from autotune.tuning.cli import main

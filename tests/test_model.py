@@ -209,12 +209,26 @@ def test_set_kernels_is_not_overridden_and_log_every_is_checked(tmp_path):
      ["--set", "num_layers"], ["--set", "num_layers=2.5"], ["--preset", "nope"], ["--device", "nope"],
      ["--device", "cpu", "--cuda-graph"], ["--device", "cpu", "--layer", "fused", "--precision", "bf16"],
      ["--dtype", "fp32", "--layer", "fused", "--precision", "bf16"], ["--graph-tokens", "64"],
-     ["--seed", str(2**64)]],
+     ["--seed", str(2**64)], ["--artifacts", "/nonexistent/artifacts"], ["--gpu", "x100"]],
 )  # fmt: skip
 def test_train_cli_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--preset", "tiny", "--kernels", "reference", "--no-progress", *argv])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"), [(["--artifacts", "no/such/dir"], "--artifacts"), (["--gpu", "x100"], "--gpu")]
+)
+def test_a_missing_artifacts_folder_or_unknown_gpu_is_named_before_training(argv, named, capsys, monkeypatch):
+    """Under --kernels tuned either made every kernel fall back to its default with a warning after the set-up
+    (on a CPU naming the missing GPU, not the missing folder): a usage error naming the option, before anything is
+    built, whatever the kernels."""
+    monkeypatch.setattr("models.train.build", lambda *a: pytest.fail("the model was built before the checks"))
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--kernels", "reference", "--device", "cpu", "--steps", "1", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {named}" in err, err
 
 
 def test_every_set_option_applies(tmp_path):

@@ -108,6 +108,19 @@ def test_a_config_no_case_can_run_is_not_vouched_for(root, monkeypatch):
     assert {r.entry["bucket"]: r.status for r in results}[4096] == "unchecked"
 
 
+def test_an_unchecked_entry_says_why(root, monkeypatch, capsys):
+    """The verdict's line and its FAILED line name the rule that skipped every case (they were blank)."""
+    monkeypatch.setenv("AUTOTUNE_FAKE_MODES", "ok")  # size 2 of the 4096 entry's 'ok2' fits no planted mode
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(root), "--plugin", PLUGINS[0], "--interpret"]
+    out = root / "rows.json"
+    assert cli.main([*argv, "--level", "quick", "--timeout", "5", "--seq-cap", "16", "--json", str(out)]) == 1
+    row = next(r for r in json.loads(out.read_text()) if r["bucket"] == 4096)
+    assert row["status"] == "unchecked" and "rules out every case" in row["error"]
+    assert "not planted" in row["error"] or "does not fit" in row["error"]
+    failed = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("FAILED fake_faults entry 4"))
+    assert "rules out every case" in failed
+
+
 def test_cli_exit_code_json_and_write(root, tmp_path, capsys):
     out = tmp_path / "rows.json"
     argv = ["verify", "--gpu", "h100", "--artifacts", str(root), "--plugin", PLUGINS[0], "--interpret", "--jobs", "3"]

@@ -1,6 +1,6 @@
 """``autotune``: tune (run), inspect (show), re-check (verify) and benchmark (bench) the registered kernels.
 
-autotune run --gpu h100                       # fwd+bwd, bf16, b32 h4, d256/128, 1K-8K, uniform+jagged
+autotune run --gpu h100                       # fwd+bwd, bf16, b32 h4, d256/128, 1K-8K, uniform+jagged+sparse
 autotune run --gpu auto --time-budget 6m      # the same, cut to a few minutes
 autotune run --gpu h100 --dry-run             # tasks and space sizes, no GPU needed
 autotune run --gpu h100 --interpret           # whole pipeline under the Triton interpreter (CI)
@@ -246,6 +246,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = _console()
     _fill_defaults(args)
     budget = parse_duration(args.time_budget)
+    if budget is None:  # '0' and 'none' mean no budget: the summary lines say so
+        args.time_budget = None
     from autotune.tuning.cli_checks import check_run_numbers, check_run_outputs
 
     check_run_numbers(args)
@@ -274,8 +276,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     for t in tasks:
         ctx = space_context(t, args.interpret)
-        if not any(b.space.prune(ctx) for b in backends_for(t.kernel, args.backends, available_only=False)):
-            raise CLIError(f"no feasible config for {t.label()} (unsupported head dims?)")
+        backends = backends_for(t.kernel, args.backends, available_only=False)
+        if not any(b.space.prune(ctx) for b in backends):  # say where it looked: a --backends or --dtype may be why
+            where = ", ".join(b.name for b in backends) + (" under --interpret" if args.interpret else "")
+            raise CLIError(f"no feasible config for {t.label()} in {where} (unsupported head dims or dtype?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
     check_run_outputs(args, gpu)
@@ -532,7 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="tune and write artifacts/<gpu>/<kernel>.json")
     _add_task_args(run)
     run.add_argument("--trials", type=int, help="measured trials per task (default 16; 3 with --interpret)")
-    run.add_argument("--time-budget", help="wall-clock budget for the whole run, e.g. 6m (default 40m)")
+    run.add_argument(
+        "--time-budget",
+        help="wall-clock budget for the whole run, e.g. 6m; 0 or none: no budget (default 40m; none with --interpret)",
+    )
     run.add_argument(
         "--storage",
         help="Optuna storage: postgresql://USER@HOST:PORT/DB runs a tuning farm (many workers and hosts on one "
@@ -545,12 +552,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="farm worker processes on this host (default: one per visible GPU, each pinned with "
         "CUDA_VISIBLE_DEVICES; 1 without one; at most 64); needs --storage postgresql://...",
     )
-    run.add_argument("--sampler", default="tpe", choices=("tpe", "random", "bruteforce", "gp"))
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--sampler", default="tpe", choices=("tpe", "random", "bruteforce", "gp"), help="Optuna sampler (default tpe)"
+    )
+    run.add_argument("--seed", type=int, default=0, help="sampler seed, in [0, 2**32) (default 0)")
     run.add_argument("--backends", type=_split, default=None, help="restrict to these backends, e.g. triton")
     run.add_argument("--eval-timeout", type=float, default=60.0, help="seconds per compile/check/time request")
     run.add_argument("--no-prune", action="store_true", help="fully time every correct config")
-    run.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (no launch overhead)")
+    run.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (no launch overhead; GPU only)")
     run.add_argument(
         "--verify",
         default="full",
@@ -573,11 +582,16 @@ def build_parser() -> argparse.ArgumentParser:
         "a re-measure of the default and the last winner after a change that leaves the device code as it was)",
     )
     run.add_argument("--dry-run", action="store_true", help="print tasks and space sizes; run nothing")
-    run.add_argument("--interpret", action="store_true", help="run under the Triton interpreter on a tiny shape")
+    run.add_argument(
+        "--interpret",
+        action="store_true",
+        help="run under the Triton interpreter on a tiny shape (its defaults: fwd,bwd, bucket 256, dims 32, "
+        "heads 1, batch 2, float32, uniform,jagged, 3 trials, no time budget; --gpu auto without a GPU: h100)",
+    )
     show = sub.add_parser("show", help="print what artifacts hold")
     show.add_argument("--gpu", default=None, help="GPU (default: all)")
-    show.add_argument("--kernel", default=None)
-    show.add_argument("--artifacts", default=None)
+    show.add_argument("--kernel", default=None, help="kernels, comma-separated: fwd, bwd, layer or spec names")
+    show.add_argument("--artifacts", default=None, help="artifacts root (default: the package's artifacts/)")
     merge = sub.add_parser("merge", help="fold artifacts written by other runs into artifacts/<gpu>/<kernel>.json")
     merge.add_argument("files", nargs="+", help="artifact JSON files (each: one kernel on one GPU)")
     merge.add_argument(
@@ -588,7 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="drop the entries of a target tuned in another timing environment (GPU, driver, versions)",
     )
-    bench = sub.add_parser("bench", help="time default vs tuned configs (GPU only)")
+    bench = sub.add_parser(
+        "bench", help="time default vs tuned configs (GPU only; --heatmap --from-csv re-renders without one)"
+    )
     _add_task_args(bench)
     bench.add_argument("--heatmap", action="store_true", help="batch x length heatmaps (TFLOP/s, MFU), CSV + PNG")
     bench.add_argument(

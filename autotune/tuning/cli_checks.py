@@ -101,6 +101,8 @@ def check_run_numbers(args: argparse.Namespace) -> None:
         )
     if not 0 <= args.seed < 2**32:  # Optuna's samplers seed NumPy's RandomState: it raised inside the first task
         raise CLIError(f"--seed must be an integer in [0, 2**32 - 1], got {args.seed}")
+    if args.cuda_graph and args.interpret:  # the interpreter times plain calls: the entries said cuda_graph timing
+        raise CLIError("--cuda-graph times CUDA-graph replays on a GPU; under --interpret nothing is replayed")
     if args.warm_starts not in WARM_START_SCOPES:
         raise CLIError(f"--warm-starts must be one of {', '.join(WARM_START_SCOPES)}, got {args.warm_starts!r}")
 

@@ -106,7 +106,8 @@ def add_parsers(sub: Any) -> None:
         "--dtype",
         default="bfloat16",
         choices=("bfloat16", "float16", "float32"),
-        help="--from-model: the autocast dtype training runs (default bfloat16)",
+        help="--from-model PRESET: the autocast dtype training runs (default bfloat16; a module:factory is "
+        "exported as it is given)",
     )
     tasks.add_argument("--inference", action="store_true", help="forward only (no backward tasks)")
     tasks.add_argument(

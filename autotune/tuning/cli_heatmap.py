@@ -13,6 +13,14 @@ from typing import Any
 from autotune.tuning.cli import CLIError, _console, _nonempty, resolve_gpu
 
 
+def _named(option: str, read: Any) -> Any:
+    """``read()``, a table's errors prefixed by the option that named the file (both options take a CSV)."""
+    try:
+        return read()
+    except (OSError, ValueError) as e:
+        raise CLIError(f"{option}: {e}") from None
+
+
 def _ints(option: str, text: str, parse: Any = int, high: int | None = None) -> list[int]:
     """The distinct positive integers (at most ``high``) of a comma-separated ``option``, in order; a usage error
     naming it."""
@@ -91,9 +99,10 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
         heatmap.check_plotting()
         reference = None
         if args.reference:
-            reference = heatmap.reference_rows(heatmap.read_table(args.reference), args.reference)
+            table = _named("--reference", lambda: heatmap.read_table(args.reference))
+            reference = _named("--reference", lambda: heatmap.reference_rows(table, args.reference))
         if args.from_csv:
-            rows = heatmap.read_table(args.from_csv)
+            rows = _named("--from-csv", lambda: heatmap.read_table(args.from_csv))
         else:
             import torch
 

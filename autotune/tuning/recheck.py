@@ -141,6 +141,9 @@ def _run_queue(
             r.checked = list(reply.get("checked", []))
             r.skipped = list(reply.get("skipped", []))
             r.error = str(reply.get("error", ""))[-600:]
+            if r.status == "unchecked" and not r.error:  # the verdict's reason, printed beside it
+                why = "; ".join(r.skipped) if r.skipped else "no case to run"
+                r.error = f"the config's search space rules out every case here: {why}"[:600]
             done(r)
     finally:
         worker.close()
@@ -285,7 +288,11 @@ def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[P
 def add_parser(sub: Any) -> None:
     """``autotune verify``: re-check committed entries (registered by ``autotune.tuning.cli``)."""
     p = sub.add_parser("verify", help="re-check every artifact entry of this GPU against the reference")
-    p.add_argument("--gpu", default="auto", help="GPU whose artifacts to re-check (default: the one present)")
+    p.add_argument(
+        "--gpu",
+        default="auto",
+        help="GPU whose artifacts to re-check (default: the one present; h100 under --interpret without one)",
+    )
     p.add_argument("--kernel", default=None, help="kernels, e.g. fwd,bwd (default: every artifact of the GPU)")
     p.add_argument("--artifacts", default=None, help="artifacts root (default: the package's artifacts/)")
     p.add_argument(

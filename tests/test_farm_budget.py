@@ -127,3 +127,28 @@ def test_the_run_table_marks_a_cut_task_that_errored_as_cut(tmp_path, monkeypatc
     out = capsys.readouterr().out
     assert "1 of 1 tasks failed" in out, out
     assert "cut by the time budget" in out, out
+
+
+def test_a_farm_task_cut_and_then_raising_keeps_its_cut(pg_url, tmp_path, monkeypatch):
+    """The budget cut the task, then the worker's set-up failed during the final re-checks: ``_run_one`` built a
+    fresh error result and the cut was lost, so ``autotune status`` showed the task "failed". It is "cut" with
+    its error, and the next join queues it again."""
+    from autotune.tuning import farm, farm_status, tuner
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    fopts, task, opts, storage = one_task_farm(pg_url, tmp_path)
+    study = optuna.load_study(study_name=farm.join_farm(storage, [task], opts), storage=storage)
+
+    def setup_gone_at_the_recheck(s: Any, result: tuner.TaskResult) -> None:
+        raise tuner.InfraError("worker set-up failed 3 times; last: CUDA out of memory")
+
+    monkeypatch.setattr(tuner, "_decide", setup_gone_at_the_recheck)
+    monkeypatch.setattr(farm, "_task_deadline", lambda farm_study, deadline: time.time() - 1)
+    assert run_one(study, farm.claim(study, fopts), opts, fopts, "w") is True
+    result = study.get_trials(deepcopy=False)[0].user_attrs["result"]
+    assert result["cut"] and result["error"].startswith("infrastructure"), result
+    (row,) = farm_status.snapshot(storage, study.study_name)["tasks"]
+    assert row["state"] == "cut" and "CUDA out of memory" in row["error"], row
+    farm.join_farm(storage, [task], opts)
+    assert _states(study) == [TrialState.COMPLETE, TrialState.WAITING]

@@ -23,6 +23,12 @@ only the compiled kernel's own call replaced by a no-op, for a forward call and 
 (forward and backward through autograd). Inputs are CPU tensors on every host, so the counts do not
 depend on the machine; the tile table's Triton kernels then need the CPU interpreter, so a GPU host, whose
 Triton compiles for the GPU, skips it (``benchmarks/bench_call_host.py`` times that path there).
+
+``test_triton_launch_path_host_overhead`` does the same for the Triton backend: its runtime entries
+(``hstu_attention_{fwd,bwd}_validated``) run in full (mask and length capping, output and dQ-accumulator
+allocation, strides, the launch's keyword arguments), with only each jitted kernel's ``run`` (what
+``kernel[grid](...)`` calls: Triton's argument binding, cache lookup and the launch) a no-op. fp32 CPU inputs,
+so no host takes the interpreter's bf16 detour and nothing compiles: every host runs it.
 """
 
 from __future__ import annotations
@@ -130,14 +136,14 @@ def stubbed(monkeypatch):
     dispatch.reset()
 
 
-def _config(backend: str, kind: str) -> dict:
-    """The backend's search-space default for a d32 task (what an artifact entry would hold)."""
+def _config(backend: str, kind: str, dim: int = 32) -> dict:
+    """The backend's search-space default for a ``dim`` task (what an artifact entry would hold)."""
     from autotune import spec
     from autotune.runtime.gpus import get_gpu
     from search_spaces.base import SpaceContext
 
     space = spec.resolve(spec.kernel(kind).backend(backend).space)
-    return space.default(SpaceContext(get_gpu("h100"), "bfloat16", 32, 32, 256)).to_dict()
+    return space.default(SpaceContext(get_gpu("h100"), "bfloat16", dim, dim, 256)).to_dict()
 
 
 @pytest.mark.parametrize("validate", ["none", "async"])
@@ -186,6 +192,12 @@ def cute_no_kernel(monkeypatch):
 @pytest.mark.parametrize("case", ["forward", "step"])
 def test_cute_launch_path_host_overhead(benchmark, cute_no_kernel, case):
     q, k, v, offsets = cute_no_kernel
+    _launch_path(benchmark, f"cute-launch/{case}", case, q, k, v, offsets)
+
+
+def _launch_path(benchmark, key: str, case: str, q, k, v, offsets) -> None:
+    """Time a forward call or a training step (forward and backward through autograd) of the public op against
+    its unit, and check both against ``key``'s baseline."""
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     do = torch.randn_like(v)
 
@@ -197,7 +209,36 @@ def test_cute_launch_path_host_overhead(benchmark, cute_no_kernel, case):
     unit = _plain_call_us if case == "forward" else (lambda: _minimal_step_us(q, k, v, do))
     call()
     benchmark.pedantic(call, rounds=1000, iterations=1, warmup_rounds=100)
-    _check_against_baseline(benchmark, f"cute-launch/{case}", call, unit)
+    _check_against_baseline(benchmark, key, call, unit)
+
+
+@pytest.fixture
+def triton_no_kernel(monkeypatch):
+    """The real Triton runtime launchers with every jitted kernel's launch a no-op (nothing compiled, nothing
+    run), and dispatch choosing the search spaces' default configs; fp32 CPU inputs at d64."""
+    from kernel_templates.hstu_attention import triton_bwd, triton_fwd
+
+    launches = [0]
+
+    def no_launch(*args, grid, warmup, **kwargs) -> None:
+        launches[0] += 1
+
+    for kernel in (triton_fwd._hstu_fwd_kernel, triton_bwd._hstu_bwd_kv_kernel, triton_bwd._hstu_bwd_q_kernel):
+        monkeypatch.setattr(kernel, "run", no_launch)
+    fwd_cfg, bwd_cfg = (json.dumps(_config("triton", kind, dim=64)) for kind in (ops.FWD, ops.BWD))
+    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: ("triton", fwd_cfg, "triton", bwd_cfg))
+    dispatch.reset()
+    q, k, v = (torch.randn(64, 2, 64) for _ in range(3))
+    offsets = torch.tensor([0, 32, 64], dtype=torch.int32)
+    yield q, k, v, offsets, launches
+    dispatch.reset()
+
+
+@pytest.mark.parametrize("case", ["forward", "step"])
+def test_triton_launch_path_host_overhead(benchmark, triton_no_kernel, case):
+    q, k, v, offsets, launches = triton_no_kernel
+    _launch_path(benchmark, f"triton-launch/{case}", case, q, k, v, offsets)
+    assert launches[0] > 0, "the jitted kernels' run was not reached: the no-op did not replace the launch"
 
 
 def test_host_work_counts_what_a_call_adds():

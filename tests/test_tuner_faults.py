@@ -227,6 +227,32 @@ def test_a_default_that_timed_out_is_measured_again_on_resume_and_nothing_is_wri
     assert entry["default_ms"] is not None and entry["compare"]["rounds"] >= 6
 
 
+def test_a_task_cut_by_its_budget_that_then_raises_stays_cut(tmp_path, monkeypatch):
+    """The budget cut the task, then the worker's set-up failed during the final re-checks: the error result,
+    built fresh from the exception, dropped the cut, so the task was listed as failed with no word that the same
+    command resumes it. It keeps the cut (and its measured trials) with its error, and a re-run resumes it."""
+    from autotune.tuning import tuner
+
+    _plant(monkeypatch, "ok,ok2")
+    real_decide = tuner._decide
+
+    def setup_gone_at_the_recheck(s: tuner._Study, result: tuner.TaskResult) -> object:
+        def no_setup() -> None:
+            raise tuner.InfraError("worker set-up failed 3 times; last: CUDA out of memory")
+
+        monkeypatch.setattr(s, "ensure_setup", no_setup)
+        return real_decide(s, result)
+
+    monkeypatch.setattr(tuner, "_decide", setup_gone_at_the_recheck)
+    task = _task()
+    (r,) = run_tasks([task], _opts(tmp_path), 0.01)
+    assert r.error and r.error.startswith("infrastructure") and "CUDA out of memory" in r.error
+    assert r.cut and 1 <= r.trials < 10 and r.config is None
+    monkeypatch.setattr(tuner, "_decide", real_decide)
+    (again,) = run_tasks([task], _opts(tmp_path))
+    assert again.error is None and not again.cut and again.config == OK
+
+
 def test_a_config_that_timed_out_under_a_shorter_eval_timeout_is_timed_again_on_resume(tmp_path, monkeypatch):
     """A resumed plain run (no farm namespace) with a longer --eval-timeout times again the configs that timed
     out under the shorter one (a long compile); under the same limit a timeout stays final."""

@@ -88,7 +88,7 @@ from autotune.tuning.farm_storage import (  # noqa: F401 - the farm's storage AP
 )
 from autotune.tuning.registry import backends_for, load_plugins, plugin_modules
 from autotune.tuning.tasks import Task
-from autotune.tuning.tuner import InfraError, Reporter, TaskResult, TuneOptions, tune_task, update_artifact
+from autotune.tuning.tuner import Reporter, TaskResult, TuneOptions, failed_result, tune_task, update_artifact
 from autotune.tuning.worker import Worker, WorkerError
 
 FARM_PREFIX = "farm|"
@@ -454,10 +454,8 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             try:
                 held = _ClaimedStorage(storage, farm.study_name, tid)
                 r = tune_task(task, opts, ctx["worker"], held, deadline, warm, _LeaseReporter(storage, tid))
-            except InfraError as e:
-                r = TaskResult(task, error=f"infrastructure: {e}")
-            except (RuntimeError, WorkerError) as e:
-                r = TaskResult(task, error=str(e))
+            except (RuntimeError, WorkerError) as e:  # InfraError among them
+                r = failed_result(task, e)
             except Exception as e:  # e.g. Optuna's ValueError at a tell of a trial the new holder failed
                 if storage.get_trial(tid).state == TrialState.RUNNING:
                     raise

@@ -172,6 +172,15 @@ class TaskResult:
         }
 
 
+def failed_result(task: Task, e: BaseException) -> TaskResult:
+    """The result of a task whose tuning raised ``e``. A task its deadline had cut before the raise stays cut
+    (``tune_task`` marks the exception with ``cut_after``, its measured trials): it is reported, and a farm
+    queues it again, as a task the time budget stopped, which the same command resumes."""
+    error = f"infrastructure: {e}" if isinstance(e, InfraError) else str(e)
+    measured = getattr(e, "cut_after", None)
+    return TaskResult(task, error=error, cut=measured is not None, trials=measured or 0)
+
+
 def _sample_descriptor(task: Task) -> dict[str, Any]:
     """What an entry tuned on a lengths sample records of it (and of its representative batch)."""
     from autotune.runtime.lengths import describe
@@ -692,6 +701,17 @@ def tune_task(
         dup_streak = dup_streak + 1 if status == "duplicate" else 0
         best = s.best()
         reporter.trial_done(task, s.measured, status, best.value if best else None)
+    try:
+        return _conclude(s, result, t0)
+    except BaseException as e:
+        if result.cut:  # whoever builds the error result keeps the cut (``failed_result``)
+            e.cut_after = s.measured  # type: ignore[attr-defined]
+        raise
+
+
+def _conclude(s: _Study, result: TaskResult, t0: float) -> TaskResult:
+    """After the trials: measure the default if missing, decide the winner, record and report the result."""
+    task, reporter = s.task, s.reporter
     _check_claim(reporter, task)
     _ensure_default(s)
     chosen = _decide(s, result)
@@ -765,11 +785,8 @@ def run_tasks(
             try:
                 warm = warm_starts_for(task, winners, opts.warm_starts)
                 r = tune_task(task, opts, worker, storages[task.gpu], deadline, warm, reporter)
-            except InfraError as e:
-                r = TaskResult(task, error=f"infrastructure: {e}")
-                reporter.task_end(r)
-            except (RuntimeError, WorkerError) as e:
-                r = TaskResult(task, error=str(e))
+            except (RuntimeError, WorkerError) as e:  # InfraError among them
+                r = failed_result(task, e)
                 reporter.task_end(r)
             results.append(r)
             if r.config is not None:

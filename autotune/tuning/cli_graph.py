@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.runtime.buckets import format_bucket
 from autotune.runtime.gpus import GPUS
-from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty, kernel_names
+from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty, _split, kernel_names
 
 # Grid options of ``autotune run`` that a graph's task list replaces (refused when changed).
 GRID_OPTIONS = ("kernel", "buckets", "dims", "heads", "distributions", "masks")
@@ -122,7 +122,10 @@ def add_parsers(sub: Any) -> None:
     export.add_argument("--out", required=True, help="bundle directory (missing or empty)")
     export.add_argument("--artifacts", help="artifacts root (default: the packaged artifacts)")
     export.add_argument(
-        "--kernel", help="kernels to export, comma-separated: fwd, bwd, layer or spec names (default: all of the GPU's)"
+        "--kernel",
+        help="kernels to export, comma-separated: fwd, bwd, layer or spec names (default: all of the GPU's); a kernel "
+        "named alone must have an artifact, a member of layer without one is reported (the bundle runs its default "
+        "config, as dispatch does)",
     )
 
 
@@ -244,11 +247,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     gpu = args.gpu.lower()
     if gpu not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
-    kernels = None
+    from autotune import spec
+
+    kernels, missing_ok = None, spec.kernels()  # every kernel's file the folder holds; the others are reported
     if args.kernel is not None:  # the spellings run, show and verify take: fwd, bwd, layer or spec names
         kernels = kernel_names(args.kernel)  # unknown names: a usage error listing the known ones
+        missing_ok = _group_only(args.kernel)
     try:
-        manifest = export_bundle(gpu, args.out, args.artifacts, kernels)
+        manifest = export_bundle(gpu, args.out, args.artifacts, kernels, missing_ok)
     except BundleError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 1
@@ -258,10 +264,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     console = _console()
     for f in manifest["files"]:
         console.print(f"  {f['path']}: {f['entries']} entries, sha256 {f['sha256'][:12]}")
+    from rich.markup import escape
+
+    for kernel, why in manifest["missing"].items():
+        console.print(f"  [yellow]missing {kernel}[/]: {escape(why)}")
     console.print(
         f"wrote {args.out}/manifest.json ({gpu}, {manifest['gpu_name']}); load with autotune.load({args.out!r})"
     )
     return 0
+
+
+def _group_only(text: str) -> list[str]:
+    """The kernels ``--kernel`` names only through a group (``layer``): a group exports the members that have a
+    file and reports the others, while a kernel named on its own must have one."""
+    alone = {k for part in _split(text) if part != "layer" for k in _kernels(part)}
+    return [k for k in _kernels(text) if k not in alone]
 
 
 COMMANDS = {"tasks": cmd_tasks, "export": cmd_export}

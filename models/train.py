@@ -322,7 +322,7 @@ def _train(
                 tally.losses.extend(_read_losses(pending, dist_info, cfg.lr))
                 pending.clear()
                 bar.update(task, loss=f"loss {tally.losses[-1][1]:.4f}")
-                if not progress:
+                if not progress and dist_info.rank == 0:  # the global mean: once, not once per rank
                     console.print(f"step {step + 1}: loss {tally.losses[-1][1]:.4f}")
             bar.advance(task)
     _sync(device)

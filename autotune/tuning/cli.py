@@ -302,30 +302,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         compare_max_rounds=args.compare_max_rounds,
         warm_starts=args.warm_starts,
     )
+    _check_storage(args)
     mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
     console.print(
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
         f"budget {args.time_budget or 'none'}{mode}"
     )
     from autotune.tuning.farm import run_farm_cli
-    from autotune.tuning.farm_storage import FarmError, is_farm_url, plain_storage
+    from autotune.tuning.farm_storage import FarmError, is_farm_url
 
-    if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
-        raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
     if is_farm_url(args.storage):
         try:
             results = run_farm_cli(console, tasks, opts, args.storage, args.workers, budget)
         except FarmError as e:
             raise CLIError(str(e)) from None
     else:
-        if args.storage and "://" in args.storage:  # an RDB URL (sqlite, ...): fail here, not inside the first task
-            try:
-                plain_storage(args.storage)
-            except FarmError as e:
-                raise CLIError(str(e)) from None
         with _RichReporter(console) as reporter:
             results = run_tasks(tasks, opts, budget, reporter)
     return _report_run(console, results, args, gpu)
+
+
+def _check_storage(args: argparse.Namespace) -> None:
+    """Open an RDB ``--storage`` before the run says anything: a wrong or unreachable URL is one error naming
+    the option (password masked), not a banner and then the error, nor a failure inside the first task."""
+    from autotune.tuning.farm_storage import FarmError, is_farm_url, plain_storage
+
+    if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
+        raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
+    if args.storage and "://" in args.storage:  # a farm's PostgreSQL or another RDB (sqlite, ...)
+        try:
+            plain_storage(args.storage)
+        except FarmError as e:
+            raise CLIError(str(e)) from None
 
 
 def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> int:

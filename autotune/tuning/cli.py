@@ -525,7 +525,11 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dims", help="head dims, e.g. 256,128 or 128x64 (Dqk x Dv)")
     p.add_argument("--heads", type=int, help="number of heads (default 4)")
     p.add_argument("--batch", type=int, help="sequences per representative batch (default 32)")
-    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="default bfloat16; float32 with --interpret, where --from-model and --from-onnx tune in it too",
+    )
     p.add_argument(
         "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"
     )

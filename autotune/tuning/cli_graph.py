@@ -35,7 +35,12 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         metavar="PRESET_OR_MODULE",
         help="tune the ops of torch.export of a model preset or module:factory (see `autotune tasks`)",
     )
-    src.add_argument("--from-onnx", metavar="FILE", help="tune the ops of an ONNX file written by models.export")
+    src.add_argument(
+        "--from-onnx",
+        metavar="FILE",
+        help="tune the ops of an ONNX file written by models.export, in the file's dtype (under --interpret in "
+        "--dtype, float32 unless given, as --from-model)",
+    )
     src.add_argument(
         "--from-artifact",
         action="store_true",
@@ -144,8 +149,17 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
         return "h100", "no GPU detected: tasks listed for h100 (pass --gpu)"
 
 
-def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
-    """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
+def extract(
+    args: argparse.Namespace,
+    gpu: str,
+    dtype: str,
+    training: bool,
+    batch: int,
+    seq_cap: int | None,
+    interpret: bool = False,
+):
+    """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input. ``interpret``:
+    an ONNX file's ops take ``dtype`` too (the interpreter's, as --from-model exports under), not the file's."""
     from autotune.runtime.lengths import read_lengths_file
     from autotune.tuning.graph_tasks import (
         GraphTaskError,
@@ -160,6 +174,8 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
             warnings.simplefilter("ignore", FutureWarning)  # torch.export internals
             if args.from_onnx:
                 graph = ops_from_onnx(args.from_onnx, training=training)
+                if interpret:
+                    _interpreter_dtype(graph, dtype)
             else:
                 graph = ops_from_model(args.from_model, dtype=dtype, training=training)
         lengths = read_lengths_file(args.lengths) if args.lengths is not None else None
@@ -169,6 +185,17 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
         return graph, tasks
     except (GraphTaskError, ValueError) as e:
         raise CLIError(str(e)) from None
+
+
+def _interpreter_dtype(graph: Any, dtype: str) -> None:
+    """Give every op of ``graph`` the run's ``dtype`` (--interpret: float32 unless --dtype says otherwise), with a
+    note naming the dtypes the file held: the interpreter tunes the dtype it runs, whatever the source."""
+    import dataclasses
+
+    held = sorted({op.dtype for op in graph.ops} - {dtype})
+    graph.ops = [dataclasses.replace(op, dtype=dtype) for op in graph.ops]
+    if held:
+        graph.notes.append(f"--interpret: the file's {', '.join(held)} ops are tuned in {dtype} (--dtype)")
 
 
 def print_tasks(graph: Any, tasks: list, gpu: str) -> None:
@@ -233,7 +260,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
     """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
     refuse_grid_options(args, GRID_OPTIONS, "--from-model/--from-onnx", "the graph decides the tasks")
-    graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap)
+    graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap, args.interpret)
     if not tasks:
         raise CLIError(f"no templated op found in {graph.source}")
     print_tasks(graph, tasks, gpu)

@@ -348,3 +348,24 @@ def test_export_refuses_an_interpreter_made_artifact_for_a_gpu(tmp_path, capsys)
     assert main(["export", "--gpu", "h100", "--out", str(tmp_path / "b"), "--artifacts", str(root)]) == 1
     err = capsys.readouterr().err
     assert f"{FWD}.json" in err and "Triton interpreter" in err and not (tmp_path / "b").exists(), err
+
+
+def test_the_docs_name_only_files_a_fresh_clone_holds():
+    """README.md named ``../shared/docs/HSTU.md`` for the attention contract, a file outside the repository;
+    every Markdown file it names (links, backquoted paths) must exist inside it, and no source names shared/docs."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    tracked = [REPO / rel for rel in filter(None, listed.stdout.decode().split("\0"))]
+    bad = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for name in re.findall(r"`([^`\s]+\.md)`", text) + re.findall(r"\]\(([^)#\s]+)", text):
+            if "://" in name:
+                continue
+            target = next((p for p in (REPO / name, doc.parent / name) if p.exists()), None)
+            if target is None or not target.resolve().is_relative_to(REPO):
+                bad.append(f"{doc.name}: {name}")
+    sources = [p for p in tracked if p.suffix in (".py", ".md") and p.is_file() and p.name != "test_packaging.py"]
+    bad += [f"{p.relative_to(REPO)}: names shared/docs" for p in sources if "shared/docs" in p.read_text()]
+    assert not bad, bad

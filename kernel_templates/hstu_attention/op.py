@@ -255,7 +255,7 @@ def hstu_attention(
     bwd_config: HSTUBwdConfig | None = None,
     validate: bool | str = True,
 ) -> torch.Tensor:
-    """Jagged HSTU attention with the Triton templates (contract: ``shared/docs/HSTU.md``).
+    """Jagged HSTU attention with the Triton templates (contract: the HSTU attention section of ``docs/CONTRACTS.md``).
 
     ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
     True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.

@@ -325,15 +325,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _check_storage(args: argparse.Namespace) -> None:
     """Open an RDB ``--storage`` before the run says anything: a wrong or unreachable URL is one error naming
     the option (password masked), not a banner and then the error, nor a failure inside the first task."""
-    from autotune.tuning.farm_storage import FarmError, is_farm_url, plain_storage
+    from autotune.tuning.farm_storage import FarmError, FarmOptions, check_farm_call, is_farm_url, plain_storage
 
     if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
         raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
-    if args.storage and "://" in args.storage:  # a farm's PostgreSQL or another RDB (sqlite, ...)
-        try:
-            plain_storage(args.storage)
-        except FarmError as e:
-            raise CLIError(str(e)) from None
+    if not args.storage or "://" not in args.storage:  # a journal file (or the default one)
+        return
+    try:
+        if is_farm_url(args.storage):  # the farm's own checks first: they need no server
+            check_farm_call(args.storage, args.workers)
+            FarmOptions.from_env()
+        plain_storage(args.storage)  # a farm's PostgreSQL or another RDB (sqlite, ...)
+    except FarmError as e:
+        raise CLIError(str(e)) from None
 
 
 def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> int:

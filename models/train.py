@@ -3,7 +3,7 @@
     python -m models.train --preset tiny --kernels reference --steps 20
     python -m models.train --preset seed --kernels tuned --steps 30 --json out.json
 
-Reports tokens/s, model TFLOP/s (attention by HSTU.md, fwd + bwd; GEMMs as 6 x params x tokens),
+Reports tokens/s, model TFLOP/s (attention by docs/CONTRACTS.md, fwd + bwd; GEMMs as 6 x params x tokens),
 MFU against the GPU registry's peak, and peak GPU memory; the same numbers go to ``--json``.
 Warm-up steps (Triton compilation, allocator growth) are excluded from the timings.
 """

@@ -76,7 +76,10 @@ def _usable_files(
     wanted = list(dict.fromkeys([*(kernels or ()), *missing_ok]))
     unknown = [k for k in wanted if k not in present and k not in missing_ok]
     if unknown:
-        raise BundleError(f"no artifact for {', '.join(unknown)} in {folder}")
+        raise BundleError(
+            f"no artifact for {', '.join(unknown)} in {folder} (a kernel asked for by name must have one; "
+            "a bundle without it would run the default config)"
+        )
     missing = {k: _missing_reason(folder, k) for k in wanted if k not in present}
     if kernels:
         files = [f for f in files if f.stem in kernels]

@@ -16,7 +16,7 @@ Contracts of the named callables (``inputs`` is the dict ``make_inputs`` returns
 - ``KernelSpec.make_inputs(task, lengths, seed, device, dtype) -> dict`` (a task is read as the HSTU
   layer owning the op: tokens = sum(lengths), hidden = heads x dv, head dims dqk/dv);
 - ``KernelSpec.reference(inputs, compute_dtype) -> tuple`` (fp32 oracle when compute_dtype is float32);
-- ``KernelSpec.flops(inputs) -> float`` (HSTU.md convention; memory-bound ops count their FLOPs too,
+- ``KernelSpec.flops(inputs) -> float`` (docs/CONTRACTS.md convention; memory-bound ops count their FLOPs too,
   and ``bytes`` gives their HBM traffic for GB/s);
 - ``KernelSpec.alloc_out(inputs) -> tuple | None``: NaN-filled outputs the correctness check proves written;
 - ``BackendSpec.tune_launch(inputs, config, out) -> tuple`` of outputs in ``output_names`` order;

@@ -1,4 +1,4 @@
-"""Model FLOPs by the field's convention (HSTU.md) and MFU against the GPU registry's peak."""
+"""Model FLOPs by the field's convention (docs/CONTRACTS.md) and MFU against the GPU registry's peak."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ DEFAULT_PEAK_TFLOPS = 989.0  # H100/H200 dense bf16
 
 
 def step_flops(cfg: ModelConfig, lengths: list[int], dense_params: int) -> dict[str, float]:
-    """FLOPs of one training step (fwd + bwd): attention by HSTU.md, GEMMs as 6 x params x tokens."""
+    """FLOPs of one training step (fwd + bwd): attention by docs/CONTRACTS.md, GEMMs as 6 x params x tokens."""
     fwd, bwd = hstu_attention_flops(offsets_from_lengths(lengths), cfg.num_heads, cfg.head_dim, cfg.head_dim)
     attention = (fwd + bwd) * cfg.num_layers
     gemm = 6.0 * dense_params * sum(lengths)

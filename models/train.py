@@ -3,7 +3,7 @@
     python -m models.train --preset tiny --kernels reference --steps 20
     python -m models.train --preset seed --kernels tuned --steps 30 --json out.json
 
-Reports tokens/s, model TFLOP/s (attention by HSTU.md, fwd + bwd; GEMMs as 6 x params x tokens),
+Reports tokens/s, model TFLOP/s (attention by docs/CONTRACTS.md, fwd + bwd; GEMMs as 6 x params x tokens),
 MFU against the GPU registry's peak, and peak GPU memory; the same numbers go to ``--json``.
 Warm-up steps (Triton compilation, allocator growth) are excluded from the timings.
 """
@@ -322,7 +322,7 @@ def _train(
                 tally.losses.extend(_read_losses(pending, dist_info, cfg.lr))
                 pending.clear()
                 bar.update(task, loss=f"loss {tally.losses[-1][1]:.4f}")
-                if not progress:
+                if not progress and dist_info.rank == 0:  # the global mean: once, not once per rank
                     console.print(f"step {step + 1}: loss {tally.losses[-1][1]:.4f}")
             bar.advance(task)
     _sync(device)

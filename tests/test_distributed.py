@@ -132,6 +132,35 @@ def test_the_training_cli_destroys_the_process_group_it_created(tmp_path, joined
         assert done == {"initialized": joined_before, "world": 2}
 
 
+def _log_rank_main(rank: int, world: int, port: int, out: str) -> None:
+    """``python -m models.train --no-progress`` on this rank, its printed lines saved to ``out/log{rank}.txt``."""
+    import contextlib
+    import io
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))  # fmt: skip
+    from models import train
+
+    args = ["--preset", "tiny", "--kernels", "reference", "--device", "cpu", "--steps", "2", "--warmup", "0"]
+    text = io.StringIO()
+    with contextlib.redirect_stderr(text):  # the console writes to stderr
+        train.main([*args, "--no-progress", "--log-every", "1"])
+    with open(f"{out}/log{rank}.txt", "w") as f:
+        f.write(text.getvalue())
+    os._exit(0)
+
+
+def test_only_rank_zero_prints_the_step_losses(tmp_path):
+    """Under torchrun every rank printed "step N: loss ...", so each line came once per rank; the loss is the
+    global mean already, so rank 0 alone prints it."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_log_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    logs = [(tmp_path / f"log{rank}.txt").read_text() for rank in (0, 1)]
+    assert "step 1: loss" in logs[0] and "step 2: loss" in logs[0], logs[0]
+    assert "step " not in logs[1], logs[1]
+
+
 def _global_batch(cfg, world: int):
     from models.data import make_loader
 

@@ -231,3 +231,27 @@ def test_status_watch_survives_a_storage_outage(monkeypatch):
     console = Console(width=200, record=True)
     console.print(shown[0])
     assert "storage unreachable (server closed the connection unexpectedly)" in console.export_text()
+
+
+def test_status_of_a_journal_file_says_the_farm_needs_a_postgresql_url(tmp_path, capsys):
+    """A journal file path (a single run's storage) was "Could not parse SQLAlchemy URL"."""
+    from autotune.tuning.cli import main
+
+    journal = tmp_path / "tuning.journal"
+    journal.write_text("")
+    assert main(["status", "--storage", str(journal)]) == 2
+    err = capsys.readouterr().err
+    assert f"--storage {journal}" in err and "postgresql://" in err and "SQLAlchemy" not in err, err
+
+
+def test_an_unreachable_farm_storage_is_one_error_before_any_banner(tmp_path, capsys):
+    """``autotune run --storage <dead postgresql URL>`` printed its "Farm on ..." banner, then the error; now the
+    storage is opened first: one error naming --storage, its password masked, and no banner."""
+    from autotune.tuning.cli import main
+
+    url = _closed_port_url().replace("autotune@", "autotune:S3cretPw@", 1)
+    argv = ["run", "--interpret", "--kernel", "fake_faults", "--plugin", "autotune.tuning.fake", "--trials", "2"]
+    assert main([*argv, "--storage", url, "--artifacts", str(tmp_path / "arts")]) == 2
+    out, err = capsys.readouterr()
+    assert "Farm on" not in out and "Tuning" not in out, out
+    assert "--storage postgresql://autotune:***@" in err and "cannot open it" in err and "S3cretPw" not in err, err

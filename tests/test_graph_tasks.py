@@ -496,3 +496,19 @@ def test_an_unused_uniform_lengths_file_is_not_blamed_on_a_hint_the_calls_lack(t
         f"--lengths {path} is not used: every batch of it is of one length, so its tasks are 'uniform' ones, which "
         "draw no lengths"
     ]
+
+
+def test_run_from_onnx_under_interpret_takes_the_dtype_from_model_takes(capsys, monkeypatch, tmp_path):
+    """``--from-model`` under ``--interpret`` tuned float32 (the interpreter's --dtype) but ``--from-onnx`` the
+    file's bfloat16: both now take --dtype under --interpret (float32 unless given); on a GPU the file's."""
+    import autotune.tuning.tuner
+
+    seen = []
+    monkeypatch.setattr(autotune.tuning.tuner, "run_tasks", lambda tasks, *a, **k: seen.extend(tasks) or [])
+    model = _onnx_file(tmp_path / "m.onnx", {**GOOD_ATTRS, "kernel_dtype": "bfloat16"})
+    argv = ["run", "--gpu", "h100", "--from-onnx", model, "--artifacts", str(tmp_path / "arts")]
+    rc, text = _run(capsys, *argv, "--interpret")
+    assert rc == 0 and seen and {t.dtype for t in seen} == {"float32"}, text
+    assert "--interpret" in text and "float32" in text  # the note says why the file's dtype was not taken
+    rc, text = _run(capsys, *argv, "--dry-run")
+    assert rc == 0 and "bfloat16" in text and "float32" not in text, text

@@ -290,3 +290,82 @@ def test_verify_bundle_reports_a_manifest_nested_past_the_parser(tmp_path):
     (tmp_path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     problems = bundle.verify_bundle(tmp_path)
     assert len(problems) == 1 and "cannot read the manifest" in problems[0], problems
+
+
+def _layer_artifacts(root: Path, gpu: str, skip: str) -> Path:
+    """Every layer kernel's artifact of ``gpu`` (the committed h100 files, relabelled) but ``skip``'s."""
+    from autotune.runtime.layer import LAYER_KERNELS
+
+    env = dict(H100_ENV, gpu_name="NVIDIA H200", compute_capability="9.0") if gpu == "h200" else dict(H100_ENV)
+    for kind in LAYER_KERNELS:
+        if kind.startswith("hstu_attention") or kind == skip:
+            continue
+        a = art.load_artifact(REPO / "artifacts" / "h100" / f"{kind}.json")
+        a.gpu, a.environment = gpu, {**a.environment, **env}
+        art.save_artifact(a, root / gpu / f"{kind}.json")
+    return root
+
+
+def test_a_group_export_writes_what_exists_and_names_each_missing_kernel(tmp_path, capsys):
+    """``--kernel layer`` on a GPU without ``linear_residual_bwd.json`` failed as a whole; it now writes the
+    others, names the missing one in its output and the manifest, and the bundle loads as dispatch does."""
+    root = _layer_artifacts(tmp_path / "arts", "h200", skip="linear_residual_bwd")
+    out = tmp_path / "bundle"
+    argv = ["export", "--gpu", "h200", "--artifacts", str(root), "--kernel"]
+    assert main([*argv, "layer", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "missing linear_residual_bwd" in text and "default config" in text, text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(manifest["missing"]) == ["linear_residual_bwd"]
+    assert "default config" in manifest["missing"]["linear_residual_bwd"]
+    assert "h200/linear_residual_fwd.json" in [f["path"] for f in manifest["files"]]
+    assert bundle.verify_bundle(out) == []
+    summary = autotune.load(out, gpu="h200")
+    assert "linear_residual_bwd" in summary["missing"] and "linear_residual_fwd" in summary["kernels"]
+    # a kernel named on its own still must have its file
+    assert main([*argv, "linear_residual_bwd", "--out", str(tmp_path / "one")]) == 1
+    err = capsys.readouterr().err
+    assert "no artifact for linear_residual_bwd" in err and not (tmp_path / "one").exists()
+
+
+def test_an_export_of_every_kernel_records_those_without_a_file(tmp_path, capsys):
+    """No --kernel: the bundle holds the GPU's files and the manifest lists each registered kernel it lacks."""
+    root = _fresh_artifacts(tmp_path / "arts")
+    assert main(["export", "--gpu", "h100", "--out", str(tmp_path / "b"), "--artifacts", str(root)]) == 0
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert FWD not in manifest["missing"] and "gemm_silu" in manifest["missing"]
+    assert "missing gemm_silu" in capsys.readouterr().out
+
+
+def test_export_refuses_an_interpreter_made_artifact_for_a_gpu(tmp_path, capsys):
+    """A Triton-interpreter / CPU artifact under h100/ was exported into an h100 bundle a GPU host then
+    rejected; export refuses it as ``autotune merge`` does, naming the file."""
+    root = _fresh_artifacts(tmp_path / "arts")
+    path = root / "h100" / f"{FWD}.json"
+    a = art.load_artifact(path)
+    a.environment = {**a.environment, "gpu_name": "triton-interpreter (cpu)", "compute_capability": None}
+    art.save_artifact(a, path)
+    assert main(["export", "--gpu", "h100", "--out", str(tmp_path / "b"), "--artifacts", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert f"{FWD}.json" in err and "Triton interpreter" in err and not (tmp_path / "b").exists(), err
+
+
+def test_the_docs_name_only_files_a_fresh_clone_holds():
+    """README.md named ``../shared/docs/HSTU.md`` for the attention contract, a file outside the repository;
+    every Markdown file it names (links, backquoted paths) must exist inside it, and no source names shared/docs."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    tracked = [REPO / rel for rel in filter(None, listed.stdout.decode().split("\0"))]
+    bad = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for name in re.findall(r"`([^`\s]+\.md)`", text) + re.findall(r"\]\(([^)#\s]+)", text):
+            if "://" in name:
+                continue
+            target = next((p for p in (REPO / name, doc.parent / name) if p.exists()), None)
+            if target is None or not target.resolve().is_relative_to(REPO):
+                bad.append(f"{doc.name}: {name}")
+    sources = [p for p in tracked if p.suffix in (".py", ".md") and p.is_file() and p.name != "test_packaging.py"]
+    bad += [f"{p.relative_to(REPO)}: names shared/docs" for p in sources if "shared/docs" in p.read_text()]
+    assert not bad, bad

@@ -523,6 +523,13 @@ def _registry_cc(key: str | None) -> str | None:
     return spec.cc if spec else None
 
 
+def interpreter_made(env: dict[str, Any]) -> bool:
+    """Whether an artifact's environment is the Triton interpreter / a CPU (no compute capability):
+    its timings say nothing about a GPU, and a GPU host's ``check_origin`` rejects it."""
+    name = env.get("gpu_name")
+    return env.get("compute_capability") is None or (isinstance(name, str) and name.startswith("triton-interpreter"))
+
+
 def _gpu_key(name: Any) -> str | None:
     from autotune.runtime.gpus import gpu_from_name
 

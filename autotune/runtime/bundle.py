@@ -6,8 +6,9 @@ checkout), so ``packaged_artifacts_root()`` finds them in both layouts without a
 
 ``export_bundle`` writes one folder a training job can ship: ``<out>/<gpu>/<kernel>.json`` (the layout
 ``autotune.load(out)`` reads) plus ``manifest.json`` with the GPU, the package and library versions,
-and the sha256 of every file; ``verify_bundle`` re-checks those hashes. Only usable artifacts are
-exported (valid, not stale, of the named GPU): a bundle never carries a file dispatch would reject.
+and the sha256 of every file, and the kernels it has no file for (``missing``: dispatch runs their default
+config); ``verify_bundle`` re-checks those hashes. Only usable artifacts are exported (valid, not stale, of the
+named GPU and, for a GPU, made on one): a bundle never carries a file dispatch would reject.
 Stdlib only, like ``autotune.runtime.artifacts``.
 """
 
@@ -20,6 +21,7 @@ import platform
 import secrets
 import shutil
 import tempfile
+from collections.abc import Collection
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.runtime import artifacts as art
+from autotune.runtime.gpus import GPUS
 
 MANIFEST = "manifest.json"
 FORMAT = "hstu-autotune-artifact-bundle"
@@ -58,32 +61,62 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def _usable_files(root: Path, gpu: str, kernels: list[str] | None) -> list[tuple[Path, Any]]:
-    """(file, artifact) of every kernel of ``gpu`` under ``root``; ``BundleError`` naming each rejected one."""
+def _missing_reason(folder: Path, kernel: str) -> str:
+    return f"no {kernel}.json in {folder}: autotune.load runs the default config for {kernel}, as dispatch does"
+
+
+def _usable_files(
+    root: Path, gpu: str, kernels: list[str] | None, missing_ok: Collection[str] = ()
+) -> tuple[list[tuple[Path, Any]], dict[str, str]]:
+    """(file, artifact) of each kernel to export and {kernel: why it has no file} for those in ``missing_ok``;
+    ``BundleError`` for a named kernel (not in ``missing_ok``) without a file and naming each rejected file."""
     folder = root / gpu
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    present = {f.stem for f in files}
+    wanted = list(dict.fromkeys([*(kernels or ()), *missing_ok]))
+    unknown = [k for k in wanted if k not in present and k not in missing_ok]
+    if unknown:
+        raise BundleError(
+            f"no artifact for {', '.join(unknown)} in {folder} (a kernel asked for by name must have one; "
+            "a bundle without it would run the default config)"
+        )
+    missing = {k: _missing_reason(folder, k) for k in wanted if k not in present}
     if kernels:
-        unknown = sorted(set(kernels) - {f.stem for f in files})
-        if unknown:
-            raise BundleError(f"no artifact for {', '.join(unknown)} in {folder}")
         files = [f for f in files if f.stem in kernels]
     if not files:
-        raise BundleError(f"no artifacts to export: {folder} holds no <kernel>.json")
+        which = f" of {', '.join(kernels)}" if kernels else ""
+        raise BundleError(f"no artifacts to export: {folder} holds no <kernel>.json{which}")
     out, problems = [], []
     for f in files:
         verdict = art.assess_artifact(f, gpu, None)  # for the target GPU, whatever this machine has
-        if verdict.usable:
-            out.append((f, verdict.artifact))
-        else:
+        if not verdict.usable:
             problems.append(f"{f.name}: {verdict.reason}")
+        elif gpu in GPUS and art.interpreter_made(verdict.artifact.environment):
+            # check_origin cannot tell without a running GPU; a GPU host rejects it (as `autotune merge` refuses it)
+            name = verdict.artifact.environment.get("gpu_name")
+            problems.append(
+                f"{f}: made under the Triton interpreter / on a CPU (environment.gpu_name {name!r}); a {gpu} host "
+                f"rejects it: re-tune on the GPU with `autotune run --gpu {gpu}`"
+            )
+        else:
+            out.append((f, verdict.artifact))
     if problems:
         raise BundleError("refusing to export artifacts dispatch would reject:\n  " + "\n  ".join(problems))
-    return out
+    return out, missing
 
 
-def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, kernels: list[str] | None = None) -> dict:
+def export_bundle(
+    gpu: str,
+    out: str | Path,
+    root: str | Path | None = None,
+    kernels: list[str] | None = None,
+    missing_ok: Collection[str] = (),
+) -> dict:
     """Write ``out/<gpu>/*.json`` and ``out/manifest.json``; returns the manifest.
 
+    ``kernels``: those to export (None: every file of the GPU's folder); each must have a file unless it is in
+    ``missing_ok`` (a group's members, or every known kernel when exporting all): those without one are listed
+    under the manifest's ``missing`` with why, and a bundle loads them as dispatch does, on the default config.
     ``out`` must be missing or empty. The files are copied byte for byte (their template hashes
     stay what tuning recorded), then the manifest, last, in a sibling folder renamed to ``out`` at the end:
     a failure part-way leaves ``out`` as it was.
@@ -94,13 +127,13 @@ def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, ker
         raise BundleError(f"--out {out}: exists and is not an empty directory")
     if not out.parent.is_dir():
         raise BundleError(f"--out {out}: parent directory {out.parent} does not exist")
-    files = _usable_files(root, gpu, kernels)
+    files, missing = _usable_files(root, gpu, kernels, missing_ok)
     # Built in a sibling folder and renamed into place: a failure part-way (a copy error, a full disk) left a
     # half-filled --out that every re-run then refused as not empty.
     tmp_dir = out.parent / f".{out.name}.partial.{os.getpid()}.{secrets.token_hex(4)}"
     tmp_dir.mkdir()  # the umask's permissions, as the folder it becomes (mkdtemp's are owner-only)
     try:
-        manifest = _write_bundle(files, gpu, tmp_dir)
+        manifest = _write_bundle(files, gpu, tmp_dir, missing)
         os.replace(tmp_dir, out)  # onto a missing or empty folder
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -108,7 +141,7 @@ def export_bundle(gpu: str, out: str | Path, root: str | Path | None = None, ker
     return manifest
 
 
-def _write_bundle(files: list, gpu: str, out: Path) -> dict:
+def _write_bundle(files: list, gpu: str, out: Path, missing: dict[str, str]) -> dict:
     """Copy the artifact files into ``out/<gpu>/`` and write the manifest last; returns the manifest."""
     (out / gpu).mkdir(parents=True, exist_ok=True)
     listed = []
@@ -137,6 +170,7 @@ def _write_bundle(files: list, gpu: str, out: Path) -> dict:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "exported_with": _versions(),
         "files": listed,
+        "missing": missing,  # kernels asked for (or known) without a file: the bundle runs their default config
     }
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".manifest.")
     with os.fdopen(fd, "w") as fh:

@@ -12,7 +12,7 @@ and its function is attached after the conversion.
 
 The function body is a reference, not a kernel: it builds the (H, L, L) score tensor of the whole
 jagged batch and masks pairs of different sequences, so memory is O(H * L^2) for L rows. It follows
-the HSTU.md mask exactly (causal, context rows, targets, window) and matches the PyTorch oracle to
+the HSTU mask (docs/CONTRACTS.md) exactly (causal, context rows, targets, window) and matches the PyTorch oracle to
 float rounding.
 
 Every model the project writes goes through ``pin_ir_version``: it carries the lowest IR version its
@@ -90,7 +90,7 @@ def JaggedAttention(  # noqa: N802 - the ONNX op name
     pos = rows - op.Gather(starts, seg)
     n = op.Gather(ends - starts, seg)
     c = op.Constant(value_int=contextual_seq_len)
-    # HSTU.md position ids: context tokens share id 0, targets share id m (a no-op without targets).
+    # Position ids (docs/CONTRACTS.md): context tokens share id 0, targets share id m (a no-op without targets).
     m = n - c + one - op.Gather(num_targets, seg)
     ids = op.Min(op.Max(pos - c + one, zero), m)
     id_i = op.Unsqueeze(ids, [1])
@@ -161,7 +161,7 @@ def _attention_fwd(
     has_targets = num_targets is not None
     # The node takes int64 offsets and targets; the call also takes int32 ones (a model's own index dtype).
     seq_offsets = op.Cast(seq_offsets, to=onnx.TensorProto.INT64)
-    if not has_targets:  # the mask of "no targets" equals zero targets per sequence (HSTU.md)
+    if not has_targets:  # the mask of "no targets" equals zero targets per sequence (docs/CONTRACTS.md)
         batch = op.Sub(op.Shape(seq_offsets), op.Constant(value_ints=[1]))
         num_targets = op.ConstantOfShape(batch, value=onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0]))
     else:

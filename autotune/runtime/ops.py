@@ -59,7 +59,7 @@ def _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_le
 
 
 def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, attn_len, scaling):
-    """HSTU.md's backward in fp32 PyTorch, a block of query rows of one sequence at a time (``row_chunks``:
+    """The HSTU backward in fp32 PyTorch, a block of query rows of one sequence at a time (``row_chunks``:
     bounded memory for any length); dK and dV add up over the blocks.
 
     Written out rather than autograd: autograd is off inside a custom op's implementation. Autocast
@@ -365,7 +365,7 @@ def hstu_attention(
     distribution: str | None = None,
     validate: str | bool = "async",
 ) -> torch.Tensor:
-    """Jagged HSTU attention (HSTU.md contract) with the config dispatch picks for this shape.
+    """Jagged HSTU attention (contract: docs/CONTRACTS.md) with the config dispatch picks for this shape.
 
     q, k, v must share one dtype (cast before calling under autocast). Head dims the kernels lack (up to
     256, say 48 or 96) run zero-padded to the next kernel head dim (32, 64, 128, 256). ``source`` is "tuned"

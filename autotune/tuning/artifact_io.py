@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.runtime import artifacts as art
+from autotune.runtime.artifacts import interpreter_made  # noqa: F401 - re-exported: merge's check
 from autotune.runtime.buckets import DISTRIBUTIONS, neighbours
 from autotune.tuning.registry import backends_for
 from autotune.tuning.tasks import Task, family_key, split_heads
@@ -38,13 +39,6 @@ class EnvironmentMismatch(ValueError):
 def environment_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """The timing-environment keys whose values differ between two ``environment`` blocks, described."""
     return [f"{k} {a.get(k)!r} != {b.get(k)!r}" for k in TIMING_ENV_KEYS if a.get(k) != b.get(k)]
-
-
-def interpreter_made(env: dict[str, Any]) -> bool:
-    """Whether an artifact's environment is the Triton interpreter / a CPU (no compute capability):
-    its timings say nothing about a GPU."""
-    name = env.get("gpu_name")
-    return env.get("compute_capability") is None or (isinstance(name, str) and name.startswith("triton-interpreter"))
 
 
 def merge_entries(

@@ -302,30 +302,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         compare_max_rounds=args.compare_max_rounds,
         warm_starts=args.warm_starts,
     )
+    _check_storage(args)
     mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
     console.print(
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
         f"budget {args.time_budget or 'none'}{mode}"
     )
     from autotune.tuning.farm import run_farm_cli
-    from autotune.tuning.farm_storage import FarmError, is_farm_url, plain_storage
+    from autotune.tuning.farm_storage import FarmError, is_farm_url
 
-    if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
-        raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
     if is_farm_url(args.storage):
         try:
             results = run_farm_cli(console, tasks, opts, args.storage, args.workers, budget)
         except FarmError as e:
             raise CLIError(str(e)) from None
     else:
-        if args.storage and "://" in args.storage:  # an RDB URL (sqlite, ...): fail here, not inside the first task
-            try:
-                plain_storage(args.storage)
-            except FarmError as e:
-                raise CLIError(str(e)) from None
         with _RichReporter(console) as reporter:
             results = run_tasks(tasks, opts, budget, reporter)
     return _report_run(console, results, args, gpu)
+
+
+def _check_storage(args: argparse.Namespace) -> None:
+    """Open an RDB ``--storage`` before the run says anything: a wrong or unreachable URL is one error naming
+    the option (password masked), not a banner and then the error, nor a failure inside the first task."""
+    from autotune.tuning.farm_storage import FarmError, FarmOptions, check_farm_call, is_farm_url, plain_storage
+
+    if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
+        raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
+    if not args.storage or "://" not in args.storage:  # a journal file (or the default one)
+        return
+    try:
+        if is_farm_url(args.storage):  # the farm's own checks first: they need no server
+            check_farm_call(args.storage, args.workers)
+            FarmOptions.from_env()
+        plain_storage(args.storage)  # a farm's PostgreSQL or another RDB (sqlite, ...)
+    except FarmError as e:
+        raise CLIError(str(e)) from None
 
 
 def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> int:
@@ -517,7 +529,11 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dims", help="head dims, e.g. 256,128 or 128x64 (Dqk x Dv)")
     p.add_argument("--heads", type=int, help="number of heads (default 4)")
     p.add_argument("--batch", type=int, help="sequences per representative batch (default 32)")
-    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="default bfloat16")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        help="default bfloat16; float32 with --interpret, where --from-model and --from-onnx tune in it too",
+    )
     p.add_argument(
         "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.runtime.buckets import format_bucket
 from autotune.runtime.gpus import GPUS
-from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty, kernel_names
+from autotune.tuning.cli import GPU_DEFAULTS, CLIError, _console, _kernels, _nonempty, _split, kernel_names
 
 # Grid options of ``autotune run`` that a graph's task list replaces (refused when changed).
 GRID_OPTIONS = ("kernel", "buckets", "dims", "heads", "distributions", "masks")
@@ -35,7 +35,12 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         metavar="PRESET_OR_MODULE",
         help="tune the ops of torch.export of a model preset or module:factory (see `autotune tasks`)",
     )
-    src.add_argument("--from-onnx", metavar="FILE", help="tune the ops of an ONNX file written by models.export")
+    src.add_argument(
+        "--from-onnx",
+        metavar="FILE",
+        help="tune the ops of an ONNX file written by models.export, in the file's dtype (under --interpret in "
+        "--dtype, float32 unless given, as --from-model)",
+    )
     src.add_argument(
         "--from-artifact",
         action="store_true",
@@ -122,7 +127,10 @@ def add_parsers(sub: Any) -> None:
     export.add_argument("--out", required=True, help="bundle directory (missing or empty)")
     export.add_argument("--artifacts", help="artifacts root (default: the packaged artifacts)")
     export.add_argument(
-        "--kernel", help="kernels to export, comma-separated: fwd, bwd, layer or spec names (default: all of the GPU's)"
+        "--kernel",
+        help="kernels to export, comma-separated: fwd, bwd, layer or spec names (default: all of the GPU's); a kernel "
+        "named alone must have an artifact, a member of layer without one is reported (the bundle runs its default "
+        "config, as dispatch does)",
     )
 
 
@@ -141,8 +149,17 @@ def _tasks_gpu(arg: str) -> tuple[str, str | None]:
         return "h100", "no GPU detected: tasks listed for h100 (pass --gpu)"
 
 
-def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batch: int, seq_cap: int | None):
-    """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input."""
+def extract(
+    args: argparse.Namespace,
+    gpu: str,
+    dtype: str,
+    training: bool,
+    batch: int,
+    seq_cap: int | None,
+    interpret: bool = False,
+):
+    """(GraphOps, [GraphTask]) of the --from-model / --from-onnx source; CLIError for bad input. ``interpret``:
+    an ONNX file's ops take ``dtype`` too (the interpreter's, as --from-model exports under), not the file's."""
     from autotune.runtime.lengths import read_lengths_file
     from autotune.tuning.graph_tasks import (
         GraphTaskError,
@@ -157,6 +174,8 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
             warnings.simplefilter("ignore", FutureWarning)  # torch.export internals
             if args.from_onnx:
                 graph = ops_from_onnx(args.from_onnx, training=training)
+                if interpret:
+                    _interpreter_dtype(graph, dtype)
             else:
                 graph = ops_from_model(args.from_model, dtype=dtype, training=training)
         lengths = read_lengths_file(args.lengths) if args.lengths is not None else None
@@ -166,6 +185,17 @@ def extract(args: argparse.Namespace, gpu: str, dtype: str, training: bool, batc
         return graph, tasks
     except (GraphTaskError, ValueError) as e:
         raise CLIError(str(e)) from None
+
+
+def _interpreter_dtype(graph: Any, dtype: str) -> None:
+    """Give every op of ``graph`` the run's ``dtype`` (--interpret: float32 unless --dtype says otherwise), with a
+    note naming the dtypes the file held: the interpreter tunes the dtype it runs, whatever the source."""
+    import dataclasses
+
+    held = sorted({op.dtype for op in graph.ops} - {dtype})
+    graph.ops = [dataclasses.replace(op, dtype=dtype) for op in graph.ops]
+    if held:
+        graph.notes.append(f"--interpret: the file's {', '.join(held)} ops are tuned in {dtype} (--dtype)")
 
 
 def print_tasks(graph: Any, tasks: list, gpu: str) -> None:
@@ -230,7 +260,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
     """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
     refuse_grid_options(args, GRID_OPTIONS, "--from-model/--from-onnx", "the graph decides the tasks")
-    graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap)
+    graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap, args.interpret)
     if not tasks:
         raise CLIError(f"no templated op found in {graph.source}")
     print_tasks(graph, tasks, gpu)
@@ -244,11 +274,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     gpu = args.gpu.lower()
     if gpu not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
-    kernels = None
+    from autotune import spec
+
+    kernels, missing_ok = None, spec.kernels()  # every kernel's file the folder holds; the others are reported
     if args.kernel is not None:  # the spellings run, show and verify take: fwd, bwd, layer or spec names
         kernels = kernel_names(args.kernel)  # unknown names: a usage error listing the known ones
+        missing_ok = _group_only(args.kernel)
     try:
-        manifest = export_bundle(gpu, args.out, args.artifacts, kernels)
+        manifest = export_bundle(gpu, args.out, args.artifacts, kernels, missing_ok)
     except BundleError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 1
@@ -258,10 +291,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     console = _console()
     for f in manifest["files"]:
         console.print(f"  {f['path']}: {f['entries']} entries, sha256 {f['sha256'][:12]}")
+    from rich.markup import escape
+
+    for kernel, why in manifest["missing"].items():
+        console.print(f"  [yellow]missing {kernel}[/]: {escape(why)}")
     console.print(
         f"wrote {args.out}/manifest.json ({gpu}, {manifest['gpu_name']}); load with autotune.load({args.out!r})"
     )
     return 0
+
+
+def _group_only(text: str) -> list[str]:
+    """The kernels ``--kernel`` names only through a group (``layer``): a group exports the members that have a
+    file and reports the others, while a kernel named on its own must have one."""
+    alone = {k for part in _split(text) if part != "layer" for k in _kernels(part)}
+    return [k for k in _kernels(text) if k not in alone]
 
 
 COMMANDS = {"tasks": cmd_tasks, "export": cmd_export}

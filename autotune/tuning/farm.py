@@ -722,11 +722,11 @@ def run_farm_cli(
     n = workers or max(1, len(gpu_ids))
     if gpu_ids and n > len(gpu_ids):
         console.print(f"[yellow]{n} workers share {len(gpu_ids)} GPU(s): their timings disturb each other[/]")
+    reader = plain_storage(url)  # before the banner: an unreachable storage is the one thing said
     console.print(
         f"Farm on {_safe(url)}: {n} worker(s) on this host; other hosts join with the same command. "
         f"Progress: autotune status --storage '{_safe(url)}' --watch"
     )
-    reader = plain_storage(url)
     state: dict[str, Any] = {"at": 0.0, "counts": None, "live": None}
 
     def tick(name: str) -> None:

@@ -198,6 +198,11 @@ def cmd_status(args: Any) -> int:
         raise CLIError(f"--audit {args.audit}: no such artifacts folder")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = _console()
+    if "://" not in args.storage:  # a journal file: what SQLAlchemy then said ("Could not parse") named no fix
+        raise CLIError(
+            f"--storage {args.storage}: not a database URL; a tuning farm needs a postgresql:// URL "
+            "(postgresql://USER@HOST:PORT/DB; a journal file holds the studies of a single-process run, never a farm)"
+        )
     if args.storage.startswith("sqlite:///"):
         path = Path(args.storage[len("sqlite:///") :])
         if str(path) != ":memory:" and not path.is_file():  # opening it would create an empty database there

@@ -309,7 +309,7 @@ def measure_grid(
     """Time every cell on the GPU through the public call (bf16, causal, uniform lengths).
 
     ``fwd`` times the forward, ``bwd`` the backward alone (gradients of a kept graph), ``both`` the
-    two; FLOPs by the HSTU.md convention. Cells above ``max_tokens`` rows, out of memory, or refused by the call
+    two; FLOPs as docs/CONTRACTS.md counts them. Cells above ``max_tokens`` rows, out of memory, or refused by the call
     (a ``ValueError``: say a length past what a launch grid holds) are left out, with a warning naming the cell,
     so one cell never loses the grid's other timings. Timing: ``autotune.tuning.measure.bench`` (do_bench, L2
     flush, median), after ``measure.warm_gpu`` brings the clocks up. ``cuda_graph`` times CUDA-graph replays of

@@ -35,7 +35,7 @@ class Op:
     name: str
     make_inputs: Callable[..., dict]  # (task, lengths, seed, device, dtype) -> inputs
     reference: Callable[[dict, Any], tuple]  # (inputs, compute torch dtype) -> outputs
-    flops: Callable[[dict], float]  # inputs -> FLOPs of one call (HSTU.md convention)
+    flops: Callable[[dict], float]  # inputs -> FLOPs of one call (docs/CONTRACTS.md convention)
     alloc_out: Callable[[dict], tuple | None] = lambda inputs: None  # NaN-filled outputs or None
     output_names: tuple[str, ...] = ("out",)
     direction: str = "fwd"

@@ -41,7 +41,7 @@ def kernel_targets(
 ) -> torch.Tensor | None:
     """The targets a kernel launch gets: zeros for a call with context and no targets.
 
-    HSTU.md defines the same mask for "no targets" and "zero targets". Every call with a context then runs
+    The mask (docs/CONTRACTS.md) is the same for "no targets" and "zero targets". Every call with a context then runs
     one kernel variant, the targets path, which is the one the tuner times for context tasks. Both
     backends' context-only paths are right as well (the Triton one since its guard fix; the CuTe one
     measured on a GPU, ``test_gpu_kernels_context_path_without_targets``). The zeros are made once per
@@ -94,7 +94,7 @@ def validate_hstu_inputs(
     check_offsets: bool = True,
     check_head_dims: bool = True,
 ) -> None:
-    """Raise ``ValueError`` naming the argument when inputs break the HSTU.md contract.
+    """Raise ``ValueError`` naming the argument when inputs break the contract (docs/CONTRACTS.md).
 
     ``check_offsets`` reads the offsets on the host (one sync; ``input_check`` has the sync-free
     device check); ``check_head_dims`` limits head dims to the kernels' (the reference takes any).
@@ -255,7 +255,7 @@ def hstu_attention(
     bwd_config: HSTUBwdConfig | None = None,
     validate: bool | str = True,
 ) -> torch.Tensor:
-    """Jagged HSTU attention with the Triton templates (contract: ``shared/docs/HSTU.md``).
+    """Jagged HSTU attention with the Triton templates (contract: the HSTU attention section of ``docs/CONTRACTS.md``).
 
     ``alpha`` defaults to 1/sqrt(Dqk); configs default to the heuristic for the head dims. ``validate``:
     True / "full" / "async" check every input on the host (one sync), False / "none" check nothing.

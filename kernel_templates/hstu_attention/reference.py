@@ -19,7 +19,7 @@ def hstu_position_ids(
     num_targets: int | None = None,
     device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Position ids of one sequence and the target id ``m`` (see HSTU.md).
+    """Position ids of one sequence and the target id ``m`` (docs/CONTRACTS.md).
 
     The c context tokens share id 0, history tokens count up from 1, and all T targets share id m.
     """
@@ -56,7 +56,7 @@ def hstu_mask(
 
 
 def score_scale(max_seq_len: int, scaling_seqlen: int | None) -> float:
-    """S of HSTU.md's 1/S score scale: ``scaling_seqlen`` when given, else ``max_seq_len``."""
+    """S of the 1/S score scale (docs/CONTRACTS.md): ``scaling_seqlen`` when given, else ``max_seq_len``."""
     return float(scaling_seqlen if scaling_seqlen is not None else max_seq_len)
 
 
@@ -143,7 +143,7 @@ def hstu_attention_flops(
     """(forward, backward) FLOPs by the field's convention: 2*H*(Dqk+Dv)*P and 2*H*(3Dqk+2Dv)*P.
 
     P counts valid (i, j) pairs exactly from the mask for masked variants; for plain causal attention
-    it is the convention's n^2/2 (HSTU.md; the mask itself holds n(n+1)/2), unrounded: n // 2 counted a
+    it is the convention's n^2/2 (docs/CONTRACTS.md; the mask itself holds n(n+1)/2), unrounded: n // 2 counted a
     length-1 sequence as no work and every odd length half a pair short.
     """
     lengths = (seq_offsets[1:] - seq_offsets[:-1]).tolist()

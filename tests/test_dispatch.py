@@ -86,6 +86,15 @@ def test_exact_bucket_choice_without_warnings(tmp_path):
     assert mid.backend == "triton"
 
 
+def test_a_fallback_warning_names_the_callers_line_not_dispatch_internals(tmp_path):
+    """The warning points at the line that asked for the kernel (here this test; in training the model's
+    layer): a fixed stack level named a line inside dispatch (``value = build(state)``)."""
+    dispatch.load(write_artifacts(tmp_path), gpu="h100")
+    with pytest.warns(dispatch.DispatchWarning, match="nearest tuned bucket") as got:
+        dispatch.select(FWD, "bfloat16", 64, 64, 4, 16000, "uniform")
+    assert [w.filename for w in got] == [__file__]
+
+
 def test_nearest_bucket_fallback_warns_once(tmp_path):
     dispatch.load(write_artifacts(tmp_path), gpu="h100")
     with pytest.warns(dispatch.DispatchWarning, match="nearest tuned bucket 4096"):

@@ -32,6 +32,7 @@ import json
 import math
 import numbers
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -179,14 +180,36 @@ class DispatchWarning(UserWarning):
     """A dispatch fell back (nearest bucket or heuristic default); the message says why."""
 
 
-def _warn_once(msg: str, key: str | None = None, stacklevel: int = 4) -> None:
+# A warning names the first frame outside these folders: this package, its kernels, and torch (autograd and
+# custom ops call the kernels' launchers on the user's behalf).
+_OWN_DIRS = tuple(
+    str(d) + os.sep
+    for d in (
+        Path(__file__).resolve().parents[1],
+        Path(__file__).resolve().parents[2] / "kernel_templates",
+        Path(torch.__file__).resolve().parent,
+    )
+)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside this package (the user's call, the model's layer), so a
+    warning points at the line that asked for the kernel, not at dispatch's internals (a fixed level named
+    ``value = build(state)`` or whichever helper the choice went through)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(_OWN_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level  # the outermost frame when every one is the package's (its own CLI)
+
+
+def _warn_once(msg: str, key: str | None = None) -> None:
     """Warn ``msg`` unless ``key`` (default: the message) was warned already in this process."""
     key = msg if key is None else key
     if key in _WARNED:
         return
     _WARNED.add(key)
     WARNINGS.append(msg)
-    warnings.warn(msg, DispatchWarning, stacklevel=stacklevel)
+    warnings.warn(msg, DispatchWarning, stacklevel=_caller_stacklevel())
 
 
 _CLEAR_HOOKS: list = []  # caches built on choices (the fused layer's plans)
@@ -311,7 +334,7 @@ def load(
         _STATE = state
         clear_cache()
     for note in dict.fromkeys(n for kind in kinds() for n in state.notes.get(kind, [])):
-        _warn_once(note, stacklevel=3)  # fwd and bwd usually share the note: said once
+        _warn_once(note)  # fwd and bwd usually share the note: said once
     return summary()
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.artifacts import interpreter_made  # noqa: F401 - re-exported: merge's check
 from autotune.runtime.buckets import DISTRIBUTIONS, neighbours
 from autotune.tuning.registry import backends_for
 from autotune.tuning.tasks import Task, family_key, split_heads

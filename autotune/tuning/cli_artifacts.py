@@ -23,12 +23,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     (``artifact_io.merge_entries``): refused unless ``--replace``."""
     from autotune import spec
     from autotune.runtime import artifacts as art
-    from autotune.tuning.artifact_io import (
-        EnvironmentMismatch,
-        environment_differences,
-        interpreter_made,
-        merge_entries,
-    )
+    from autotune.tuning.artifact_io import EnvironmentMismatch, environment_differences, merge_entries
 
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels' artifacts merge too
@@ -46,7 +41,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         contradiction = art.check_origin(a, None, a.gpu, None)[0]
         if contradiction:  # dispatch would reject the merged file, and every entry already in it
             raise CLIError(f"cannot merge {f}: {contradiction}")
-        if a.gpu.lower() in GPUS and interpreter_made(a.environment):
+        if a.gpu.lower() in GPUS and art.interpreter_made(a.environment):
             raise CLIError(
                 f"cannot merge {f} into {root / a.gpu}: it was made under the Triton interpreter / on a CPU "
                 f"(environment.gpu_name {a.environment.get('gpu_name')!r}); its timings say nothing about {a.gpu}"

@@ -556,3 +556,25 @@ def test_a_gradient_of_the_fused_layers_gradient_raises_instead_of_dropping_term
         torch.autograd.grad(gx.sum(), xg)
     (gw,) = torch.autograd.grad(fns[call](xg).sum(), params["ln1_w"], create_graph=True)
     assert gw.shape == params["ln1_w"].shape
+
+
+@pytest.mark.parametrize("hint", ["jagged", "sparse", "uniform", None])
+def test_a_pinned_hint_reaches_only_the_attention_kernels(monkeypatch, hint):
+    """The model's ``attention_hint`` is about the attention calls' lengths: the layer's token-wise ops (LayerNorms,
+    GEMMs, the residual projection) are chosen as without a hint, so a pinned "jagged" did not send them to entries
+    they were never tuned on (one fallback warning each)."""
+    from autotune.runtime import layer as layer_mod
+
+    asked: dict[str, str | None] = {}
+    select = dispatch.select
+
+    def spy(kind, dtype, dqk, dv, heads, max_seq_len, distribution=None, *args, **kw):
+        asked[kind] = distribution
+        return select(kind, dtype, dqk, dv, heads, max_seq_len, distribution, *args, **kw)
+
+    monkeypatch.setattr(dispatch, "select", spy)
+    monkeypatch.setattr(layer_mod, "_PLANS", {})
+    layer_mod.plan_layer(torch.float32, 2, 32, 64, 0.1, 1e-5, 0.0, "tuned", hint)
+    assert set(asked) == set(layer_mod.LAYER_KERNELS)
+    for kind, dist in asked.items():
+        assert dist == (hint if kind.startswith("hstu_attention") else None), kind

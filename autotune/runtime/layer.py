@@ -54,6 +54,11 @@ LAYER_KERNELS = (
     "linear_residual_bwd",
 )
 
+# The kernels a length-distribution hint is about. The other ops work token by token: their entries are chosen as
+# without a hint (uniform first), so a hint pinned to the attention's "jagged" entries did not send them to
+# entries they never had, with one fallback warning each.
+ATTENTION_KINDS = frozenset({"hstu_attention_fwd", "hstu_attention_bwd"})
+
 # The kernels' backward is first order: a gradient of the layer's gradients raises this instead of being zero.
 SECOND_ORDER = (
     "hstu_layer: the fused layer's gradients are not differentiable (no double backward); "
@@ -164,10 +169,9 @@ def plan_layer(
         def build(_state: object) -> LayerPlan:
             steps = []
             for kind in LAYER_KERNELS:
+                dist = distribution if kind in ATTENTION_KINDS else None
                 steps.append(
-                    _step_of(
-                        kind, dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, distribution, source)
-                    )
+                    _step_of(kind, dispatch.select(kind, dtype, head_dim, head_dim, heads, max_seq_len, dist, source))
                 )
             return LayerPlan(
                 dtype, heads, head_dim, max_seq_len, alpha, eps, dropout, *flags, tuple(steps), source, distribution

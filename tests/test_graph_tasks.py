@@ -512,3 +512,14 @@ def test_run_from_onnx_under_interpret_takes_the_dtype_from_model_takes(capsys, 
     assert "--interpret" in text and "float32" in text  # the note says why the file's dtype was not taken
     rc, text = _run(capsys, *argv, "--dry-run")
     assert rc == 0 and "bfloat16" in text and "float32" not in text, text
+
+
+def test_run_from_onnx_on_a_gpu_refuses_a_dtype_it_would_ignore(capsys, tmp_path):
+    """Without --interpret the file's ops are tuned in the dtype the file holds: a ``--dtype float16`` was dropped
+    without a word and the run tuned bfloat16. It is refused, naming the option; under --interpret it is taken."""
+    model = _onnx_file(tmp_path / "m.onnx", {**GOOD_ATTRS, "kernel_dtype": "bfloat16"})
+    argv = ["run", "--gpu", "h100", "--from-onnx", model, "--artifacts", str(tmp_path / "arts"), "--dry-run"]
+    rc, text = _run(capsys, *argv, "--dtype", "float16")
+    assert rc == 2 and "--dtype cannot be combined with --from-onnx" in text, text
+    rc, text = _run(capsys, *argv, "--dtype", "float16", "--interpret")
+    assert rc == 0 and "float16" in text, text

@@ -532,7 +532,8 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         choices=("bfloat16", "float16", "float32"),
-        help="default bfloat16; float32 with --interpret, where --from-model and --from-onnx tune in it too",
+        help="default bfloat16; float32 with --interpret, where --from-model and --from-onnx tune in it too "
+        "(--from-onnx without --interpret: the file's dtype, and --dtype is refused)",
     )
     p.add_argument(
         "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"

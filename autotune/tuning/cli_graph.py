@@ -260,6 +260,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
     """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
     refuse_grid_options(args, GRID_OPTIONS, "--from-model/--from-onnx", "the graph decides the tasks")
+    if args.from_onnx and not args.interpret:  # the file's ops carry their dtype; a --dtype was ignored unsaid
+        refuse_grid_options(
+            args, ("dtype",), "--from-onnx", "the file's ops are tuned in the dtype it holds (export it in another)"
+        )
     graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap, args.interpret)
     if not tasks:
         raise CLIError(f"no templated op found in {graph.source}")

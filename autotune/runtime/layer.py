@@ -38,7 +38,7 @@ import torch
 from autotune.runtime import dispatch, ops
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 from kernel_templates.hstu_attention.input_check import check_alpha, fit_grid, launch_lengths, validate_mode
-from kernel_templates.hstu_attention.op import MAX_SEQ_LEN_LIMIT, check_offsets_format, first_order_only
+from kernel_templates.hstu_attention.op import check_max_seq_len, check_offsets_format, first_order_only
 from kernel_templates.launch_checks import dense, dropout_p, finite_eps, seed_tensor, unit_columns
 
 LAYER_KERNELS = (
@@ -149,8 +149,7 @@ def plan_layer(
     alpha = float(alpha)
     # The attention launchers take the layer's lengths as validated (the public call's rule: an int32 position, a
     # divisor): a plan of 0 or of 2**31 and more would run with a zero or out-of-range divisor.
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or not 0 < max_seq_len < MAX_SEQ_LEN_LIMIT:
-        raise ValueError(f"max_seq_len must be a positive int below 2**31, got {max_seq_len!r}")
+    check_max_seq_len(max_seq_len, positive=True)
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} (the attention kernels'), got {head_dim!r}")
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:

@@ -26,6 +26,15 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def check_max_seq_len(max_seq_len: object, positive: bool = False) -> None:
+    """Raise ``ValueError`` naming ``max_seq_len`` unless it is an int below 2**31 (an int32 position), and above 0
+    where ``positive``: the fused layer always divides by it, the public call only without a ``scaling_seqlen``."""
+    low = 1 if positive else 0
+    if not _is_int(max_seq_len) or not low <= max_seq_len < MAX_SEQ_LEN_LIMIT:
+        what = "a positive int below 2**31" if positive else "an int in [0, 2**31)"
+        raise ValueError(f"max_seq_len must be {what}, got {max_seq_len!r}")
+
+
 def check_mask_lengths(contextual_seq_len: object, max_attn_len: object) -> None:
     """Raise ``ValueError`` naming ``contextual_seq_len`` or ``max_attn_len`` unless each is a non-negative int
     below 2**31: the kernels take them as int32 (a larger context or window would wrap to a negative one). The
@@ -135,8 +144,7 @@ def validate_hstu_inputs(
     )
     if len(devices) != 1:
         raise ValueError(f"q, k, v, seq_offsets and num_targets must be on one device, got {sorted(devices)}")
-    if not _is_int(max_seq_len) or not 0 <= max_seq_len < MAX_SEQ_LEN_LIMIT:
-        raise ValueError(f"max_seq_len must be an int in [0, 2**31), got {max_seq_len!r}")
+    check_max_seq_len(max_seq_len)
     batch = seq_offsets.numel() - 1
     if num_targets is not None:
         if num_targets.dim() != 1 or num_targets.numel() != batch:

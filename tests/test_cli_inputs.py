@@ -136,3 +136,30 @@ def test_merge_refuses_a_folder(capsys, tmp_path):
 def test_a_kernel_list_naming_nothing_or_an_unknown_kernel(capsys, argv, message):
     rc, text = _run(capsys, *argv)
     assert rc == 2 and message in text and len(text.strip().splitlines()) == 1, text
+
+
+def test_a_farm_run_opens_its_storage_once_at_start_up(capsys, tmp_path, monkeypatch):
+    """The CLI opens ``--storage postgresql://...`` before its banner (to name a bad URL first); the farm then read
+    its progress through a second connection of its own. It now takes the one the CLI opened."""
+    from autotune.tuning import farm, farm_storage
+
+    opened: list[str] = []
+    storage = object()
+
+    def plain(url, create=False):
+        opened.append(url)
+        return storage
+
+    seen: dict = {}
+
+    def fake_farm(tasks, opts, url, workers, budget_s, fopts, tick):
+        seen["reader"] = farm.plain_storage  # the module's name, to prove it was not called again
+        return []
+
+    monkeypatch.setattr(farm_storage, "plain_storage", plain)
+    monkeypatch.setattr(farm, "plain_storage", plain)
+    monkeypatch.setattr(farm, "run_farm", fake_farm)
+    url = "postgresql://tuner@localhost:1/farm"
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", url, "--workers", "1")
+    assert rc == 0 and seen, text
+    assert opened == [url]

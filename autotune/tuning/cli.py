@@ -302,7 +302,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         compare_max_rounds=args.compare_max_rounds,
         warm_starts=args.warm_starts,
     )
-    _check_storage(args)
+    opened = _check_storage(args)
     mode = " [yellow](Triton interpreter: timings are meaningless)[/]" if args.interpret else ""
     console.print(
         f"Tuning {len(tasks)} tasks on [bold]{gpu}[/], {args.trials} trials each, sampler {args.sampler}, "
@@ -313,7 +313,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if is_farm_url(args.storage):
         try:
-            results = run_farm_cli(console, tasks, opts, args.storage, args.workers, budget)
+            results = run_farm_cli(console, tasks, opts, args.storage, args.workers, budget, reader=opened)
         except FarmError as e:
             raise CLIError(str(e)) from None
     else:
@@ -322,20 +322,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _report_run(console, results, args, gpu)
 
 
-def _check_storage(args: argparse.Namespace) -> None:
+def _check_storage(args: argparse.Namespace) -> Any:
     """Open an RDB ``--storage`` before the run says anything: a wrong or unreachable URL is one error naming
-    the option (password masked), not a banner and then the error, nor a failure inside the first task."""
+    the option (password masked), not a banner and then the error, nor a failure inside the first task. Returns
+    the opened storage (None for a journal file), which a farm run reads its progress through."""
     from autotune.tuning.farm_storage import FarmError, FarmOptions, check_farm_call, is_farm_url, plain_storage
 
     if args.workers is not None and (args.workers < 1 or not is_farm_url(args.storage)):
         raise CLIError("--workers N needs N >= 1 and --storage postgresql://... (scripts/pg_local.sh start DIR)")
     if not args.storage or "://" not in args.storage:  # a journal file (or the default one)
-        return
+        return None
     try:
         if is_farm_url(args.storage):  # the farm's own checks first: they need no server
             check_farm_call(args.storage, args.workers)
             FarmOptions.from_env()
-        plain_storage(args.storage)  # a farm's PostgreSQL or another RDB (sqlite, ...)
+        return plain_storage(args.storage)  # a farm's PostgreSQL or another RDB (sqlite, ...)
     except FarmError as e:
         raise CLIError(str(e)) from None
 

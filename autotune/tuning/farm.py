@@ -711,10 +711,17 @@ def merge_farm(storage: Any, name: str, opts: TuneOptions) -> int:
 
 
 def run_farm_cli(
-    console: Any, tasks: list[Task], opts: TuneOptions, url: str, workers: int | None, budget_s: float | None
+    console: Any,
+    tasks: list[Task],
+    opts: TuneOptions,
+    url: str,
+    workers: int | None,
+    budget_s: float | None,
+    reader: Any = None,
 ) -> list[TaskResult]:
     """``autotune run`` in farm mode: ``run_farm`` with the farm's status table redrawn while it runs
-    (a line per change of the counts when the output is not a terminal)."""
+    (a line per change of the counts when the output is not a terminal). ``reader``: ``url``'s storage where the
+    caller has opened it already (the CLI does, to name a bad URL before any output)."""
     from autotune.tuning import farm_status
 
     fopts = FarmOptions.from_env()
@@ -722,7 +729,8 @@ def run_farm_cli(
     n = workers or max(1, len(gpu_ids))
     if gpu_ids and n > len(gpu_ids):
         console.print(f"[yellow]{n} workers share {len(gpu_ids)} GPU(s): their timings disturb each other[/]")
-    reader = plain_storage(url)  # before the banner: an unreachable storage is the one thing said
+    if reader is None:
+        reader = plain_storage(url)  # before the banner: an unreachable storage is the one thing said
     console.print(
         f"Farm on {_safe(url)}: {n} worker(s) on this host; other hosts join with the same command. "
         f"Progress: autotune status --storage '{_safe(url)}' --watch"

@@ -537,6 +537,11 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or default_dtype(device))
     check_kernels(cfg, torch.device(device))
+    if cfg.kernels != "tuned":  # only --kernels tuned loads artifacts: with others both were ignored without a word
+        given = [o for o, v in (("--artifacts", args.artifacts), ("--allow-same-arch", args.allow_same_arch)) if v]
+        if given:
+            raise ValueError(f"{given[0]} picks the tuned artifacts, which only --kernels tuned loads "
+                             f"(kernels is {cfg.kernels!r}): pass --kernels tuned too")  # fmt: skip
     if args.artifacts is not None and not Path(args.artifacts).is_dir():  # else every kernel fell back, warned
         raise ValueError(f"--artifacts {args.artifacts}: no such folder (an artifacts root: <gpu>/<kernel>.json)")
     from autotune.runtime.gpus import GPUS

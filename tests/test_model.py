@@ -231,6 +231,20 @@ def test_a_missing_artifacts_folder_or_unknown_gpu_is_named_before_training(argv
     assert e.value.code == 2 and f"error: {named}" in err, err
 
 
+@pytest.mark.parametrize("argv", [["--artifacts", "."], ["--allow-same-arch"]])
+@pytest.mark.parametrize("kernels", ["reference", "default"])
+def test_tuned_artifact_options_need_kernels_tuned(argv, kernels, capsys, monkeypatch, tmp_path):
+    """Only --kernels tuned loads artifacts: with other kernels an existing --artifacts folder and --allow-same-arch
+    were accepted and ignored (the run used no artifact, without a word). A usage error naming the option."""
+    monkeypatch.setattr("models.train.build", lambda *a: pytest.fail("the model was built before the checks"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    argv = [str(tmp_path) if a == "." else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--kernels", kernels, "--device", "cpu", "--steps", "1", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {argv[0]}" in err and "--kernels tuned" in err, err
+
+
 def test_every_set_option_applies(tmp_path):
     """``--set`` given twice keeps both (argparse's plain ``nargs`` kept only the last one, silently)."""
     out = tmp_path / "m.json"

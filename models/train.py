@@ -238,7 +238,8 @@ def _prepare(
         torch.cuda.set_device(device)
     dtype = dtype or default_dtype(device)
     check_precision(cfg, dtype)
-    gpu_name = gpu or detect_gpu_name(device)
+    # The registry key, as autotune.load reads it: "H100" loaded h100's artifacts but found no peak (MFU None).
+    gpu_name = (gpu.strip().lower() if isinstance(gpu, str) else gpu) or detect_gpu_name(device)
     dispatch_summary = None
     if cfg.kernels == "tuned":
         import autotune

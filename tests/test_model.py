@@ -245,6 +245,13 @@ def test_tuned_artifact_options_need_kernels_tuned(argv, kernels, capsys, monkey
     assert e.value.code == 2 and f"error: {argv[0]}" in err and "--kernels tuned" in err, err
 
 
+def test_gpu_key_in_capitals_reports_mfu():
+    """``--gpu H100`` passed the CLI's check and loaded h100's artifacts, but the report looked the peak up as "H100":
+    no peak and no MFU (``n/a``), as on an unknown GPU. The key is the registry's, in any case."""
+    result = run(get_config("tiny", kernels="reference"), steps=1, warmup=0, gpu="H100", progress=False)
+    assert result["gpu"] == "h100" and result["peak_tflops"] == 989.0 and result["mfu"] is not None
+
+
 def test_every_set_option_applies(tmp_path):
     """``--set`` given twice keeps both (argparse's plain ``nargs`` kept only the last one, silently)."""
     out = tmp_path / "m.json"

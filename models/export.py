@@ -123,7 +123,8 @@ def _exported_layer(cfg: ModelConfig) -> tuple[ModelConfig, str | None]:
     ``hstu.JaggedAttention``. ``cuda_graph`` replays training steps, not part of the function either. A note
     says so when it differs.
     """
-    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none", "zero_copy": True, "cuda_graph": False}
+    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none", "zero_copy": True, "du_silu": True,
+              "cuda_graph": False}  # fmt: skip
     changed = {k: getattr(cfg, k) for k, v in wanted.items() if getattr(cfg, k) != v}
     if not changed:
         return cfg, None

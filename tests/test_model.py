@@ -155,6 +155,8 @@ def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch, de
         ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
         ("tiny", {"length_dist": "file", "lengths_file": 123}, "lengths_file must be a path string"),
         ("tiny", {"zero_copy": False}, "zero_copy=False .* needs layer='fused'"),
+        # du_silu=False on the unfused layer was accepted and ignored (the unfused layer has no SiLU' pass to move)
+        ("tiny", {"du_silu": False}, "du_silu=False .* needs layer='fused'"),
         ("tiny", {"cuda_graph": True, "kernels": "reference"}, "cuda_graph .* kernels must be 'default' or 'tuned'"),
     ],
 )

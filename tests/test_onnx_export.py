@@ -108,10 +108,12 @@ def test_every_valid_training_config_exports_through_the_cli(tmp_path, capsys):
 
     from models.config import LAYER_IMPLS, PRECISIONS, RECOMPUTE
 
-    combos = itertools.product(LAYER_IMPLS, PRECISIONS, RECOMPUTE, (True, False), (True, False), ("default", "tuned"))
+    flags = ((True, False),) * 3  # zero_copy, cuda_graph, du_silu (a fused-layer-only False, as zero_copy's)
+    combos = itertools.product(LAYER_IMPLS, PRECISIONS, RECOMPUTE, *flags, ("default", "tuned"))
     valid = 0
-    for layer, precision, recompute, zero_copy, cuda_graph, kernels in combos:
-        over = dict(layer=layer, precision=precision, recompute=recompute, zero_copy=zero_copy, cuda_graph=cuda_graph)
+    for layer, precision, recompute, zero_copy, cuda_graph, du_silu, kernels in combos:
+        over = dict(layer=layer, precision=precision, recompute=recompute, zero_copy=zero_copy, cuda_graph=cuda_graph,
+                    du_silu=du_silu)  # fmt: skip
         try:
             cfg = export.resolve_config("tiny", {**over, "kernels": kernels})
         except export.ExportError:

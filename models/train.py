@@ -165,6 +165,8 @@ def run(
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig (models.config.get_config), got {type(cfg).__name__}")
     cfg.validate()  # a config built without replace/get_config: its bad field named, not a later symptom
+    if cfg.graph_tokens and not cfg.cuda_graph:  # as the CLI says it: else the steps ran eagerly, padding unused
+        raise ValueError("graph_tokens pads the batches of cuda_graph steps: set cuda_graph=True too")
     if dtype not in (None, "bf16", "fp32"):  # else found by autocast_context after the model was built
         raise ValueError(f"dtype must be 'bf16', 'fp32' or None, got {dtype!r}")
     if not isinstance(device, (str, torch.device)):

@@ -318,7 +318,9 @@ def test_a_sequence_above_max_seq_len_is_named_before_the_position_table(precisi
      ({"dtype": "fp16"}, "dtype must be 'bf16', 'fp32' or None, got 'fp16'"),
      ({"device": None}, "device must be a str or torch.device"),
      ({"cfg": "tiny"}, "cfg must be a ModelConfig"),
-     ({"cfg": ModelConfig(num_layers=0)}, "num_layers must be a positive int, got 0")],
+     ({"cfg": ModelConfig(num_layers=0)}, "num_layers must be a positive int, got 0"),
+     # graph_tokens without cuda_graph: the CLI refused it, run() took eager steps without a word
+     ({"cfg": get_config("tiny", kernels="reference", graph_tokens=16)}, "graph_tokens pads the batches")],
 )  # fmt: skip
 def test_run_checks_its_arguments_before_set_up(kw, match, monkeypatch):
     """A float step count failed in ``range`` after the model was built, a meta device inside autocast, a bad

@@ -448,6 +448,8 @@ def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
         ({"alpha": float("nan")}, "alpha must be finite"),
         ({"alpha": float("inf")}, "alpha must be finite"),
         ({"alpha": "0.1"}, "alpha must be a number"),
+        # None was refused with "alpha must be a number or None": the plan has no default alpha
+        ({"alpha": None}, r"alpha must be a number, got None \(only hstu_attention defaults it"),
         ({"head_dim": 32.0}, "head_dim must be one of"),
         ({"max_seq_len": 0}, "max_seq_len must be a positive int below 2"),
         ({"max_seq_len": 2**31}, "max_seq_len must be a positive int below 2"),

@@ -165,6 +165,17 @@ def test_bad_configs_raise_clear_errors(preset, overrides, match):
         get_config(preset, **overrides)
 
 
+@pytest.mark.parametrize("over", [{"precision": "bf16"}, {"recompute": "pre"}, {"du_silu": False}, {"dropout": 1.5}])
+def test_a_layer_of_an_unvalidated_config_names_the_field(over):
+    """``HSTULayer`` is public (``models.HSTULayer``): built from a ``ModelConfig(...)`` that never went through
+    ``validate``, fused-layer options on the unfused layer ran as if unset, and a bad dropout failed only in the
+    first forward. It validates its config as ``HSTURankingModel`` does."""
+    from models.hstu import HSTULayer
+
+    with pytest.raises(ValueError, match=next(iter(over))):
+        HSTULayer(ModelConfig(**over))
+
+
 def test_presets_and_flop_accounting():
     for name in PRESETS:
         get_config(name).validate()

@@ -497,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and not writable_file_path(Path(args.json)):  # checked before the export, not after it
             why = "a directory, not a file path" if Path(args.json).is_dir() else "not a writable file path"
             raise ExportError(f"--json {args.json}: {why}")
+        out_files = {Path(args.out).resolve(), Path(args.out + ".data").resolve()}  # the model and its weights
+        if args.json and Path(args.json).resolve() in out_files:  # else the summary replaced the checked model
+            raise ExportError(f"--json {args.json}: the file --out {args.out} writes; name another file")
         if args.check_batches < 0:
             raise ExportError(f"--check-batches {args.check_batches}: must be >= 0 (0 skips the check)")
         if args.artifacts is not None and args.gpu is None:  # else ignored: every node would record the defaults

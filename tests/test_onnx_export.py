@@ -139,6 +139,19 @@ def test_an_unwritable_json_path_is_refused_before_the_export(tmp_path, capsys):
     assert not (tmp_path / "m.onnx").exists()
 
 
+@pytest.mark.parametrize("json_name", ["m.onnx", "m.onnx.data", "./sub/../m.onnx"])
+def test_a_json_path_onto_the_exported_files_is_refused(tmp_path, capsys, monkeypatch, json_name):
+    """``--json`` naming the ``--out`` file (or its external-data file) wrote the summary over the checked model
+    after "onnx.checker full check passed", exit 0: the ONNX file was gone without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    argv = ["--preset", "tiny", "--out", "m.onnx", "--json", json_name, "--check-batches", "0"]
+    assert export.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "models.export: error: --json" in err and "--out" in err, err
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):
     """The file's IR version is what its content needs, not the installed onnx package's newest.
 

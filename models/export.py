@@ -500,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
         out_files = {Path(args.out).resolve(), Path(args.out + ".data").resolve()}  # the model and its weights
         if args.json and Path(args.json).resolve() in out_files:  # else the summary replaced the checked model
             raise ExportError(f"--json {args.json}: the file --out {args.out} writes; name another file")
+        written = out_files | ({Path(args.json).resolve()} if args.json else set())
+        if args.weights and Path(args.weights).resolve() in written:  # else the weights it read were overwritten
+            raise ExportError(f"--weights {args.weights}: a file this export writes (--out or --json) would replace it")
         if args.check_batches < 0:
             raise ExportError(f"--check-batches {args.check_batches}: must be >= 0 (0 skips the check)")
         if args.artifacts is not None and args.gpu is None:  # else ignored: every node would record the defaults

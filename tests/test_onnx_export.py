@@ -152,6 +152,21 @@ def test_a_json_path_onto_the_exported_files_is_refused(tmp_path, capsys, monkey
     assert not (tmp_path / "m.onnx").exists()
 
 
+@pytest.mark.parametrize("argv", [["--out", "w.pt"], ["--out", "m.onnx", "--json", "w.pt"]])
+def test_an_output_onto_the_weights_file_is_refused(tmp_path, capsys, monkeypatch, argv):
+    """``--out`` or ``--json`` naming the ``--weights`` file wrote the model or the summary over the trained weights
+    it had just read: they were lost, exit 0."""
+    from models.config import get_config
+    from models.hstu import HSTURankingModel
+
+    monkeypatch.chdir(tmp_path)
+    torch.save(HSTURankingModel(get_config("tiny")).state_dict(), "w.pt")
+    before = (tmp_path / "w.pt").read_bytes()
+    assert export.main(["--preset", "tiny", "--weights", "w.pt", "--check-batches", "0", *argv]) == 2
+    assert "models.export: error: --weights" in capsys.readouterr().err
+    assert (tmp_path / "w.pt").read_bytes() == before
+
+
 def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):
     """The file's IR version is what its content needs, not the installed onnx package's newest.
 

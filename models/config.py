@@ -206,6 +206,9 @@ class ModelConfig:
                              "(the reference attention reads the offsets on the host)")  # fmt: skip
         if self.layer == "unfused" and not self.zero_copy:
             raise ValueError("zero_copy=False copies the fused layer's q/k/v/u: it needs layer='fused'")
+        if self.layer == "unfused" and not self.du_silu:  # else accepted and ignored: nothing to move
+            raise ValueError("du_silu=False moves u's SiLU' back to the fused layer's projection pass: it needs "
+                             "layer='fused'")  # fmt: skip
         if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:
             raise ValueError(f"graph_tokens must be an int >= 0 (0: max_seq_len), got {self.graph_tokens!r}")
         if self.attention_hint not in ATTENTION_HINTS:

@@ -123,7 +123,8 @@ def _exported_layer(cfg: ModelConfig) -> tuple[ModelConfig, str | None]:
     ``hstu.JaggedAttention``. ``cuda_graph`` replays training steps, not part of the function either. A note
     says so when it differs.
     """
-    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none", "zero_copy": True, "cuda_graph": False}
+    wanted = {"layer": "unfused", "precision": "autocast", "recompute": "none", "zero_copy": True, "du_silu": True,
+              "cuda_graph": False}  # fmt: skip
     changed = {k: getattr(cfg, k) for k, v in wanted.items() if getattr(cfg, k) != v}
     if not changed:
         return cfg, None
@@ -496,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.json and not writable_file_path(Path(args.json)):  # checked before the export, not after it
             why = "a directory, not a file path" if Path(args.json).is_dir() else "not a writable file path"
             raise ExportError(f"--json {args.json}: {why}")
+        out_files = {Path(args.out).resolve(), Path(args.out + ".data").resolve()}  # the model and its weights
+        if args.json and Path(args.json).resolve() in out_files:  # else the summary replaced the checked model
+            raise ExportError(f"--json {args.json}: the file --out {args.out} writes; name another file")
+        written = out_files | ({Path(args.json).resolve()} if args.json else set())
+        if args.weights and Path(args.weights).resolve() in written:  # else the weights it read were overwritten
+            raise ExportError(f"--weights {args.weights}: a file this export writes (--out or --json) would replace it")
         if args.check_batches < 0:
             raise ExportError(f"--check-batches {args.check_batches}: must be >= 0 (0 skips the check)")
         if args.artifacts is not None and args.gpu is None:  # else ignored: every node would record the defaults

@@ -77,6 +77,9 @@ class HSTULayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        # As HSTURankingModel does: a config built directly (no replace/get_config) with, say, precision='bf16' or
+        # recompute on the unfused layer ran that layer as if they were not set.
+        cfg.validate()
         self.cfg = cfg
         h, d = cfg.num_heads, cfg.head_dim
         self.input_norm = nn.LayerNorm(cfg.hidden_dim, eps=cfg.eps)

@@ -165,6 +165,8 @@ def run(
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig (models.config.get_config), got {type(cfg).__name__}")
     cfg.validate()  # a config built without replace/get_config: its bad field named, not a later symptom
+    if cfg.graph_tokens and not cfg.cuda_graph:  # as the CLI says it: else the steps ran eagerly, padding unused
+        raise ValueError("graph_tokens pads the batches of cuda_graph steps: set cuda_graph=True too")
     if dtype not in (None, "bf16", "fp32"):  # else found by autocast_context after the model was built
         raise ValueError(f"dtype must be 'bf16', 'fp32' or None, got {dtype!r}")
     if not isinstance(device, (str, torch.device)):
@@ -238,7 +240,8 @@ def _prepare(
         torch.cuda.set_device(device)
     dtype = dtype or default_dtype(device)
     check_precision(cfg, dtype)
-    gpu_name = gpu or detect_gpu_name(device)
+    # The registry key, as autotune.load reads it: "H100" loaded h100's artifacts but found no peak (MFU None).
+    gpu_name = (gpu.strip().lower() if isinstance(gpu, str) else gpu) or detect_gpu_name(device)
     dispatch_summary = None
     if cfg.kernels == "tuned":
         import autotune
@@ -537,6 +540,11 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         raise ValueError("--graph-tokens (graph_tokens) pads the batches of --cuda-graph steps: pass --cuda-graph too")
     check_precision(cfg, args.dtype or default_dtype(device))
     check_kernels(cfg, torch.device(device))
+    if cfg.kernels != "tuned":  # only --kernels tuned loads artifacts: with others both were ignored without a word
+        given = [o for o, v in (("--artifacts", args.artifacts), ("--allow-same-arch", args.allow_same_arch)) if v]
+        if given:
+            raise ValueError(f"{given[0]} picks the tuned artifacts, which only --kernels tuned loads "
+                             f"(kernels is {cfg.kernels!r}): pass --kernels tuned too")  # fmt: skip
     if args.artifacts is not None and not Path(args.artifacts).is_dir():  # else every kernel fell back, warned
         raise ValueError(f"--artifacts {args.artifacts}: no such folder (an artifacts root: <gpu>/<kernel>.json)")
     from autotune.runtime.gpus import GPUS

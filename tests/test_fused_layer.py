@@ -102,6 +102,30 @@ def test_recompute_gives_identical_gradients(device, recompute):
         assert torch.equal(grads[name], g), f"d{name} differs with recompute={recompute}"
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_fused_layer_under_activation_checkpointing(device, reentrant):
+    """``torch.utils.checkpoint`` (non-reentrant, torch's recommended mode) lets a backward unpack each saved tensor
+    once; the layer's backward read ``ctx.saved_tensors`` twice and failed with a CheckpointError. Checkpointed, the
+    layer gives the plain call's output and gradients (the dropout mask too: the RNG state is replayed)."""
+    from torch.utils.checkpoint import checkpoint
+
+    cfg = get_config("tiny", dropout=0.2, max_seq_len=32, layer="fused")
+    x, off, dout = _batch(device, cfg.hidden_dim, seed=4)
+    out, grads, sd = _run(cfg, x, off, dout, device, seed=3)
+    torch.manual_seed(0)
+    layer = HSTULayer(cfg).to(device)
+    layer.load_state_dict(sd)
+    torch.manual_seed(3)
+    xg = x.clone().requires_grad_(True)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+        out2 = checkpoint(layer, xg, off, use_reentrant=reentrant)
+    out2.float().backward(dout.float())
+    grads2 = {"x": xg.grad, **{n: p.grad for n, p in layer.named_parameters()}}
+    _close(out2.detach().float(), out, "out", device)
+    for name, g in grads.items():
+        _close(grads2[name], g, f"d{name}", device)
+
+
 def test_zero_copy_views_match_copies(device):
     cfg = get_config("tiny", dropout=0.0, max_seq_len=32, layer="fused")
     x, off, dout = _batch(device, cfg.hidden_dim, seed=2)
@@ -448,6 +472,8 @@ def test_fused_layer_names_a_parameter_of_the_wrong_shape(device):
         ({"alpha": float("nan")}, "alpha must be finite"),
         ({"alpha": float("inf")}, "alpha must be finite"),
         ({"alpha": "0.1"}, "alpha must be a number"),
+        # None was refused with "alpha must be a number or None": the plan has no default alpha
+        ({"alpha": None}, r"alpha must be a number, got None \(only hstu_attention defaults it"),
         ({"head_dim": 32.0}, "head_dim must be one of"),
         ({"max_seq_len": 0}, "max_seq_len must be a positive int below 2"),
         ({"max_seq_len": 2**31}, "max_seq_len must be a positive int below 2"),

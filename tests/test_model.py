@@ -155,12 +155,25 @@ def test_tuned_default_artifacts_are_the_packaged_ones(tmp_path, monkeypatch, de
         ("tiny", {"num_actions": 5.5}, "num_actions must be an int >= 5"),
         ("tiny", {"length_dist": "file", "lengths_file": 123}, "lengths_file must be a path string"),
         ("tiny", {"zero_copy": False}, "zero_copy=False .* needs layer='fused'"),
+        # du_silu=False on the unfused layer was accepted and ignored (the unfused layer has no SiLU' pass to move)
+        ("tiny", {"du_silu": False}, "du_silu=False .* needs layer='fused'"),
         ("tiny", {"cuda_graph": True, "kernels": "reference"}, "cuda_graph .* kernels must be 'default' or 'tuned'"),
     ],
 )
 def test_bad_configs_raise_clear_errors(preset, overrides, match):
     with pytest.raises(ValueError, match=match):
         get_config(preset, **overrides)
+
+
+@pytest.mark.parametrize("over", [{"precision": "bf16"}, {"recompute": "pre"}, {"du_silu": False}, {"dropout": 1.5}])
+def test_a_layer_of_an_unvalidated_config_names_the_field(over):
+    """``HSTULayer`` is public (``models.HSTULayer``): built from a ``ModelConfig(...)`` that never went through
+    ``validate``, fused-layer options on the unfused layer ran as if unset, and a bad dropout failed only in the
+    first forward. It validates its config as ``HSTURankingModel`` does."""
+    from models.hstu import HSTULayer
+
+    with pytest.raises(ValueError, match=next(iter(over))):
+        HSTULayer(ModelConfig(**over))
 
 
 def test_presets_and_flop_accounting():
@@ -231,6 +244,27 @@ def test_a_missing_artifacts_folder_or_unknown_gpu_is_named_before_training(argv
     assert e.value.code == 2 and f"error: {named}" in err, err
 
 
+@pytest.mark.parametrize("argv", [["--artifacts", "."], ["--allow-same-arch"]])
+@pytest.mark.parametrize("kernels", ["reference", "default"])
+def test_tuned_artifact_options_need_kernels_tuned(argv, kernels, capsys, monkeypatch, tmp_path):
+    """Only --kernels tuned loads artifacts: with other kernels an existing --artifacts folder and --allow-same-arch
+    were accepted and ignored (the run used no artifact, without a word). A usage error naming the option."""
+    monkeypatch.setattr("models.train.build", lambda *a: pytest.fail("the model was built before the checks"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    argv = [str(tmp_path) if a == "." else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "tiny", "--kernels", kernels, "--device", "cpu", "--steps", "1", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {argv[0]}" in err and "--kernels tuned" in err, err
+
+
+def test_gpu_key_in_capitals_reports_mfu():
+    """``--gpu H100`` passed the CLI's check and loaded h100's artifacts, but the report looked the peak up as "H100":
+    no peak and no MFU (``n/a``), as on an unknown GPU. The key is the registry's, in any case."""
+    result = run(get_config("tiny", kernels="reference"), steps=1, warmup=0, gpu="H100", progress=False)
+    assert result["gpu"] == "h100" and result["peak_tflops"] == 989.0 and result["mfu"] is not None
+
+
 def test_every_set_option_applies(tmp_path):
     """``--set`` given twice keeps both (argparse's plain ``nargs`` kept only the last one, silently)."""
     out = tmp_path / "m.json"
@@ -295,7 +329,9 @@ def test_a_sequence_above_max_seq_len_is_named_before_the_position_table(precisi
      ({"dtype": "fp16"}, "dtype must be 'bf16', 'fp32' or None, got 'fp16'"),
      ({"device": None}, "device must be a str or torch.device"),
      ({"cfg": "tiny"}, "cfg must be a ModelConfig"),
-     ({"cfg": ModelConfig(num_layers=0)}, "num_layers must be a positive int, got 0")],
+     ({"cfg": ModelConfig(num_layers=0)}, "num_layers must be a positive int, got 0"),
+     # graph_tokens without cuda_graph: the CLI refused it, run() took eager steps without a word
+     ({"cfg": get_config("tiny", kernels="reference", graph_tokens=16)}, "graph_tokens pads the batches")],
 )  # fmt: skip
 def test_run_checks_its_arguments_before_set_up(kw, match, monkeypatch):
     """A float step count failed in ``range`` after the model was built, a meta device inside autocast, a bad

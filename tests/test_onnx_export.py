@@ -108,10 +108,12 @@ def test_every_valid_training_config_exports_through_the_cli(tmp_path, capsys):
 
     from models.config import LAYER_IMPLS, PRECISIONS, RECOMPUTE
 
-    combos = itertools.product(LAYER_IMPLS, PRECISIONS, RECOMPUTE, (True, False), (True, False), ("default", "tuned"))
+    flags = ((True, False),) * 3  # zero_copy, cuda_graph, du_silu (a fused-layer-only False, as zero_copy's)
+    combos = itertools.product(LAYER_IMPLS, PRECISIONS, RECOMPUTE, *flags, ("default", "tuned"))
     valid = 0
-    for layer, precision, recompute, zero_copy, cuda_graph, kernels in combos:
-        over = dict(layer=layer, precision=precision, recompute=recompute, zero_copy=zero_copy, cuda_graph=cuda_graph)
+    for layer, precision, recompute, zero_copy, cuda_graph, du_silu, kernels in combos:
+        over = dict(layer=layer, precision=precision, recompute=recompute, zero_copy=zero_copy, cuda_graph=cuda_graph,
+                    du_silu=du_silu)  # fmt: skip
         try:
             cfg = export.resolve_config("tiny", {**over, "kernels": kernels})
         except export.ExportError:
@@ -135,6 +137,34 @@ def test_an_unwritable_json_path_is_refused_before_the_export(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "models.export: error: --json" in err and "not a writable file path" in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("json_name", ["m.onnx", "m.onnx.data", "./sub/../m.onnx"])
+def test_a_json_path_onto_the_exported_files_is_refused(tmp_path, capsys, monkeypatch, json_name):
+    """``--json`` naming the ``--out`` file (or its external-data file) wrote the summary over the checked model
+    after "onnx.checker full check passed", exit 0: the ONNX file was gone without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    argv = ["--preset", "tiny", "--out", "m.onnx", "--json", json_name, "--check-batches", "0"]
+    assert export.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "models.export: error: --json" in err and "--out" in err, err
+    assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("argv", [["--out", "w.pt"], ["--out", "m.onnx", "--json", "w.pt"]])
+def test_an_output_onto_the_weights_file_is_refused(tmp_path, capsys, monkeypatch, argv):
+    """``--out`` or ``--json`` naming the ``--weights`` file wrote the model or the summary over the trained weights
+    it had just read: they were lost, exit 0."""
+    from models.config import get_config
+    from models.hstu import HSTURankingModel
+
+    monkeypatch.chdir(tmp_path)
+    torch.save(HSTURankingModel(get_config("tiny")).state_dict(), "w.pt")
+    before = (tmp_path / "w.pt").read_bytes()
+    assert export.main(["--preset", "tiny", "--weights", "w.pt", "--check-batches", "0", *argv]) == 2
+    assert "models.export: error: --weights" in capsys.readouterr().err
+    assert (tmp_path / "w.pt").read_bytes() == before
 
 
 def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):

@@ -44,6 +44,9 @@ def _call(**over):
         (dict(max_attn_len=-2), "max_attn_len"),
         (dict(scaling_seqlen=0), "scaling_seqlen"),
         (dict(fwd_config=HSTUBwdConfig()), "fwd_config must be an HSTUFwdConfig"),
+        # falsy non-configs ran the heuristic default without a word (``config or default``)
+        (dict(fwd_config={}), "fwd_config must be an HSTUFwdConfig, got dict"),
+        (dict(bwd_config=0), "bwd_config must be an HSTUBwdConfig, got int"),
     ],
 )
 def test_bad_input_names_the_argument(over, match):

@@ -290,8 +290,9 @@ class HSTULayerFunction(torch.autograd.Function):
     def _backward(ctx, dout):
         plan: LayerPlan = ctx.plan
         cfg = plan.step
+        saved = ctx.saved_tensors  # read once: torch.utils.checkpoint unpacks each saved tensor only once
         (x, xn, mean1, rstd1, uvqk, pre, attn2, y, mean2, rstd2,
-         ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, seq_offsets, seed) = ctx.saved_tensors  # fmt: skip
+         ln1_w, ln1_b, w_uvqk, b_uvqk, ln2_w, ln2_b, w_o, seq_offsets, seed) = saved  # fmt: skip
         dout = dout.contiguous()
         dout_c = dout.to(plan.dtype)
         # Output projection (dy, dW_o); the residual's gradient is dout itself. Work the step leaves on another
@@ -342,7 +343,7 @@ class HSTULayerFunction(torch.autograd.Function):
             for event in pending:
                 event.wait()  # the caller's stream waits: dW_o is complete before autograd reads it
         grads = (dx, dw1, db1, dw_uvqk, db_uvqk, dw2, db2, dw_o, db_o)
-        inputs = (dout, *ctx.saved_tensors)
+        inputs = (dout, *saved)
         return *first_order_only(grads, inputs, SECOND_ORDER), None, None, None
 
 

@@ -130,6 +130,8 @@ def check_alpha(alpha: object) -> None:
             raise ValueError(f"alpha must be a number or a one-element real tensor, got {alpha!r}")
         if alpha.requires_grad:
             raise ValueError("alpha must not require grad: the kernels take it as a constant (no gradient reaches it)")
+    elif alpha is None:  # hstu_attention defaults None before checking; the plan and the launchers have no default
+        raise ValueError("alpha must be a number, got None (only hstu_attention defaults it to 1/sqrt(Dqk))")
     elif isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise ValueError(f"alpha must be a number or None (1/sqrt(Dqk)), got {alpha!r}")
     if not math.isfinite(float(alpha)):

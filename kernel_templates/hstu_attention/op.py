@@ -286,8 +286,10 @@ def hstu_attention(
     if alpha is None:
         alpha = 1.0 / math.sqrt(q.shape[2])
     interp = _interpreting()
-    fwd_config = fwd_config or default_fwd_config(q.shape[2], v.shape[2], interp, q.dtype)
-    bwd_config = bwd_config or default_bwd_config(q.shape[2], v.shape[2], interp, q.dtype)
+    if fwd_config is None:  # not ``or``: a falsy non-config ({}, 0) ran the default instead of being refused
+        fwd_config = default_fwd_config(q.shape[2], v.shape[2], interp, q.dtype)
+    if bwd_config is None:
+        bwd_config = default_bwd_config(q.shape[2], v.shape[2], interp, q.dtype)
     if not isinstance(fwd_config, HSTUFwdConfig):
         raise ValueError(f"fwd_config must be an HSTUFwdConfig, got {type(fwd_config).__name__}")
     if not isinstance(bwd_config, HSTUBwdConfig):

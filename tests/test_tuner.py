@@ -3,6 +3,8 @@ under the Triton interpreter (resume of an interrupted study)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
@@ -317,3 +319,22 @@ def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     assert (tuned.backend, tuned.config) == ("fake", FakeConfig(mode="ok", size=1))
     (out,) = tuned.run()
     assert out.shape[0] == sum(task.lengths()) + 1  # launched on the task's own batch
+
+
+def test_bench_launches_time_the_entry_of_the_tasks_own_heads_mask_and_bucket(tmp_path):
+    """``autotune bench --heads 2`` (or ``--masks targets``) timed the bucket's heads-1 causal entry as the tuned
+    config: the lookup ignored the task's heads and mask, and read the bucket from the capped length."""
+    from autotune.tuning.tuner import bench_launches
+
+    task = _fake_task()
+    run_tasks([task], _opts(tmp_path))
+    artifact = art.load_artifact(art.artifact_path("h100", "fake_op", tmp_path))
+    (entry,) = artifact.entries
+    artifact.upsert({**entry, "num_heads": 2, "config": {"mode": "ok2", "size": 2}})
+    artifact.upsert({**entry, "mask": "targets", "config": {"mode": "ok2", "size": 1}})
+    artifact.upsert({**entry, "bucket": 1024, "config": {"mode": "slow", "size": 2}})
+    tuned = lambda **kw: bench_launches(dataclasses.replace(task, **kw), artifact, device="cpu")[2]  # noqa: E731
+    assert tuned(num_heads=2).config == FakeConfig(mode="ok2", size=2)
+    assert tuned(mask="targets").config == FakeConfig(mode="ok2", size=1)
+    assert tuned(mask="window") is None  # no entry of its own
+    assert tuned(bucket=1024).config == FakeConfig(mode="slow", size=2)  # capped to 16 tokens, still the 1K entry

@@ -31,7 +31,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.buckets import batch_fill, bucket_for
+from autotune.runtime.buckets import batch_fill
 from autotune.runtime.defaults import space_default
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
@@ -259,8 +259,9 @@ def bench_launches(
 
     first = backends.get("triton") or next(iter(backends.values()))
     default = bind(first, space_default(first.space, space_context(task, False)))
-    bucket = bucket_for(task.max_len)
-    entry = artifact.lookup(task.dtype, task.dqk, task.dv, bucket, task.distribution) if artifact else None
+    # The entry the run wrote for this very task (its key), not any of the bucket's heads or masks.
+    key = (task.dtype, task.dqk, task.dv, task.bucket, task.distribution, task.num_heads, task.mask)
+    entry = artifact.lookup(*key) if artifact else None
     tuned = None
     if entry is not None and entry["backend"] in backends:
         b = backends[entry["backend"]]

@@ -338,3 +338,23 @@ def test_bench_launches_time_the_entry_of_the_tasks_own_heads_mask_and_bucket(tm
     assert tuned(mask="targets").config == FakeConfig(mode="ok2", size=1)
     assert tuned(mask="window") is None  # no entry of its own
     assert tuned(bucket=1024).config == FakeConfig(mode="slow", size=2)  # capped to 16 tokens, still the 1K entry
+
+
+def test_a_resume_with_no_prune_fully_times_the_configs_an_earlier_run_pruned(tmp_path):
+    """``--no-prune`` promises every correct config fully timed, but a resumed study kept the configs a pruning run
+    had cut after their quick timing as seen: the fastest config, pruned once, could never win the re-run."""
+    task = _fake_task()
+    run_tasks([task], _opts(tmp_path))
+    storage = make_storage(None, task.gpu, tmp_path)
+    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
+    study = optuna.load_study(study_name=name, storage=storage)
+    ok = next(t for t in study.get_trials() if t.params.get("fake.mode") == "ok" and t.params["fake.size"] == 1)
+    attrs = {**ok.user_attrs, "status": "pruned"}  # as a pruning run leaves the fastest config, quick-timed only
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=ok.params,
+                                              distributions=ok.distributions, user_attrs=attrs))  # fmt: skip
+    (pruned,) = run_tasks([task], _opts(tmp_path))
+    assert pruned.config != {"mode": "ok", "size": 1}  # a pruning resume keeps the verdict
+    (full,) = run_tasks([task], _opts(tmp_path, prune=False))
+    last = [t for t in _trials(tmp_path, task) if t.user_attrs.get("config_key") == ok.user_attrs["config_key"]]
+    assert last[-1].user_attrs["status"] == "ok" and last[-1].state == optuna.trial.TrialState.COMPLETE
+    assert full.config == {"mode": "ok", "size": 1}

@@ -337,10 +337,13 @@ def _config_dict(config: Any) -> dict[str, Any]:
 def _other_limits(t: optuna.trial.FrozenTrial, opts: TuneOptions) -> str | None:
     """Why a trial of an earlier run is measured again under this run's limits, which a plain study's name
     lacks: a timeout under a shorter (or unrecorded) --eval-timeout may have cut off a long compile, and a
-    --spill-limit of the other side of its spill count turns "ok" into "spill" or back. None: it stands."""
+    --spill-limit of the other side of its spill count turns "ok" into "spill" or back, and a config pruned after
+    its quick timing is fully timed by a run that prunes nothing (--no-prune). None: it stands."""
     status, spills = t.user_attrs.get("status"), t.user_attrs.get("n_spills")
     if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
         return "timed out under a shorter --eval-timeout"
+    if status == "pruned" and not opts.prune:
+        return "pruned by an earlier run; this one times every correct config (--no-prune)"
     if isinstance(spills, int) and (status == "spill") != (spills > opts.spill_limit) and status in ("ok", "spill"):
         return f"{spills} spills, measured under another --spill-limit"
     return None

@@ -48,6 +48,16 @@ INTERPRET_DEFAULTS: dict[str, Any] = {
     "time_budget": None,
     "seq_cap": 64,
 }
+# ``bench`` options only ``--heatmap`` (or ``--from-csv``) reads, with their defaults: the plain bench refuses them.
+HEATMAP_OPTIONS: dict[str, Any] = {
+    "cuda_graph": False,
+    "heatmap_batches": "1,2,4,8,16,32,64,128",
+    "heatmap_lengths": "128,256,512,1K,2K,4K,8K,16K",
+    "heatmap_heads": "4",
+    "directions": "fwd,bwd,both",
+    "reference": None,
+    "out": "runs/heatmap",
+}
 ABBREV = {"block_m": "m", "block_n": "n", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqm", "dq_block_n": "dqn"}
 
 
@@ -470,6 +480,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from autotune.tuning.cli_heatmap import cmd_heatmap
 
         return cmd_heatmap(args)
+    given = [f"--{k.replace('_', '-')}" for k, v in HEATMAP_OPTIONS.items() if getattr(args, k) != v]
+    if given:  # `bench --cuda-graph` timed plain launches: the heatmap's options were ignored without a word
+        raise CLIError(f"{', '.join(given)}: a bench --heatmap option; add --heatmap (or leave it out)")
     _fill_defaults(args)
     args.trials, args.seq_cap = 1, None
     from autotune.tuning.cli_checks import check_task_numbers
@@ -628,10 +641,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--cuda-graph", action="store_true", help="heatmap: time CUDA-graph replays of each call (no host time)"
     )
-    bench.add_argument("--heatmap-batches", default="1,2,4,8,16,32,64,128", help="default %(default)s")
-    bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K", help="default %(default)s")
-    bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8 (default %(default)s)")
-    bench.add_argument("--directions", default="fwd,bwd,both", help="heatmap directions (default %(default)s)")
+    heat = HEATMAP_OPTIONS
+    bench.add_argument("--heatmap-batches", default=heat["heatmap_batches"], help="default %(default)s")
+    bench.add_argument("--heatmap-lengths", default=heat["heatmap_lengths"], help="default %(default)s")
+    bench.add_argument(
+        "--heatmap-heads", default=heat["heatmap_heads"], help="head counts, e.g. 1,2,4,8 (default %(default)s)"
+    )
+    bench.add_argument("--directions", default=heat["directions"], help="heatmap directions (default %(default)s)")
     bench.add_argument(
         "--reference",
         help="CSV with direction,dqk,heads,batch,length,tflops (and optionally source): ratio maps against it; "
@@ -640,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--from-csv", help="re-render a heatmap CSV written earlier (no GPU needed; one row per cell and source)"
     )
-    bench.add_argument("--out", default="runs/heatmap", help="output folder (default runs/heatmap)")
+    bench.add_argument("--out", default=heat["out"], help="heatmap output folder (default %(default)s)")
     status = sub.add_parser("status", help="progress of a tuning farm: tasks, workers, best so far")
     status.add_argument("--storage", required=True, help="the farm's storage URL (postgresql://...)")
     status.add_argument("--farm", default=None, help="one farm study (default: every farm in the storage)")

@@ -54,8 +54,8 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.tuning.tasks import MAX_BATCH, MAX_HEADS, parse_dims
     from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
-    ignored = [f"--{k.replace('_', '-')}" for k in ("heads", "batch", "buckets", "kernel", "dtype")
-               if getattr(args, k, None) is not None]  # fmt: skip
+    task_options = ("heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
+    ignored = [f"--{k.replace('_', '-')}" for k in task_options if getattr(args, k, None) is not None]
     if ignored:
         raise CLIError(f"{', '.join(ignored)}: not read by bench --heatmap (use --heatmap-heads, --heatmap-batches, "
                        "--heatmap-lengths, --dims, --directions)")  # fmt: skip

@@ -523,3 +523,13 @@ def test_run_from_onnx_on_a_gpu_refuses_a_dtype_it_would_ignore(capsys, tmp_path
     assert rc == 2 and "--dtype cannot be combined with --from-onnx" in text, text
     rc, text = _run(capsys, *argv, "--dtype", "float16", "--interpret")
     assert rc == 0 and "float16" in text, text
+
+
+def test_tasks_from_onnx_refuses_a_dtype_it_would_ignore(capsys, tmp_path):
+    """``autotune tasks --from-onnx FILE --dtype float16`` listed the file's bfloat16 tasks: the --dtype was dropped
+    without a word (``run`` refuses it likewise). The file's dtype stays the default."""
+    model = _onnx_file(tmp_path / "m.onnx", {**GOOD_ATTRS, "kernel_dtype": "bfloat16"})
+    rc, text = _run(capsys, "tasks", "--gpu", "h100", "--from-onnx", model, "--dtype", "float16")
+    assert rc == 2 and "--dtype cannot be combined with --from-onnx" in text, text
+    rc, text = _run(capsys, "tasks", "--gpu", "h100", "--from-onnx", model)
+    assert rc == 0 and "bfloat16" in text, text

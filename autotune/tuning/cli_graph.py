@@ -109,10 +109,9 @@ def add_parsers(sub: Any) -> None:
     tasks.add_argument("--gpu", default="auto", help="GPU the tasks are for (default: the GPU present, else h100)")
     tasks.add_argument(
         "--dtype",
-        default="bfloat16",
         choices=("bfloat16", "float16", "float32"),
         help="--from-model PRESET: the autocast dtype training runs (default bfloat16; a module:factory is "
-        "exported as it is given)",
+        "exported as it is given; --from-onnx: the file's dtype, and --dtype is refused)",
     )
     tasks.add_argument("--inference", action="store_true", help="forward only (no backward tasks)")
     tasks.add_argument(
@@ -244,7 +243,9 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
         if args.json and given and Path(args.json).resolve() == Path(given).resolve():  # it was overwritten
             raise CLIError(f"--json {args.json}: is the {option} file; name another file for the tasks")
-    graph, tasks = extract(args, gpu, args.dtype, not args.inference, args.batch, None)
+    if args.from_onnx and args.dtype is not None:  # the file's ops keep their dtype: it was dropped unsaid
+        raise CLIError("--dtype cannot be combined with --from-onnx: the file's ops are listed in the dtype it holds")
+    graph, tasks = extract(args, gpu, args.dtype or "bfloat16", not args.inference, args.batch, None)
     print_tasks(graph, tasks, gpu)
     if note:
         _console().print(f"note: {note}")

@@ -330,3 +330,21 @@ def test_a_seq_cap_below_one_is_refused_before_any_entry_is_re_checked(root, cap
     assert cli.main([*argv, "--seq-cap", str(cap)]) == 2
     err = capsys.readouterr().err
     assert "--seq-cap must be an integer >= 1" in err and "Traceback" not in err
+
+
+def test_write_after_a_concurrent_writer_records_each_case_on_its_own_entry_only(tmp_path, monkeypatch):
+    """``verify --write`` matched its results to the file by position: an entry a tuning run added meanwhile (sorted
+    before them) made it raise "changed during the re-check" (a traceback, every verdict lost), and a config a run
+    re-tuned at the same key took the cases the replaced config had passed."""
+    path = _two_ok_entries(tmp_path, monkeypatch)
+    results = recheck_artifacts(tmp_path, "h100", level="quick", jobs=1, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
+    assert [r.status for r in results] == ["ok", "ok"]
+    artifact = art.load_artifact(path, check_stale=False)
+    artifact.upsert({**_entry(1024, "ok"), "dtype": "bfloat16"})  # sorts before both
+    artifact.upsert({**_entry(512, "ok"), "config": {"mode": "ok2", "size": 1}})  # re-tuned meanwhile
+    art.save_artifact(artifact, path)
+    write_verified(tmp_path, "h100", results)
+    entries = {(e["dtype"], e["bucket"]): e for e in art.load_artifact(path, check_stale=False).entries}
+    assert entries["float32", 256]["verified"] == sorted(results[0].checked)
+    assert "verified" not in entries["float32", 512]  # another config than the one re-checked
+    assert "verified" not in entries["bfloat16", 1024]

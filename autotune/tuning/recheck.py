@@ -265,23 +265,28 @@ def artifact_files(folder: Path, plugins: list[str] | None = None) -> tuple[list
 def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[Path]:
     """Record each passing entry's checked cases in its ``verified`` list (other fields untouched). Configs are
     not re-validated on the write: an entry the re-check found ``invalid`` stays as it was, and the passing
-    entries beside it are still recorded (the file was read the same way)."""
+    entries beside it are still recorded (the file was read the same way). The file is re-read under the
+    writers' lock and each result goes to the entry of its key that still holds the config re-checked: a tuning
+    run may have added entries (moving the others) or re-tuned one while the re-check ran."""
     from autotune.runtime import artifacts as art
+    from autotune.tuning.artifact_io import artifact_lock
 
     written = []
     for kernel in sorted({r.kernel for r in results}):
         path = art.artifact_path(gpu, kernel, root)
-        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
-        changed = False
-        for r in results:
-            if r.kernel == kernel and r.status == "ok" and r.checked:
-                entry = artifact.entries[r.index]
-                if art.entry_key(entry) != art.entry_key(r.entry):
-                    raise RuntimeError(f"{path} changed during the re-check (entry {r.index})")
-                entry["verified"] = sorted(_verified(entry) | {c for c in r.checked if isinstance(c, str)})
-                changed = True
-        if changed:
-            written.append(art.save_artifact(artifact, path, check_configs=False))
+        with artifact_lock(path):
+            artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+            by_key = {art.entry_key(e): e for e in artifact.entries}
+            changed = False
+            for r in results:
+                if r.kernel == kernel and r.status == "ok" and r.checked:
+                    entry = by_key.get(art.entry_key(r.entry))
+                    if entry is None or (entry["backend"], entry["config"]) != (r.entry["backend"], r.entry["config"]):
+                        continue  # removed or re-tuned since: the cases were passed by a config it no longer holds
+                    entry["verified"] = sorted(_verified(entry) | {c for c in r.checked if isinstance(c, str)})
+                    changed = True
+            if changed:
+                written.append(art.save_artifact(artifact, path, check_configs=False))
     return written
 
 

@@ -267,7 +267,8 @@ def compare_extended(
     """Interleaved comparison that settles a close call: when the first ``rounds`` show a median gain
     inside their spread, ``max_rounds - rounds`` more rounds are timed and the verdict is taken over all
     of them (the spread of a few rounds is set by one or two outliers). Returns the worker's reply to the
-    first request and the verdict (None when that reply is not ok)."""
+    first request and the verdict, or a failed reply (the first's or the extra rounds') and None: the extra
+    rounds check their outputs as the first do, so a side that went wrong there has no verdict."""
     first = request(rounds)
     if first["status"] != "ok":
         return first, None
@@ -275,6 +276,7 @@ def compare_extended(
     verdict = compare_verdict(a_ms, b_ms)
     if not verdict["beats"] and (verdict["speedup"] or 0.0) > 1.0 and max_rounds > rounds:
         more = request(max_rounds - rounds)
-        if more["status"] == "ok":
-            verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
+        if more["status"] != "ok":
+            return more, None
+        verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
     return first, verdict

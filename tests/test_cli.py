@@ -372,6 +372,31 @@ def test_show_loads_autotune_plugins_and_names_a_kernel_without_a_spec(capsys, t
         spec.unregister(name)
 
 
+def test_export_loads_autotune_plugins(capsys, tmp_path, monkeypatch):
+    """``export`` never imported ``AUTOTUNE_PLUGINS`` (``show`` and ``merge`` do): a plugin kernel's fresh artifact
+    was refused as one no spec declares, and ``--kernel NAME`` was an unknown kernel."""
+    import json
+    import sys
+
+    from autotune import spec
+    from autotune.tuning import registry
+
+    monkeypatch.delitem(sys.modules, "spec_plugin_op", raising=False)  # an earlier test's import registers nothing
+    monkeypatch.setattr(registry, "_loaded", [m for m in registry._loaded if m != "spec_plugin_op"])  # a fresh process
+    name = _plugin_artifact(tmp_path, monkeypatch)
+    path = art.artifact_path("h100", name, tmp_path)
+    data = json.loads(path.read_text())
+    data["environment"]["compute_capability"] = "9.0"  # tuned on the GPU, not the interpreter
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("AUTOTUNE_PLUGINS", "spec_plugin_op")
+    try:
+        argv = ["export", "--gpu", "h100", "--artifacts", str(tmp_path), "--kernel", name, "--out"]
+        rc, text = _run(capsys, *argv, str(tmp_path / "bundle"))
+        assert rc == 0 and (tmp_path / "bundle" / "h100" / f"{name}.json").is_file(), text
+    finally:
+        spec.unregister(name)
+
+
 def test_merge_keeps_the_entries_of_an_invalid_target(capsys, tmp_path):
     """One hand-edited entry made the target invalid and a merge replaced it whole, dropping every other entry
     without --replace: refused; with --replace the old file is renamed aside (no *.json), not lost."""

@@ -280,7 +280,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if gpu not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
     from autotune import spec
+    from autotune.tuning.cli import load_plugin_modules
 
+    load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels' artifacts are checked and exported too
     kernels, missing_ok = None, spec.kernels()  # every kernel's file the folder holds; the others are reported
     if args.kernel is not None:  # the spellings run, show and verify take: fwd, bwd, layer or spec names
         kernels = kernel_names(args.kernel)  # unknown names: a usage error listing the known ones

@@ -303,7 +303,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     for kernel, why in manifest["missing"].items():
         console.print(f"  [yellow]missing {kernel}[/]: {escape(why)}")
     if manifest["ignored"]:
-        console.print(f"  not exported: {escape(', '.join(manifest['ignored']))} (no registered kernel's artifact)")
+        names = escape(", ".join(manifest["ignored"]))
+        console.print(f"  not exported: {names} (no registered kernel's; a plugin's kernel needs AUTOTUNE_PLUGINS)")
     console.print(
         f"wrote {args.out}/manifest.json ({gpu}, {manifest['gpu_name']}); load with autotune.load({args.out!r})"
     )

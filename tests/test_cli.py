@@ -325,6 +325,22 @@ def test_show_names_an_artifacts_root_that_is_a_file(capsys, tmp_path):
     assert rc == 2 and "--artifacts" in text and "not a folder" in text
 
 
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [("def f(:\n", "SyntaxError"), ("raise RuntimeError('at import')\n", "RuntimeError: at import")],
+)
+def test_a_plugin_that_fails_at_import_is_a_usage_error_naming_it(capsys, tmp_path, monkeypatch, body, why):
+    """A plugin module that raised anything but ImportError (a syntax error, an error at import) was a traceback
+    from ``run``, ``show`` and every other command, not the one-line error a missing module gets."""
+    (tmp_path / "broken_plugin_mod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run", "--plugin", "broken_plugin_mod")
+    assert rc == 2 and f"--plugin broken_plugin_mod: cannot import it ({why}" in text, text
+    monkeypatch.setenv("AUTOTUNE_PLUGINS", "broken_plugin_mod")
+    rc, text = _run(capsys, "show", "--gpu", "h100")
+    assert rc == 2 and "broken_plugin_mod: cannot import it" in text, text
+
+
 def _plugin_artifact(root, monkeypatch) -> str:
     """An artifact of the test plugin's kernel under ``root``, the plugin then unregistered and unimported,
     as a fresh ``autotune show`` process would find it."""

@@ -95,8 +95,10 @@ def load_plugin_modules(names: list[str]) -> None:
     for name in plugin_modules(names):
         try:
             load_plugins([name])
-        except ImportError as e:
-            raise CLIError(f"--plugin {name}: cannot import it ({e})") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a syntax error or a raise at import too: not a traceback
+            option = "--plugin" if name in names else "AUTOTUNE_PLUGINS"
+            why = str(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {e}"
+            raise CLIError(f"{option} {name}: cannot import it ({why})") from None
 
 
 def _split(text: str) -> list[str]:

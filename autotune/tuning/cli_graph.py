@@ -81,9 +81,15 @@ def artifact_task_list(args: argparse.Namespace, gpu: str, sample: tuple[int, ..
     refuse_grid_options(args, options, "--from-artifact", "the artifact's entries decide the tasks")
     _nonempty("--kernel", str(args.kernel))
     try:
-        return tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
+        tasks = tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
     except ValueError as e:
         raise CLIError(str(e)) from None
+    if sample is not None and not any(t.sample for t in tasks):  # it was read, then ignored without a word
+        raise CLIError(
+            f"--lengths {args.lengths}: no entry of the artifacts was tuned on a lengths sample (each is re-measured "
+            "on the law it was tuned on); leave --lengths out"
+        )
+    return tasks
 
 
 def _add_graph_source(p: argparse.ArgumentParser) -> None:

@@ -348,3 +348,18 @@ def test_write_after_a_concurrent_writer_records_each_case_on_its_own_entry_only
     assert entries["float32", 256]["verified"] == sorted(results[0].checked)
     assert "verified" not in entries["float32", 512]  # another config than the one re-checked
     assert "verified" not in entries["bfloat16", 1024]
+
+
+def test_write_under_the_interpreter_refuses_an_artifact_tuned_on_a_gpu(tmp_path, monkeypatch, capsys):
+    """``verify --interpret --write`` recorded cases passed on the CPU interpreter in a GPU-made artifact's
+    ``verified`` list, which dispatch reads on the GPU to serve the other half dtype from an entry (as
+    ``merge`` and ``export`` never let interpreter evidence into a GPU folder). Refused, the file untouched."""
+    path = _two_ok_entries(tmp_path, monkeypatch)
+    data = json.loads(path.read_text())
+    data["environment"].update(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132)
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    code = cli.main([*VERIFY, "--artifacts", str(tmp_path), "--level", "quick", "--write"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--write" in err and "--interpret" in err and path.read_bytes() == before, err
+    assert cli.main([*VERIFY, "--artifacts", str(tmp_path), "--level", "quick"]) == 0  # a re-check alone runs

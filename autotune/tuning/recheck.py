@@ -316,6 +316,26 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seq-cap", type=int, default=None, help=argparse.SUPPRESS)  # tests/CI: cap the lengths
 
 
+def _refuse_interpreter_write(root: Path, gpu: str, kernels: list[str] | None, plugins: list[str]) -> None:
+    """A usage error when ``--write`` under ``--interpret`` would record CPU-interpreter cases in an artifact made on
+    a GPU: dispatch reads ``verified`` there to serve the other half dtype from an entry (as ``merge`` and
+    ``export`` keep interpreter evidence out of GPU folders). Unreadable files are left to the re-check's report."""
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.cli import CLIError
+
+    for kernel in kernels or artifact_files(root / gpu, plugins)[0]:
+        path = art.artifact_path(gpu, kernel, root)
+        try:
+            env = art.load_artifact(path, check_stale=False, check_configs=False).environment
+        except (art.ArtifactError, OSError):
+            continue
+        if not art.interpreter_made(env):
+            raise CLIError(
+                f"--write: {path} was tuned on a GPU ({env.get('gpu_name')}); cases passed under --interpret do not "
+                "vouch for its entries there (re-check on the GPU, or leave --write out)"
+            )
+
+
 def cmd_verify(args: Any) -> int:
     """Re-check, print one line per entry as it ends and one per failure at the end; exit 1 on any failure."""
     import json
@@ -340,6 +360,8 @@ def cmd_verify(args: Any) -> int:
         raise CLIError(f"--artifacts: no folder {root / gpu}")
     if args.write:
         writable_folder("--artifacts", root / gpu)
+        if args.interpret:
+            _refuse_interpreter_write(root, gpu, kernels, plugin_modules(args.plugin))
     console = _console()
     if not args.kernel and (others := artifact_files(root / gpu, plugin_modules(args.plugin))[1]):
         console.print(f"note: not re-checked, no registered kernel's artifact: {', '.join(others)}")

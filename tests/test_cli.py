@@ -220,6 +220,28 @@ def test_a_run_cut_by_its_time_budget_says_which_tasks_and_how_to_resume(capsys,
     assert rc == 0 and "stopped at the time budget" not in text and "4 (" in text, text
 
 
+def test_an_interpreter_run_refuses_to_write_over_a_gpu_made_artifact(capsys, tmp_path):
+    """``run --interpret --artifacts artifacts`` merged its interpreter timings into the GPU's files: the GPU
+    entries, of another timing environment, were dropped with a warning (nothing kept aside) and the file became
+    one a GPU host rejects. ``merge`` refuses that; the run does too, before tuning, naming the file."""
+    from autotune.tuning.fake import FakeConfig
+
+    env = {**dict.fromkeys(art.ENV_KEYS), "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    entry = {"dtype": "float32", "dqk": 32, "dv": 32, "num_heads": 1, "bucket": 512, "distribution": "uniform",
+             "mask": "causal", "backend": "fake", "config": FakeConfig(mode="ok").to_dict(), "median_ms": 1.0,
+             "spread_ms": 0.0, "tflops": 1.0, "default_ms": 2.0, "default_tflops": 0.5, "speedup": 2.0, "trials": 3,
+             "tuning_s": 1.0}  # fmt: skip
+    hashes = {"fake": art.current_template_hash("fake_op", "fake")}
+    path = art.save_artifact(art.Artifact("fake_op", "h100", env, hashes, "s", [entry]),
+                             art.artifact_path("h100", "fake_op", tmp_path))  # fmt: skip
+    before = path.read_bytes()
+    argv = ["run", "--gpu", "h100", "--interpret", "--plugin", "autotune.tuning.fake", "--kernel", "fake_op",
+            "--dims", "32", "--heads", "1", "--buckets", "256", "--distributions", "uniform", "--trials", "2",
+            "--sampler", "bruteforce", "--eval-timeout", "3", "--artifacts", str(tmp_path)]  # fmt: skip
+    rc, text = _run(capsys, *argv)
+    assert rc == 2 and "--artifacts" in text and "tuned on a GPU" in text and path.read_bytes() == before, text
+
+
 def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_path):
     """Two runs' files (here: the shipped backward artifact split in halves) merge into the entries of
     one; a stale file is refused by name before any target is written."""

@@ -294,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"no feasible config for {t.label()} in {where} (unsupported head dims or dtype?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
-    check_run_outputs(args, gpu)
+    check_run_outputs(args, gpu, sorted({t.kernel for t in tasks}))
     from autotune.tuning.tuner import TuneOptions, run_tasks
 
     opts = TuneOptions(

@@ -358,3 +358,25 @@ def test_a_resume_with_no_prune_fully_times_the_configs_an_earlier_run_pruned(tm
     last = [t for t in _trials(tmp_path, task) if t.user_attrs.get("config_key") == ok.user_attrs["config_key"]]
     assert last[-1].user_attrs["status"] == "ok" and last[-1].state == optuna.trial.TrialState.COMPLETE
     assert full.config == {"mode": "ok", "size": 1}
+
+
+def test_the_baseline_is_the_backend_dispatch_runs_without_artifacts(monkeypatch):
+    """The study's baseline was Triton's default, else the alphabetically first backend's, while dispatch runs the
+    first backend of the spec's defaults (gemm_silu in float32 on a GPU: torch, not cute): winners were compared
+    with, and their speedups measured against, a default that never runs."""
+    import dataclasses
+
+    from autotune import spec
+    from autotune.tuning.fake import FAKE_SPEC
+    from autotune.tuning.tuner import _Study
+
+    (kernel,) = FAKE_SPEC.kernels
+    (fake,) = kernel.backends
+    two = dataclasses.replace(kernel, name="fake_two", backends=(dataclasses.replace(fake, name="afake"), fake))
+    spec.register(dataclasses.replace(FAKE_SPEC, name="fake_two", kernels=(two,)))
+    try:
+        task = Task("fake_two", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=16)
+        study = _Study(task, _opts(None), None, optuna.storages.InMemoryStorage(), Reporter())
+        assert study.default_backend.name == "fake"  # the spec's defaults name "fake" only
+    finally:
+        spec.unregister("fake_two")

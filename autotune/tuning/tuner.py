@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
 from autotune.runtime.buckets import batch_fill
-from autotune.runtime.defaults import space_default
+from autotune.runtime.defaults import baseline_backend, space_default
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
@@ -245,8 +245,8 @@ def bench_launches(
     task: Task, artifact: art.Artifact | None, device: str = "cuda"
 ) -> tuple[float, Launch, Launch | None]:
     """(FLOPs, default, tuned) launches of ``task`` on its representative batch, as ``autotune bench``
-    times them: the study's baseline (the Triton heuristic when Triton is a backend) and the config
-    ``artifact`` holds for the task's bucket (None without a usable entry)."""
+    times them: the study's baseline (``defaults.baseline_backend``'s default) and the config
+    ``artifact`` holds for the task (None without a usable entry)."""
     import torch
 
     op = get_op(task.kernel)
@@ -257,7 +257,7 @@ def bench_launches(
     def bind(backend: Backend, config: Any) -> Launch:
         return Launch(backend.name, config, lambda: backend.launch(inputs, config, out))
 
-    first = backends.get("triton") or next(iter(backends.values()))
+    first = backends[baseline_backend(task.kernel, task.dqk, task.dv, task.num_heads, task.dtype, False, backends)]
     default = bind(first, space_default(first.space, space_context(task, False)))
     # The entry the run wrote for this very task (its key), not any of the bucket's heads or masks.
     key = (task.dtype, task.dqk, task.dv, task.bucket, task.distribution, task.num_heads, task.mask)
@@ -358,8 +358,9 @@ class _Study:
         if not self.backends:
             raise RuntimeError(f"no available backend for {task.kernel} (asked: {opts.backends or 'any'})")
         self.ctx = space_context(task, opts.interpret)
-        # The baseline is what runs without artifacts: the Triton heuristic default when Triton is a backend.
-        first = self.backends.get("triton") or next(iter(self.backends.values()))
+        # The baseline is what runs without artifacts: the first backend of the spec's defaults.
+        dims = (task.dqk, task.dv, task.num_heads, task.dtype)
+        first = self.backends[baseline_backend(task.kernel, *dims, opts.interpret, self.backends)]
         self.default_backend = first
         self.defaults = {n: b.space.values(space_default(b.space, self.ctx)) for n, b in self.backends.items()}
         self.default_values = self.defaults[first.name]

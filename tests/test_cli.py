@@ -122,6 +122,14 @@ def test_parse_duration():
     assert parse_duration(None) is None
 
 
+@pytest.mark.parametrize("text", ["", "  "])
+def test_an_empty_time_budget_is_a_usage_error_not_no_budget(capsys, text):
+    """``--time-budget "$BUDGET"`` with BUDGET unset ran with no budget at all (the GPU default is 40m): only "0" and
+    "none" mean that; an empty value names nothing, as an empty ``--storage`` does."""
+    rc, out = _run(capsys, "run", "--gpu", "h100", "--dry-run", "--time-budget", text)
+    assert rc == 2 and "--time-budget" in out and "names nothing" in out, out
+
+
 def test_no_feasible_config_names_the_backends_and_the_dtype(capsys):
     """The message blamed the head dims alone, also when --dtype float32 --backends cute ruled out every config."""
     argv = ("run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "256", "--buckets", "1K")

@@ -74,8 +74,11 @@ def _console():
 
 
 def parse_duration(text: str | None) -> float | None:
-    """'90', '90s', '6m', '1.5h' -> seconds; None/'none'/'0' -> no budget."""
-    if text is None or text.strip().lower() in ("", "none", "0"):
+    """'90', '90s', '6m', '1.5h' -> seconds; None/'none'/'0' -> no budget. An empty value (an unset variable's
+    ``"$BUDGET"``) names nothing: it ran with no budget at all."""
+    if text is not None and not text.strip():
+        raise CLIError("--time-budget names nothing; give a duration (e.g. 6m), or 0 or none for no budget")
+    if text is None or text.strip().lower() in ("none", "0"):
         return None
     t = text.strip().lower()
     scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1])

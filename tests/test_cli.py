@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from autotune.runtime import artifacts as art
@@ -128,6 +130,42 @@ def test_an_empty_time_budget_is_a_usage_error_not_no_budget(capsys, text):
     "none" mean that; an empty value names nothing, as an empty ``--storage`` does."""
     rc, out = _run(capsys, "run", "--gpu", "h100", "--dry-run", "--time-budget", text)
     assert rc == 2 and "--time-budget" in out and "names nothing" in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["show", "--gpu", "h100", "--artifacts", ""], "--artifacts"),
+        (["merge", "MERGED", "--artifacts", " "], "--artifacts"),
+        (
+            [
+                "run",
+                "--gpu",
+                "h100",
+                "--interpret",
+                "--kernel",
+                "fake_op",
+                "--plugin",
+                "autotune.tuning.fake",
+                "--trials",
+                "1",
+                "--artifacts",
+                "",
+            ],
+            "--artifacts",
+        ),  # fmt: skip
+        (["verify", "--gpu", "h100", "--interpret", "--kernel", "fwd", "--json", ""], "--json"),
+    ],
+)
+def test_an_empty_path_option_is_a_usage_error_not_a_default(capsys, tmp_path, monkeypatch, argv, option):
+    """``--artifacts "$DIR"`` with DIR unset merged into (and showed, verified) the package's own artifacts, or ran
+    into the working directory; ``--json ""`` wrote nothing without a word. An empty path names nothing."""
+    shutil.copytree(art.DEFAULT_ROOT / "h100", tmp_path / "packaged" / "h100", ignore=shutil.ignore_patterns("studies"))
+    monkeypatch.setattr(art, "DEFAULT_ROOT", tmp_path / "packaged")  # never the checkout's artifacts
+    monkeypatch.chdir(tmp_path)
+    merged = str(art.artifact_path("h100", "hstu_attention_bwd", tmp_path / "packaged"))
+    rc, text = _run(capsys, *[merged if a == "MERGED" else a for a in argv])
+    assert rc == 2 and f"{option} names nothing" in text, text
 
 
 def test_no_feasible_config_names_the_backends_and_the_dtype(capsys):

@@ -702,9 +702,23 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["TRITON_INTERPRET"] = before
 
 
+# Options naming a file or folder: given empty (an unset variable's "$DIR"), ``Path("")`` was the working directory
+# and ``if args.artifacts`` the package's own artifacts (merged into, verified and written by ``--write``).
+PATH_OPTIONS = ("artifacts", "out", "json", "audit", "reference", "from_csv", "from_onnx")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """A usage error for a path option given as an empty or blank string."""
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.strip():
+            raise CLIError(f"--{name.replace('_', '-')} names nothing; give a path (or leave the option out)")
+
+
 def _dispatch_command(args: argparse.Namespace) -> int:
     """Run the parsed command; a ``CLIError`` is the one-line usage error (exit 2)."""
     try:
+        _check_paths(args)
         if args.command == "run":
             return cmd_run(args)
         if args.command in ("show", "merge"):

@@ -101,6 +101,19 @@ def test_status_audit_of_a_missing_artifacts_folder_is_refused(capsys, tmp_path)
     assert rc == 0 and "entries_lost 0" in text, text
 
 
+def test_status_audit_with_watch_is_a_usage_error(capsys, tmp_path):
+    """``--audit`` printed the evidence once and returned: a ``--watch`` beside it was accepted and ignored."""
+    import optuna
+
+    from autotune.tuning.farm_status import FARM_PREFIX
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name=f"{FARM_PREFIX}h100|x", storage=url)
+    rc, text = _run(capsys, "status", "--storage", url, "--audit", str(tmp_path), "--watch")
+    assert rc == 2 and "--audit" in text and "--watch" in text, text
+
+
 def test_a_value_named_twice_is_one_task(capsys):
     """``--buckets 1K,1024`` or ``--dims 128,128`` tuned the same study twice (twice the budget)."""
     rc, text = _run(

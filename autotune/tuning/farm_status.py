@@ -200,6 +200,8 @@ def cmd_status(args: Any) -> int:
     from autotune.tuning.cli_checks import positive_seconds
 
     positive_seconds("--watch", args.watch)  # 0 would silently not watch, -1 or nan crash time.sleep
+    if args.watch is not None and getattr(args, "audit", None) is not None:  # the audit prints once: watch was ignored
+        raise CLIError("--audit prints the farm's evidence once; it cannot be combined with --watch")
     if getattr(args, "audit", None) is not None and not Path(args.audit).is_dir():  # a typo read as entries lost
         raise CLIError(f"--audit {args.audit}: no such artifacts folder")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

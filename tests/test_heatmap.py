@@ -403,3 +403,18 @@ def test_heatmap_options_without_heatmap_are_usage_errors(capsys, monkeypatch, a
     assert main(["bench", "--gpu", "auto", *argv]) == 2
     err = capsys.readouterr().err
     assert f"{argv[0]}: a bench --heatmap option" in err
+
+
+@pytest.mark.parametrize(
+    "argv", [["--heatmap-batches", "4"], ["--directions", "fwd"], ["--dims", "128"], ["--heatmap-heads", "8"]]
+)
+def test_a_rerender_refuses_grid_options_it_would_ignore(tmp_path, capsys, argv):
+    """``--from-csv`` re-renders the table's own cells: ``--dims 128`` or ``--heatmap-batches 4`` beside it were
+    accepted and the whole table was drawn anyway."""
+    from autotune.tuning.cli import main
+
+    heatmap.write_csv(_rows(), tmp_path / "in.csv")
+    rc = main(["bench", "--from-csv", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and argv[0] in err and "--from-csv" in err, err
+    assert not (tmp_path / "out").exists()

@@ -258,3 +258,25 @@ def test_a_default_whose_clock_gave_no_time_writes_nothing_and_is_timed_again(tm
     (r,) = run_tasks([task], _opts(tmp_path))  # the clock works again: the default is timed, a winner written
     assert _trials(tmp_path, task)["slow"].user_attrs["status"] == "ok"
     assert r.error is None and r.config in CORRECT and r.default_ms
+
+
+@pytest.mark.parametrize("bad_ms", [0.0, float("nan")])
+def test_a_comparison_whose_clock_gave_no_time_decides_nothing(tmp_path, monkeypatch, plugin, bad_ms):
+    """The interleaved comparison's times were taken as given: a median of 0 ms for the winner raised
+    ZeroDivisionError in the TFLOP/s (a NaN one wrote an entry the artifact refused) and ended the whole run. Such
+    a reply is a failed comparison: the study goes on and writes a correct config."""
+    from autotune.tuning import tuner
+
+    request = tuner._Study.request
+
+    def lying_clock(self, msg, timeout=None):
+        reply = request(self, msg, timeout)
+        if msg.get("cmd") == "compare" and reply.get("status") == "ok":
+            n = len(reply["a_ms"])
+            reply = {**reply, "a_ms": [bad_ms] * (n - 2) + [1.0, 1.0], "b_ms": [2.0] * n}
+        return reply
+
+    monkeypatch.setattr(tuner._Study, "request", lying_clock)
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "ok")
+    (r,) = run_tasks([_task(plugin)], _opts(tmp_path))
+    assert r.error is None and r.config in CORRECT and r.median_ms > 0 and r.tflops >= 0

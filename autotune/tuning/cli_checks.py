@@ -113,6 +113,13 @@ def check_run_outputs(args: argparse.Namespace, gpu: str, kernels: list[str] = (
     writable_folder("--artifacts", Path(args.artifacts) / gpu)
     if args.interpret:
         _refuse_gpu_artifacts(Path(args.artifacts), gpu, kernels)
+    if not args.storage:  # the default journal under --artifacts: a damaged one was Optuna's traceback
+        from autotune.tuning.study_storage import journal_problem
+
+        journal = Path(args.artifacts) / gpu / "studies" / "tuning.journal"
+        problem = journal_problem(journal)
+        if problem:
+            raise CLIError(f"--artifacts {args.artifacts}: the studies journal {journal}: {problem}")
     if args.storage and "://" not in args.storage:  # a journal file path
         if _URL_SCHEME.match(args.storage):  # 'postgres:/host/db' made a folder 'postgres:' and ran without the farm
             raise CLIError(f"--storage {args.storage}: a URL needs 'scheme://' (for a journal file named so, "

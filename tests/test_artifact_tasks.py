@@ -110,3 +110,15 @@ def test_cli_an_empty_shard_is_nothing_to_do(capsys, tmp_path):
     for bad in (" 1/2", "1/0", "0/2", "1/2/3", "a/b", "-1/2"):
         rc, text = _run(capsys, *base, f"--shard={bad}")
         assert rc == 2 and text.strip().startswith("autotune: error: --shard must be K/N"), (bad, text)
+
+
+def test_cli_from_artifact_refuses_a_lengths_file_no_entry_was_tuned_on(capsys, tmp_path):
+    """``--from-artifact --lengths FILE`` over entries none of which was tuned on a lengths sample re-measured them
+    on the synthetic laws: the file was read, then ignored without a word."""
+    kernel = "ln_mul_dropout_fwd"
+    _copy(tmp_path, kernel=kernel)
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("5\n9\n40\n300\n")
+    base = ("run", "--gpu", "h100", "--dry-run", "--artifacts", str(tmp_path), "--kernel", kernel, "--from-artifact")
+    rc, text = _run(capsys, *base, "--lengths", str(lengths))
+    assert rc == 2 and "--lengths" in text and "no entry" in text, text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from autotune.runtime import artifacts as art
@@ -122,6 +124,50 @@ def test_parse_duration():
     assert parse_duration(None) is None
 
 
+@pytest.mark.parametrize("text", ["", "  "])
+def test_an_empty_time_budget_is_a_usage_error_not_no_budget(capsys, text):
+    """``--time-budget "$BUDGET"`` with BUDGET unset ran with no budget at all (the GPU default is 40m): only "0" and
+    "none" mean that; an empty value names nothing, as an empty ``--storage`` does."""
+    rc, out = _run(capsys, "run", "--gpu", "h100", "--dry-run", "--time-budget", text)
+    assert rc == 2 and "--time-budget" in out and "names nothing" in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["show", "--gpu", "h100", "--artifacts", ""], "--artifacts"),
+        (["merge", "MERGED", "--artifacts", " "], "--artifacts"),
+        (
+            [
+                "run",
+                "--gpu",
+                "h100",
+                "--interpret",
+                "--kernel",
+                "fake_op",
+                "--plugin",
+                "autotune.tuning.fake",
+                "--trials",
+                "1",
+                "--artifacts",
+                "",
+            ],
+            "--artifacts",
+        ),  # fmt: skip
+        (["verify", "--gpu", "h100", "--interpret", "--kernel", "fwd", "--json", ""], "--json"),
+    ],
+)
+def test_an_empty_path_option_is_a_usage_error_not_a_default(capsys, tmp_path, monkeypatch, argv, option):
+    """``--artifacts "$DIR"`` with DIR unset merged into (and showed, verified) the package's own artifacts, or ran
+    into the working directory; ``--json ""`` wrote nothing without a word. An empty path names nothing."""
+    shutil.copytree(art.DEFAULT_ROOT / "h100", tmp_path / "packaged" / "h100", ignore=shutil.ignore_patterns("studies"))
+    monkeypatch.setattr(art, "DEFAULT_ROOT", tmp_path / "packaged")  # never the checkout's artifacts
+    monkeypatch.chdir(tmp_path)
+    merged = str(art.artifact_path("h100", "hstu_attention_bwd", tmp_path / "packaged"))
+    rc, text = _run(capsys, *[merged if a == "MERGED" else a for a in argv])
+    assert rc == 2 and f"{option} names nothing" in text, text
+
+
 def test_no_feasible_config_names_the_backends_and_the_dtype(capsys):
     """The message blamed the head dims alone, also when --dtype float32 --backends cute ruled out every config."""
     argv = ("run", "--gpu", "h100", "--dry-run", "--kernel", "fwd", "--dims", "256", "--buckets", "1K")
@@ -218,6 +264,28 @@ def test_a_run_cut_by_its_time_budget_says_which_tasks_and_how_to_resume(capsys,
     assert rc == 0 and " cut " in text and "1 task(s) stopped at the time budget before 4 trials" in text, text
     rc, text = _run(capsys, *argv)
     assert rc == 0 and "stopped at the time budget" not in text and "4 (" in text, text
+
+
+def test_an_interpreter_run_refuses_to_write_over_a_gpu_made_artifact(capsys, tmp_path):
+    """``run --interpret --artifacts artifacts`` merged its interpreter timings into the GPU's files: the GPU
+    entries, of another timing environment, were dropped with a warning (nothing kept aside) and the file became
+    one a GPU host rejects. ``merge`` refuses that; the run does too, before tuning, naming the file."""
+    from autotune.tuning.fake import FakeConfig
+
+    env = {**dict.fromkeys(art.ENV_KEYS), "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    entry = {"dtype": "float32", "dqk": 32, "dv": 32, "num_heads": 1, "bucket": 512, "distribution": "uniform",
+             "mask": "causal", "backend": "fake", "config": FakeConfig(mode="ok").to_dict(), "median_ms": 1.0,
+             "spread_ms": 0.0, "tflops": 1.0, "default_ms": 2.0, "default_tflops": 0.5, "speedup": 2.0, "trials": 3,
+             "tuning_s": 1.0}  # fmt: skip
+    hashes = {"fake": art.current_template_hash("fake_op", "fake")}
+    path = art.save_artifact(art.Artifact("fake_op", "h100", env, hashes, "s", [entry]),
+                             art.artifact_path("h100", "fake_op", tmp_path))  # fmt: skip
+    before = path.read_bytes()
+    argv = ["run", "--gpu", "h100", "--interpret", "--plugin", "autotune.tuning.fake", "--kernel", "fake_op",
+            "--dims", "32", "--heads", "1", "--buckets", "256", "--distributions", "uniform", "--trials", "2",
+            "--sampler", "bruteforce", "--eval-timeout", "3", "--artifacts", str(tmp_path)]  # fmt: skip
+    rc, text = _run(capsys, *argv)
+    assert rc == 2 and "--artifacts" in text and "tuned on a GPU" in text and path.read_bytes() == before, text
 
 
 def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_path):
@@ -325,6 +393,22 @@ def test_show_names_an_artifacts_root_that_is_a_file(capsys, tmp_path):
     assert rc == 2 and "--artifacts" in text and "not a folder" in text
 
 
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [("def f(:\n", "SyntaxError"), ("raise RuntimeError('at import')\n", "RuntimeError: at import")],
+)
+def test_a_plugin_that_fails_at_import_is_a_usage_error_naming_it(capsys, tmp_path, monkeypatch, body, why):
+    """A plugin module that raised anything but ImportError (a syntax error, an error at import) was a traceback
+    from ``run``, ``show`` and every other command, not the one-line error a missing module gets."""
+    (tmp_path / "broken_plugin_mod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, text = _run(capsys, "run", "--gpu", "h100", "--dry-run", "--plugin", "broken_plugin_mod")
+    assert rc == 2 and f"--plugin broken_plugin_mod: cannot import it ({why}" in text, text
+    monkeypatch.setenv("AUTOTUNE_PLUGINS", "broken_plugin_mod")
+    rc, text = _run(capsys, "show", "--gpu", "h100")
+    assert rc == 2 and "broken_plugin_mod: cannot import it" in text, text
+
+
 def _plugin_artifact(root, monkeypatch) -> str:
     """An artifact of the test plugin's kernel under ``root``, the plugin then unregistered and unimported,
     as a fresh ``autotune show`` process would find it."""
@@ -368,6 +452,31 @@ def test_show_loads_autotune_plugins_and_names_a_kernel_without_a_spec(capsys, t
         rc, text = _run(capsys, "show", "--gpu", "h100", "--kernel", name, "--artifacts", str(tmp_path))
         text = " ".join(text.split())
         assert "stale" not in text and "no registered op spec" not in text and "chunks=1" in text
+    finally:
+        spec.unregister(name)
+
+
+def test_export_loads_autotune_plugins(capsys, tmp_path, monkeypatch):
+    """``export`` never imported ``AUTOTUNE_PLUGINS`` (``show`` and ``merge`` do): a plugin kernel's fresh artifact
+    was refused as one no spec declares, and ``--kernel NAME`` was an unknown kernel."""
+    import json
+    import sys
+
+    from autotune import spec
+    from autotune.tuning import registry
+
+    monkeypatch.delitem(sys.modules, "spec_plugin_op", raising=False)  # an earlier test's import registers nothing
+    monkeypatch.setattr(registry, "_loaded", [m for m in registry._loaded if m != "spec_plugin_op"])  # a fresh process
+    name = _plugin_artifact(tmp_path, monkeypatch)
+    path = art.artifact_path("h100", name, tmp_path)
+    data = json.loads(path.read_text())
+    data["environment"]["compute_capability"] = "9.0"  # tuned on the GPU, not the interpreter
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("AUTOTUNE_PLUGINS", "spec_plugin_op")
+    try:
+        argv = ["export", "--gpu", "h100", "--artifacts", str(tmp_path), "--kernel", name, "--out"]
+        rc, text = _run(capsys, *argv, str(tmp_path / "bundle"))
+        assert rc == 0 and (tmp_path / "bundle" / "h100" / f"{name}.json").is_file(), text
     finally:
         spec.unregister(name)
 

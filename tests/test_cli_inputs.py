@@ -101,6 +101,19 @@ def test_status_audit_of_a_missing_artifacts_folder_is_refused(capsys, tmp_path)
     assert rc == 0 and "entries_lost 0" in text, text
 
 
+def test_status_audit_with_watch_is_a_usage_error(capsys, tmp_path):
+    """``--audit`` printed the evidence once and returned: a ``--watch`` beside it was accepted and ignored."""
+    import optuna
+
+    from autotune.tuning.farm_status import FARM_PREFIX
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name=f"{FARM_PREFIX}h100|x", storage=url)
+    rc, text = _run(capsys, "status", "--storage", url, "--audit", str(tmp_path), "--watch")
+    assert rc == 2 and "--audit" in text and "--watch" in text, text
+
+
 def test_a_value_named_twice_is_one_task(capsys):
     """``--buckets 1K,1024`` or ``--dims 128,128`` tuned the same study twice (twice the budget)."""
     rc, text = _run(
@@ -163,3 +176,26 @@ def test_a_farm_run_opens_its_storage_once_at_start_up(capsys, tmp_path, monkeyp
     rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--storage", url, "--workers", "1")
     assert rc == 0 and seen, text
     assert opened == [url]
+
+
+def test_run_refuses_a_journal_corrupt_past_its_first_line(capsys, tmp_path, no_tuning):
+    """A journal damaged after its first line (a garbled record: a disk error, a hand edit) passed the check of its
+    first line and ended ``autotune run`` in a JSONDecodeError traceback from Optuna; the default journal under
+    ``--artifacts`` was not checked at all. Its last line cut short (a killed write) is what Optuna skips: fine."""
+    import optuna
+
+    from autotune.tuning.study_storage import journal_problem, make_storage
+
+    journal = tmp_path / "a" / "h100" / "studies" / "tuning.journal"
+    journal.parent.mkdir(parents=True)
+    study = optuna.create_study(study_name="s", storage=make_storage(str(journal), "h100", tmp_path))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    good = journal.read_bytes()
+    journal.write_bytes(good[:-7])  # the last record cut short
+    assert journal_problem(journal) is None
+    lines = good.splitlines(keepends=True)
+    journal.write_bytes(b"".join([*lines[:2], b'{"op_code": 5, "trial_id": garb\n', *lines[2:]]))
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"))
+    assert rc == 2 and str(journal) in text and "line 3" in text and not no_tuning, text
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "b"), "--storage", str(journal))
+    assert rc == 2 and f"--storage {journal}" in text and "line 3" in text and not no_tuning, text

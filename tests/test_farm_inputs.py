@@ -255,3 +255,32 @@ def test_an_unreachable_farm_storage_is_one_error_before_any_banner(tmp_path, ca
     out, err = capsys.readouterr()
     assert "Farm on" not in out and "Tuning" not in out, out
     assert "--storage postgresql://autotune:***@" in err and "cannot open it" in err and "S3cretPw" not in err, err
+
+
+def test_audit_does_not_count_an_entry_verify_wrote_its_cases_into_as_lost(tmp_path):
+    """``status --audit`` compared each finished task's entry with the artifact's whole: once ``autotune verify
+    --write`` had recorded the re-check cases in it, every such entry counted as lost. A missing or re-tuned entry
+    (another config) still does."""
+    from autotune.runtime import artifacts as art
+    from autotune.tuning import farm_status
+    from autotune.tuning.tasks import Task
+
+    storage = optuna.storages.InMemoryStorage()
+    farm = optuna.create_study(study_name="farm|h100|aaa", storage=storage)
+    entries = []
+    for bucket in (256, 512, 1024):
+        task = Task("fake_faults", "h100", "float32", 32, 32, 1, bucket, "uniform", batch=2, seq_cap=64)
+        entry = {"dtype": "float32", "dqk": 32, "dv": 32, "num_heads": 1, "bucket": bucket, "distribution": "uniform",
+                 "mask": "causal", "backend": "fake", "config": {"mode": "ok", "size": 1}, "median_ms": 1.0,
+                 "spread_ms": 0.0, "tflops": 1.0, "default_ms": 2.0, "default_tflops": 0.5, "speedup": 2.0,
+                 "trials": 2, "tuning_s": 1.0, "verified": ["one-long/causal/float32"]}  # fmt: skip
+        attrs = {"task": task.to_dict(), "task_key": task.study_name, "result": {"error": None, "entry": entry}}
+        farm.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs))
+        entries.append(dict(entry))
+    entries[0]["verified"] = ["many-short/causal/float32", "one-long/causal/float32"]  # verify --write added one
+    entries[1]["config"] = {"mode": "ok2", "size": 1}  # re-tuned since: the farm's entry is gone
+    env = dict.fromkeys(art.ENV_KEYS, None)
+    hashes = {"fake": art.current_template_hash("fake_faults", "fake")}
+    a = art.Artifact("fake_faults", "h100", env, hashes, "space", entries[:2])  # the 1K entry is missing
+    art.save_artifact(a, art.artifact_path("h100", "fake_faults", tmp_path))
+    assert farm_status.audit(storage, "farm|h100|aaa", tmp_path)["entries_lost"] == 2

@@ -342,12 +342,24 @@ GOOD_ATTRS = {"max_seq_len": 256, "contextual_seq_len": 0, "max_attn_len": 0}
         (GOOD_ATTRS, ("q", "k"), None, "takes q, k, v, seq_offsets"),
         (GOOD_ATTRS, ("q", "k", "v", "off"), "[true, 5]", "hstu.lengths metadata is not a list of lengths"),
         (GOOD_ATTRS, ("q", "k", "v", "off"), "[99999999]", "hstu.lengths metadata is not a list of lengths"),
+        (GOOD_ATTRS, ("q", "k", "v", "off"), "[0, 0]", "hstu.lengths metadata holds no non-zero length"),
+        (GOOD_ATTRS, ("q", "k", "v", "off"), "[]", "hstu.lengths metadata holds no non-zero length"),
     ],
-    ids=["no-attributes", "negative-max-seq-len", "no-inputs", "two-inputs", "bool-length", "huge-length"],
+    ids=[
+        "no-attributes",
+        "negative-max-seq-len",
+        "no-inputs",
+        "two-inputs",
+        "bool-length",
+        "huge-length",
+        "zeros",
+        "empty",
+    ],  # fmt: skip
 )
 def test_a_malformed_onnx_attention_node_is_named(capsys, tmp_path, attrs, inputs, lengths, message):
     """A node without its attributes or inputs was a KeyError / IndexError traceback; metadata lengths a
-    lengths file refuses (a bool, past the largest bucket) were taken as the model's length sample."""
+    lengths file refuses (a bool, past the largest bucket) were taken as the model's length sample, and an empty
+    or all-zero sample was dropped without a word (tasks on every synthetic law instead)."""
     assert main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", GOOD_ATTRS)]) == 0
     capsys.readouterr()
     rc = main(["tasks", "--gpu", "h100", "--from-onnx", _onnx_file(tmp_path / "m.onnx", attrs, inputs, lengths)])
@@ -358,11 +370,12 @@ def test_a_malformed_onnx_attention_node_is_named(capsys, tmp_path, attrs, input
 @pytest.mark.parametrize(
     ("lengths", "match"),
     [("5", "must be a list of sequence lengths, got int"), ("[float('inf')]", "hold inf"),
-     ("[3, -5]", "hold -5"), ("[40000]", "hold 40000"), ("[3.7]", "hold 3.7"), ("[True]", "hold True")],
+     ("[3, -5]", "hold -5"), ("[40000]", "hold 40000"), ("[3.7]", "hold 3.7"), ("[True]", "hold True"),
+     ("[0, 0]", "no non-zero length"), ("[]", "no non-zero length")],
 )  # fmt: skip
 def test_a_factorys_lengths_are_checked_as_a_lengths_file_is(tmp_path, monkeypatch, lengths, match):
     """``int()`` of each was a TypeError / OverflowError traceback for a scalar or inf, truncated 3.7 to 3, and
-    kept negative and huge lengths as the model's length sample."""
+    kept negative and huge lengths as the model's length sample; an empty or all-zero one was dropped unsaid."""
     name = f"lengths_factory_{abs(hash(lengths))}"
     body = "import types, numpy, torch\n\n\ndef factory(lengths={}):\n"
     body += "    return types.SimpleNamespace(module=torch.nn.Linear(1, 1), args=(), lengths=lengths)\n"
@@ -523,3 +536,13 @@ def test_run_from_onnx_on_a_gpu_refuses_a_dtype_it_would_ignore(capsys, tmp_path
     assert rc == 2 and "--dtype cannot be combined with --from-onnx" in text, text
     rc, text = _run(capsys, *argv, "--dtype", "float16", "--interpret")
     assert rc == 0 and "float16" in text, text
+
+
+def test_tasks_from_onnx_refuses_a_dtype_it_would_ignore(capsys, tmp_path):
+    """``autotune tasks --from-onnx FILE --dtype float16`` listed the file's bfloat16 tasks: the --dtype was dropped
+    without a word (``run`` refuses it likewise). The file's dtype stays the default."""
+    model = _onnx_file(tmp_path / "m.onnx", {**GOOD_ATTRS, "kernel_dtype": "bfloat16"})
+    rc, text = _run(capsys, "tasks", "--gpu", "h100", "--from-onnx", model, "--dtype", "float16")
+    assert rc == 2 and "--dtype cannot be combined with --from-onnx" in text, text
+    rc, text = _run(capsys, "tasks", "--gpu", "h100", "--from-onnx", model)
+    assert rc == 0 and "bfloat16" in text, text

@@ -226,6 +226,8 @@ def test_cli_reports_bad_inputs_and_outputs_as_usage_errors(tmp_path, capsys):
         (["--dims", "128x64"], "--dims: '128x64'"),
         (["--dims", "128,512"], "--dims: '512'"),
         (["--heads", "8"], "--heads: not read by bench --heatmap"),
+        (["--masks", "targets"], "--masks: not read by bench --heatmap"),
+        (["--distributions", "jagged"], "--distributions: not read by bench --heatmap"),
         (["--heatmap-batches", "128", "--heatmap-lengths", "16K"], "every cell is over"),
         (["--heatmap-batches", "65536", "--heatmap-lengths", "16"], "--heatmap-batches: '65536' is above 65535"),
         (["--heatmap-heads", "40000"], "--heatmap-heads: '40000' is above 32768"),
@@ -377,3 +379,42 @@ def test_no_nan_or_inf_reaches_a_csv_and_an_overflowing_ratio_is_left_out(tmp_pa
     assert sum(math.isnan(r["tflops"]) for r in back) == 2 and len(back) == 12
     with pytest.raises(ValueError, match="none of its cells"):
         heatmap.write_report(_rows(), tmp_path / "o", [{**r, "tflops": 1e-320} for r in _reference()])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--cuda-graph"],
+        ["--reference", "ref.csv"],
+        ["--directions", "fwd"],
+        ["--heatmap-batches", "4"],
+        ["--heatmap-lengths", "2K"],
+        ["--heatmap-heads", "8"],
+        ["--out", "elsewhere"],
+    ],
+)
+def test_heatmap_options_without_heatmap_are_usage_errors(capsys, monkeypatch, argv):
+    """``autotune bench --cuda-graph`` (or ``--reference``, ``--heatmap-*``, ...) without ``--heatmap`` timed plain
+    launches of the task grid and wrote nothing there: the options were accepted and ignored without a word."""
+    from autotune.runtime import gpus
+    from autotune.tuning.cli import main
+
+    monkeypatch.setattr(gpus, "detect_gpu", lambda: pytest.fail("the GPU was looked for before the options"))
+    assert main(["bench", "--gpu", "auto", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{argv[0]}: a bench --heatmap option" in err
+
+
+@pytest.mark.parametrize(
+    "argv", [["--heatmap-batches", "4"], ["--directions", "fwd"], ["--dims", "128"], ["--heatmap-heads", "8"]]
+)
+def test_a_rerender_refuses_grid_options_it_would_ignore(tmp_path, capsys, argv):
+    """``--from-csv`` re-renders the table's own cells: ``--dims 128`` or ``--heatmap-batches 4`` beside it were
+    accepted and the whole table was drawn anyway."""
+    from autotune.tuning.cli import main
+
+    heatmap.write_csv(_rows(), tmp_path / "in.csv")
+    rc = main(["bench", "--from-csv", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and argv[0] in err and "--from-csv" in err, err
+    assert not (tmp_path / "out").exists()

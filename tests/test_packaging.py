@@ -369,3 +369,15 @@ def test_the_docs_name_only_files_a_fresh_clone_holds():
     sources = [p for p in tracked if p.suffix in (".py", ".md") and p.is_file() and p.name != "test_packaging.py"]
     bad += [f"{p.relative_to(REPO)}: names shared/docs" for p in sources if "shared/docs" in p.read_text()]
     assert not bad, bad
+
+
+def test_an_export_of_every_kernel_leaves_out_json_files_no_kernel_has(tmp_path, capsys):
+    """A notes.json (or a copy named ``fwd-old.json``) beside the artifacts, which ``autotune.load`` never reads,
+    made ``autotune export`` refuse the whole bundle as holding an artifact dispatch would reject."""
+    root = _fresh_artifacts(tmp_path / "arts")
+    (root / "h100" / "notes.json").write_text('{"note": "tuned on node 7"}\n')
+    out = tmp_path / "b"
+    assert main(["export", "--gpu", "h100", "--out", str(out), "--artifacts", str(root)]) == 0
+    assert "not exported: notes.json" in capsys.readouterr().out
+    assert not (out / "h100" / "notes.json").exists() and bundle.verify_bundle(out) == []
+    assert json.loads((out / "manifest.json").read_text())["ignored"] == ["notes.json"]

@@ -330,3 +330,36 @@ def test_a_seq_cap_below_one_is_refused_before_any_entry_is_re_checked(root, cap
     assert cli.main([*argv, "--seq-cap", str(cap)]) == 2
     err = capsys.readouterr().err
     assert "--seq-cap must be an integer >= 1" in err and "Traceback" not in err
+
+
+def test_write_after_a_concurrent_writer_records_each_case_on_its_own_entry_only(tmp_path, monkeypatch):
+    """``verify --write`` matched its results to the file by position: an entry a tuning run added meanwhile (sorted
+    before them) made it raise "changed during the re-check" (a traceback, every verdict lost), and a config a run
+    re-tuned at the same key took the cases the replaced config had passed."""
+    path = _two_ok_entries(tmp_path, monkeypatch)
+    results = recheck_artifacts(tmp_path, "h100", level="quick", jobs=1, plugins=PLUGINS, timeout_s=5.0, seq_cap=16)
+    assert [r.status for r in results] == ["ok", "ok"]
+    artifact = art.load_artifact(path, check_stale=False)
+    artifact.upsert({**_entry(1024, "ok"), "dtype": "bfloat16"})  # sorts before both
+    artifact.upsert({**_entry(512, "ok"), "config": {"mode": "ok2", "size": 1}})  # re-tuned meanwhile
+    art.save_artifact(artifact, path)
+    write_verified(tmp_path, "h100", results)
+    entries = {(e["dtype"], e["bucket"]): e for e in art.load_artifact(path, check_stale=False).entries}
+    assert entries["float32", 256]["verified"] == sorted(results[0].checked)
+    assert "verified" not in entries["float32", 512]  # another config than the one re-checked
+    assert "verified" not in entries["bfloat16", 1024]
+
+
+def test_write_under_the_interpreter_refuses_an_artifact_tuned_on_a_gpu(tmp_path, monkeypatch, capsys):
+    """``verify --interpret --write`` recorded cases passed on the CPU interpreter in a GPU-made artifact's
+    ``verified`` list, which dispatch reads on the GPU to serve the other half dtype from an entry (as
+    ``merge`` and ``export`` never let interpreter evidence into a GPU folder). Refused, the file untouched."""
+    path = _two_ok_entries(tmp_path, monkeypatch)
+    data = json.loads(path.read_text())
+    data["environment"].update(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132)
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    code = cli.main([*VERIFY, "--artifacts", str(tmp_path), "--level", "quick", "--write"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--write" in err and "--interpret" in err and path.read_bytes() == before, err
+    assert cli.main([*VERIFY, "--artifacts", str(tmp_path), "--level", "quick"]) == 0  # a re-check alone runs

@@ -3,6 +3,8 @@ under the Triton interpreter (resume of an interrupted study)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
@@ -317,3 +319,64 @@ def test_bench_launches_pair_the_baseline_with_the_artifacts_winner(tmp_path):
     assert (tuned.backend, tuned.config) == ("fake", FakeConfig(mode="ok", size=1))
     (out,) = tuned.run()
     assert out.shape[0] == sum(task.lengths()) + 1  # launched on the task's own batch
+
+
+def test_bench_launches_time_the_entry_of_the_tasks_own_heads_mask_and_bucket(tmp_path):
+    """``autotune bench --heads 2`` (or ``--masks targets``) timed the bucket's heads-1 causal entry as the tuned
+    config: the lookup ignored the task's heads and mask, and read the bucket from the capped length."""
+    from autotune.tuning.tuner import bench_launches
+
+    task = _fake_task()
+    run_tasks([task], _opts(tmp_path))
+    artifact = art.load_artifact(art.artifact_path("h100", "fake_op", tmp_path))
+    (entry,) = artifact.entries
+    artifact.upsert({**entry, "num_heads": 2, "config": {"mode": "ok2", "size": 2}})
+    artifact.upsert({**entry, "mask": "targets", "config": {"mode": "ok2", "size": 1}})
+    artifact.upsert({**entry, "bucket": 1024, "config": {"mode": "slow", "size": 2}})
+    tuned = lambda **kw: bench_launches(dataclasses.replace(task, **kw), artifact, device="cpu")[2]  # noqa: E731
+    assert tuned(num_heads=2).config == FakeConfig(mode="ok2", size=2)
+    assert tuned(mask="targets").config == FakeConfig(mode="ok2", size=1)
+    assert tuned(mask="window") is None  # no entry of its own
+    assert tuned(bucket=1024).config == FakeConfig(mode="slow", size=2)  # capped to 16 tokens, still the 1K entry
+
+
+def test_a_resume_with_no_prune_fully_times_the_configs_an_earlier_run_pruned(tmp_path):
+    """``--no-prune`` promises every correct config fully timed, but a resumed study kept the configs a pruning run
+    had cut after their quick timing as seen: the fastest config, pruned once, could never win the re-run."""
+    task = _fake_task()
+    run_tasks([task], _opts(tmp_path))
+    storage = make_storage(None, task.gpu, tmp_path)
+    name = next(n for n in optuna.get_all_study_names(storage) if n.startswith(task.study_name + "|src"))
+    study = optuna.load_study(study_name=name, storage=storage)
+    ok = next(t for t in study.get_trials() if t.params.get("fake.mode") == "ok" and t.params["fake.size"] == 1)
+    attrs = {**ok.user_attrs, "status": "pruned"}  # as a pruning run leaves the fastest config, quick-timed only
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=ok.params,
+                                              distributions=ok.distributions, user_attrs=attrs))  # fmt: skip
+    (pruned,) = run_tasks([task], _opts(tmp_path))
+    assert pruned.config != {"mode": "ok", "size": 1}  # a pruning resume keeps the verdict
+    (full,) = run_tasks([task], _opts(tmp_path, prune=False))
+    last = [t for t in _trials(tmp_path, task) if t.user_attrs.get("config_key") == ok.user_attrs["config_key"]]
+    assert last[-1].user_attrs["status"] == "ok" and last[-1].state == optuna.trial.TrialState.COMPLETE
+    assert full.config == {"mode": "ok", "size": 1}
+
+
+def test_the_baseline_is_the_backend_dispatch_runs_without_artifacts(monkeypatch):
+    """The study's baseline was Triton's default, else the alphabetically first backend's, while dispatch runs the
+    first backend of the spec's defaults (gemm_silu in float32 on a GPU: torch, not cute): winners were compared
+    with, and their speedups measured against, a default that never runs."""
+    import dataclasses
+
+    from autotune import spec
+    from autotune.tuning.fake import FAKE_SPEC
+    from autotune.tuning.tuner import _Study
+
+    (kernel,) = FAKE_SPEC.kernels
+    (fake,) = kernel.backends
+    two = dataclasses.replace(kernel, name="fake_two", backends=(dataclasses.replace(fake, name="afake"), fake))
+    spec.register(dataclasses.replace(FAKE_SPEC, name="fake_two", kernels=(two,)))
+    try:
+        task = Task("fake_two", "h100", "float32", 32, 32, 1, 256, "uniform", batch=2, seq_cap=16)
+        study = _Study(task, _opts(None), None, optuna.storages.InMemoryStorage(), Reporter())
+        assert study.default_backend.name == "fake"  # the spec's defaults name "fake" only
+    finally:
+        spec.unregister("fake_two")

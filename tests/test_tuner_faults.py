@@ -426,3 +426,13 @@ def test_a_storage_path_that_is_no_journal_is_refused_and_left_as_it_was(tmp_pat
     journal.touch()
     optuna.create_study(study_name="s", storage=make_storage(str(journal), "h100", tmp_path))
     assert optuna.get_all_study_names(make_storage(str(journal), "h100", tmp_path)) == ["s"]
+
+
+def test_a_config_found_wrong_in_the_extra_comparison_rounds_has_no_verdict():
+    """The extra rounds of a close call check the outputs after timing too, but a failed reply to them was dropped
+    and the first rounds' verdict stood: a candidate that went wrong there was still written when the default had
+    failed its re-check (a winner then needs no gain)."""
+    close = [1.09, 0.85, 1.30, 0.90, 1.25, 1.10]
+    replies = iter([{"status": "ok", "a_ms": [1.0] * 6, "b_ms": close}, {"status": "incorrect", "side": "a"}])
+    failed, verdict = compare_extended(lambda n: next(replies), 6, 18)
+    assert verdict is None and failed == {"status": "incorrect", "side": "a"}

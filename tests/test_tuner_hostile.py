@@ -233,3 +233,50 @@ def test_a_timing_of_no_positive_finite_time_fails_its_trial_and_the_study_goes_
     assert t.user_attrs["status"] == "timing" and "not a positive finite time" in t.user_attrs["error"], t.user_attrs
     assert t.state != optuna.trial.TrialState.COMPLETE
     assert r.error is None and r.config == {"mode": "slow"}
+
+
+def test_a_default_whose_clock_gave_no_time_writes_nothing_and_is_timed_again(tmp_path, monkeypatch, plugin):
+    """A default timed at 0 ms (a broken clock: the environment, as a timeout may be) counted as a default that ran
+    wrong: the fastest config was written with no comparison, and a resumed study never timed the default again."""
+    from autotune.tuning import tuner
+
+    request = tuner._Study.request
+
+    def lying_clock(self, msg, timeout=None):
+        reply = request(self, msg, timeout)
+        if msg.get("cmd") == "evaluate" and msg.get("config") == {"mode": "slow"} and reply.get("status") == "ok":
+            reply = {**reply, "median_ms": 0.0}
+        return reply
+
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "ok")
+    task = _task(plugin)
+    with monkeypatch.context() as m:
+        m.setattr(tuner._Study, "request", lying_clock)
+        (r,) = run_tasks([task], _opts(tmp_path))
+    assert r.config is None and "default config could not be measured (status timing" in r.error, r.error
+    assert not art.artifact_path("h100", plugin.NAME, tmp_path).exists()
+    (r,) = run_tasks([task], _opts(tmp_path))  # the clock works again: the default is timed, a winner written
+    assert _trials(tmp_path, task)["slow"].user_attrs["status"] == "ok"
+    assert r.error is None and r.config in CORRECT and r.default_ms
+
+
+@pytest.mark.parametrize("bad_ms", [0.0, float("nan")])
+def test_a_comparison_whose_clock_gave_no_time_decides_nothing(tmp_path, monkeypatch, plugin, bad_ms):
+    """The interleaved comparison's times were taken as given: a median of 0 ms for the winner raised
+    ZeroDivisionError in the TFLOP/s (a NaN one wrote an entry the artifact refused) and ended the whole run. Such
+    a reply is a failed comparison: the study goes on and writes a correct config."""
+    from autotune.tuning import tuner
+
+    request = tuner._Study.request
+
+    def lying_clock(self, msg, timeout=None):
+        reply = request(self, msg, timeout)
+        if msg.get("cmd") == "compare" and reply.get("status") == "ok":
+            n = len(reply["a_ms"])
+            reply = {**reply, "a_ms": [bad_ms] * (n - 2) + [1.0, 1.0], "b_ms": [2.0] * n}
+        return reply
+
+    monkeypatch.setattr(tuner._Study, "request", lying_clock)
+    monkeypatch.setenv("AUTOTUNE_HOSTILE_MODES", "ok")
+    (r,) = run_tasks([_task(plugin)], _opts(tmp_path))
+    assert r.error is None and r.config in CORRECT and r.median_ms > 0 and r.tflops >= 0

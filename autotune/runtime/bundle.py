@@ -67,11 +67,18 @@ def _missing_reason(folder: Path, kernel: str) -> str:
 
 def _usable_files(
     root: Path, gpu: str, kernels: list[str] | None, missing_ok: Collection[str] = ()
-) -> tuple[list[tuple[Path, Any]], dict[str, str]]:
-    """(file, artifact) of each kernel to export and {kernel: why it has no file} for those in ``missing_ok``;
-    ``BundleError`` for a named kernel (not in ``missing_ok``) without a file and naming each rejected file."""
+) -> tuple[list[tuple[Path, Any]], dict[str, str], list[str]]:
+    """(file, artifact) of each kernel to export, {kernel: why it has no file} for those in ``missing_ok``, and the
+    other ``*.json`` files of the folder (no registered kernel's: ``autotune.load`` never reads them, so they are
+    not exported); ``BundleError`` for a named kernel (not in ``missing_ok``) without a file and naming each
+    rejected file."""
+    from autotune.spec import kernels as registered
+
     folder = root / gpu
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    known = set(registered())
+    ignored = [f.name for f in files if f.stem not in known]
+    files = [f for f in files if f.stem in known]
     present = {f.stem for f in files}
     wanted = list(dict.fromkeys([*(kernels or ()), *missing_ok]))
     unknown = [k for k in wanted if k not in present and k not in missing_ok]
@@ -102,7 +109,7 @@ def _usable_files(
             out.append((f, verdict.artifact))
     if problems:
         raise BundleError("refusing to export artifacts dispatch would reject:\n  " + "\n  ".join(problems))
-    return out, missing
+    return out, missing, ignored if kernels is None else []
 
 
 def export_bundle(
@@ -127,13 +134,13 @@ def export_bundle(
         raise BundleError(f"--out {out}: exists and is not an empty directory")
     if not out.parent.is_dir():
         raise BundleError(f"--out {out}: parent directory {out.parent} does not exist")
-    files, missing = _usable_files(root, gpu, kernels, missing_ok)
+    files, missing, ignored = _usable_files(root, gpu, kernels, missing_ok)
     # Built in a sibling folder and renamed into place: a failure part-way (a copy error, a full disk) left a
     # half-filled --out that every re-run then refused as not empty.
     tmp_dir = out.parent / f".{out.name}.partial.{os.getpid()}.{secrets.token_hex(4)}"
     tmp_dir.mkdir()  # the umask's permissions, as the folder it becomes (mkdtemp's are owner-only)
     try:
-        manifest = _write_bundle(files, gpu, tmp_dir, missing)
+        manifest = _write_bundle(files, gpu, tmp_dir, missing, ignored)
         os.replace(tmp_dir, out)  # onto a missing or empty folder
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -141,7 +148,7 @@ def export_bundle(
     return manifest
 
 
-def _write_bundle(files: list, gpu: str, out: Path, missing: dict[str, str]) -> dict:
+def _write_bundle(files: list, gpu: str, out: Path, missing: dict[str, str], ignored: list[str]) -> dict:
     """Copy the artifact files into ``out/<gpu>/`` and write the manifest last; returns the manifest."""
     (out / gpu).mkdir(parents=True, exist_ok=True)
     listed = []
@@ -171,6 +178,7 @@ def _write_bundle(files: list, gpu: str, out: Path, missing: dict[str, str]) -> 
         "exported_with": _versions(),
         "files": listed,
         "missing": missing,  # kernels asked for (or known) without a file: the bundle runs their default config
+        "ignored": ignored,  # the folder's other *.json files (no kernel's artifact), not exported
     }
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".manifest.")
     with os.fdopen(fd, "w") as fh:

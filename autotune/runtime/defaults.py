@@ -59,6 +59,16 @@ def space_default(space: SearchSpace, ctx: SpaceContext) -> Any:
     return config if ctx.interpret else fit_default(space, config, ctx)
 
 
+def baseline_backend(kind: str, dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool, among: Any) -> str:
+    """The backend of ``among`` (names) that runs ``kind`` without artifacts: the first of the spec's defaults for
+    these dims and dtype (``dispatch.default_choice`` runs the first available one), else Triton, else the first.
+    The tuner's baseline: gemm_silu in float32 runs torch, not the CuTe kernel that sorts first."""
+    names = list(among)
+    k = spec.kernel(kind)
+    order = spec.resolve(k.default)(dqk, dv, num_heads, dtype, interpret) if k.default else {}
+    return next((b for b in order if b in names), "triton" if "triton" in names else names[0])
+
+
 def fit_spec_default(
     kind: str, backend: str, config: Any, dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool
 ) -> Any:

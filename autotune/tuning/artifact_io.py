@@ -7,11 +7,13 @@ reading of recorded winners and one writer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,18 @@ def environment_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [f"{k} {a.get(k)!r} != {b.get(k)!r}" for k in TIMING_ENV_KEYS if a.get(k) != b.get(k)]
 
 
+@contextlib.contextmanager
+def artifact_lock(path: Path) -> Iterator[None]:
+    """The exclusive lock every writer of the artifact ``path`` holds from its re-read to its write (its folder must
+    exist): a tuning run, a farm worker, ``autotune merge`` and ``autotune verify --write`` never lose another's
+    entries."""
+    import fcntl
+
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def merge_entries(
     kernel: str,
     gpu: str,
@@ -56,16 +70,13 @@ def merge_entries(
     warning instead of being relabelled with this one (``replace=False``: ``EnvironmentMismatch`` and
     nothing written); a stale or invalid file is replaced, its old content renamed aside (``keep_aside``).
     """
-    import fcntl
-
     # Both names become path parts: checked before anything is created ('../..' would escape ``root``).
     if not isinstance(gpu, str) or not art.is_gpu_key(gpu):
         raise ValueError(f"gpu must be a lower-case GPU key such as 'h100', got {gpu!r:.60}")
     backends = backends_for(kernel, available_only=False)  # ValueError for a kernel no op spec declares
     path = art.artifact_path(gpu, kernel, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with artifact_lock(path):
         existing = None
         if os.path.lexists(path):
             try:

@@ -48,6 +48,16 @@ INTERPRET_DEFAULTS: dict[str, Any] = {
     "time_budget": None,
     "seq_cap": 64,
 }
+# ``bench`` options only ``--heatmap`` (or ``--from-csv``) reads, with their defaults: the plain bench refuses them.
+HEATMAP_OPTIONS: dict[str, Any] = {
+    "cuda_graph": False,
+    "heatmap_batches": "1,2,4,8,16,32,64,128",
+    "heatmap_lengths": "128,256,512,1K,2K,4K,8K,16K",
+    "heatmap_heads": "4",
+    "directions": "fwd,bwd,both",
+    "reference": None,
+    "out": "runs/heatmap",
+}
 ABBREV = {"block_m": "m", "block_n": "n", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqm", "dq_block_n": "dqn"}
 
 
@@ -64,8 +74,11 @@ def _console():
 
 
 def parse_duration(text: str | None) -> float | None:
-    """'90', '90s', '6m', '1.5h' -> seconds; None/'none'/'0' -> no budget."""
-    if text is None or text.strip().lower() in ("", "none", "0"):
+    """'90', '90s', '6m', '1.5h' -> seconds; None/'none'/'0' -> no budget. An empty value (an unset variable's
+    ``"$BUDGET"``) names nothing: it ran with no budget at all."""
+    if text is not None and not text.strip():
+        raise CLIError("--time-budget names nothing; give a duration (e.g. 6m), or 0 or none for no budget")
+    if text is None or text.strip().lower() in ("none", "0"):
         return None
     t = text.strip().lower()
     scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1])
@@ -85,8 +98,10 @@ def load_plugin_modules(names: list[str]) -> None:
     for name in plugin_modules(names):
         try:
             load_plugins([name])
-        except ImportError as e:
-            raise CLIError(f"--plugin {name}: cannot import it ({e})") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a syntax error or a raise at import too: not a traceback
+            option = "--plugin" if name in names else "AUTOTUNE_PLUGINS"
+            why = str(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {e}"
+            raise CLIError(f"{option} {name}: cannot import it ({why})") from None
 
 
 def _split(text: str) -> list[str]:
@@ -282,7 +297,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CLIError(f"no feasible config for {t.label()} in {where} (unsupported head dims or dtype?)")
     if args.dry_run:
         return _dry_run(console, tasks, args)
-    check_run_outputs(args, gpu)
+    check_run_outputs(args, gpu, sorted({t.kernel for t in tasks}))
     from autotune.tuning.tuner import TuneOptions, run_tasks
 
     opts = TuneOptions(
@@ -470,6 +485,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from autotune.tuning.cli_heatmap import cmd_heatmap
 
         return cmd_heatmap(args)
+    given = [f"--{k.replace('_', '-')}" for k, v in HEATMAP_OPTIONS.items() if getattr(args, k) != v]
+    if given:  # `bench --cuda-graph` timed plain launches: the heatmap's options were ignored without a word
+        raise CLIError(f"{', '.join(given)}: a bench --heatmap option; add --heatmap (or leave it out)")
     _fill_defaults(args)
     args.trials, args.seq_cap = 1, None
     from autotune.tuning.cli_checks import check_task_numbers
@@ -628,10 +646,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--cuda-graph", action="store_true", help="heatmap: time CUDA-graph replays of each call (no host time)"
     )
-    bench.add_argument("--heatmap-batches", default="1,2,4,8,16,32,64,128", help="default %(default)s")
-    bench.add_argument("--heatmap-lengths", default="128,256,512,1K,2K,4K,8K,16K", help="default %(default)s")
-    bench.add_argument("--heatmap-heads", default="4", help="head counts, e.g. 1,2,4,8 (default %(default)s)")
-    bench.add_argument("--directions", default="fwd,bwd,both", help="heatmap directions (default %(default)s)")
+    heat = HEATMAP_OPTIONS
+    bench.add_argument("--heatmap-batches", default=heat["heatmap_batches"], help="default %(default)s")
+    bench.add_argument("--heatmap-lengths", default=heat["heatmap_lengths"], help="default %(default)s")
+    bench.add_argument(
+        "--heatmap-heads", default=heat["heatmap_heads"], help="head counts, e.g. 1,2,4,8 (default %(default)s)"
+    )
+    bench.add_argument("--directions", default=heat["directions"], help="heatmap directions (default %(default)s)")
     bench.add_argument(
         "--reference",
         help="CSV with direction,dqk,heads,batch,length,tflops (and optionally source): ratio maps against it; "
@@ -640,7 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--from-csv", help="re-render a heatmap CSV written earlier (no GPU needed; one row per cell and source)"
     )
-    bench.add_argument("--out", default="runs/heatmap", help="output folder (default runs/heatmap)")
+    bench.add_argument("--out", default=heat["out"], help="heatmap output folder (default %(default)s)")
     status = sub.add_parser("status", help="progress of a tuning farm: tasks, workers, best so far")
     status.add_argument("--storage", required=True, help="the farm's storage URL (postgresql://...)")
     status.add_argument("--farm", default=None, help="one farm study (default: every farm in the storage)")
@@ -681,9 +702,23 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["TRITON_INTERPRET"] = before
 
 
+# Options naming a file or folder: given empty (an unset variable's "$DIR"), ``Path("")`` was the working directory
+# and ``if args.artifacts`` the package's own artifacts (merged into, verified and written by ``--write``).
+PATH_OPTIONS = ("artifacts", "out", "json", "audit", "reference", "from_csv", "from_onnx")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """A usage error for a path option given as an empty or blank string."""
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.strip():
+            raise CLIError(f"--{name.replace('_', '-')} names nothing; give a path (or leave the option out)")
+
+
 def _dispatch_command(args: argparse.Namespace) -> int:
     """Run the parsed command; a ``CLIError`` is the one-line usage error (exit 2)."""
     try:
+        _check_paths(args)
         if args.command == "run":
             return cmd_run(args)
         if args.command in ("show", "merge"):

@@ -107,9 +107,19 @@ def check_run_numbers(args: argparse.Namespace) -> None:
         raise CLIError(f"--warm-starts must be one of {', '.join(WARM_START_SCOPES)}, got {args.warm_starts!r}")
 
 
-def check_run_outputs(args: argparse.Namespace, gpu: str) -> None:
-    """The folders ``autotune run`` writes (artifacts, and a journal storage given as a path) are usable."""
+def check_run_outputs(args: argparse.Namespace, gpu: str, kernels: list[str] = ()) -> None:
+    """The folders ``autotune run`` writes (artifacts, and a journal storage given as a path) are usable, and a run
+    under ``--interpret`` writes over no GPU-made artifact of ``kernels``."""
     writable_folder("--artifacts", Path(args.artifacts) / gpu)
+    if args.interpret:
+        _refuse_gpu_artifacts(Path(args.artifacts), gpu, kernels)
+    if not args.storage:  # the default journal under --artifacts: a damaged one was Optuna's traceback
+        from autotune.tuning.study_storage import journal_problem
+
+        journal = Path(args.artifacts) / gpu / "studies" / "tuning.journal"
+        problem = journal_problem(journal)
+        if problem:
+            raise CLIError(f"--artifacts {args.artifacts}: the studies journal {journal}: {problem}")
     if args.storage and "://" not in args.storage:  # a journal file path
         if _URL_SCHEME.match(args.storage):  # 'postgres:/host/db' made a folder 'postgres:' and ran without the farm
             raise CLIError(f"--storage {args.storage}: a URL needs 'scheme://' (for a journal file named so, "
@@ -120,6 +130,25 @@ def check_run_outputs(args: argparse.Namespace, gpu: str) -> None:
         problem = journal_problem(Path(args.storage))
         if problem:  # Optuna would append its log to the file before failing on it
             raise CLIError(f"--storage {args.storage}: {problem}")
+
+
+def _refuse_gpu_artifacts(root: Path, gpu: str, kernels: list[str]) -> None:
+    """A usage error naming the first of ``kernels``' artifacts under ``root`` made on a GPU: an interpreter run's
+    entries, of another timing environment, would drop its entries (``merge_entries``), and a GPU host rejects the
+    file it leaves (``autotune merge`` refuses to put interpreter results in a GPU folder likewise)."""
+    from autotune.runtime import artifacts as art
+
+    for kernel in kernels:
+        path = art.artifact_path(gpu, kernel, root)
+        try:
+            env = art.load_artifact(path, check_stale=False, check_configs=False).environment
+        except (art.ArtifactError, OSError):
+            continue  # missing or unusable: the run's write replaces it (set aside when unusable)
+        if not art.interpreter_made(env):
+            raise CLIError(
+                f"--artifacts {root}: {path} holds entries tuned on a GPU ({env.get('gpu_name')}), which a run under "
+                "--interpret would drop; pass another --artifacts (its default is runs/interpret/artifacts)"
+            )
 
 
 # A URL scheme and its colon (RFC 3986), two letters or more: 'C:' of a Windows path is no scheme.

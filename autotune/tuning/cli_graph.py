@@ -81,9 +81,15 @@ def artifact_task_list(args: argparse.Namespace, gpu: str, sample: tuple[int, ..
     refuse_grid_options(args, options, "--from-artifact", "the artifact's entries decide the tasks")
     _nonempty("--kernel", str(args.kernel))
     try:
-        return tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
+        tasks = tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
     except ValueError as e:
         raise CLIError(str(e)) from None
+    if sample is not None and not any(t.sample for t in tasks):  # it was read, then ignored without a word
+        raise CLIError(
+            f"--lengths {args.lengths}: no entry of the artifacts was tuned on a lengths sample (each is re-measured "
+            "on the law it was tuned on); leave --lengths out"
+        )
+    return tasks
 
 
 def _add_graph_source(p: argparse.ArgumentParser) -> None:
@@ -109,10 +115,9 @@ def add_parsers(sub: Any) -> None:
     tasks.add_argument("--gpu", default="auto", help="GPU the tasks are for (default: the GPU present, else h100)")
     tasks.add_argument(
         "--dtype",
-        default="bfloat16",
         choices=("bfloat16", "float16", "float32"),
         help="--from-model PRESET: the autocast dtype training runs (default bfloat16; a module:factory is "
-        "exported as it is given)",
+        "exported as it is given; --from-onnx: the file's dtype, and --dtype is refused)",
     )
     tasks.add_argument("--inference", action="store_true", help="forward only (no backward tasks)")
     tasks.add_argument(
@@ -244,7 +249,9 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
         if args.json and given and Path(args.json).resolve() == Path(given).resolve():  # it was overwritten
             raise CLIError(f"--json {args.json}: is the {option} file; name another file for the tasks")
-    graph, tasks = extract(args, gpu, args.dtype, not args.inference, args.batch, None)
+    if args.from_onnx and args.dtype is not None:  # the file's ops keep their dtype: it was dropped unsaid
+        raise CLIError("--dtype cannot be combined with --from-onnx: the file's ops are listed in the dtype it holds")
+    graph, tasks = extract(args, gpu, args.dtype or "bfloat16", not args.inference, args.batch, None)
     print_tasks(graph, tasks, gpu)
     if note:
         _console().print(f"note: {note}")
@@ -279,7 +286,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if gpu not in GPUS:
         raise CLIError(f"unknown GPU {args.gpu!r}; known: {', '.join(sorted(GPUS))}")
     from autotune import spec
+    from autotune.tuning.cli import load_plugin_modules
 
+    load_plugin_modules([])  # AUTOTUNE_PLUGINS: their kernels' artifacts are checked and exported too
     kernels, missing_ok = None, spec.kernels()  # every kernel's file the folder holds; the others are reported
     if args.kernel is not None:  # the spellings run, show and verify take: fwd, bwd, layer or spec names
         kernels = kernel_names(args.kernel)  # unknown names: a usage error listing the known ones
@@ -299,6 +308,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     for kernel, why in manifest["missing"].items():
         console.print(f"  [yellow]missing {kernel}[/]: {escape(why)}")
+    if manifest["ignored"]:
+        names = escape(", ".join(manifest["ignored"]))
+        console.print(f"  not exported: {names} (no registered kernel's; a plugin's kernel needs AUTOTUNE_PLUGINS)")
     console.print(
         f"wrote {args.out}/manifest.json ({gpu}, {manifest['gpu_name']}); load with autotune.load({args.out!r})"
     )

@@ -54,8 +54,8 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.tuning.tasks import MAX_BATCH, MAX_HEADS, parse_dims
     from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
-    ignored = [f"--{k.replace('_', '-')}" for k in ("heads", "batch", "buckets", "kernel", "dtype")
-               if getattr(args, k, None) is not None]  # fmt: skip
+    task_options = ("heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
+    ignored = [f"--{k.replace('_', '-')}" for k in task_options if getattr(args, k, None) is not None]
     if ignored:
         raise CLIError(f"{', '.join(ignored)}: not read by bench --heatmap (use --heatmap-heads, --heatmap-batches, "
                        "--heatmap-lengths, --dims, --directions)")  # fmt: skip
@@ -84,6 +84,20 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     return grid
 
 
+def _refuse_grid_options(args: argparse.Namespace) -> None:
+    """``--from-csv`` draws the table's own cells: a grid option beside it (given, or set off its default) was
+    accepted and ignored."""
+    from autotune.tuning.cli import HEATMAP_OPTIONS
+
+    grid = ("heatmap_batches", "heatmap_lengths", "heatmap_heads", "directions")
+    given = [k for k in grid if getattr(args, k) != HEATMAP_OPTIONS[k]]
+    given += [k for k in ("dims", "heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
+              if getattr(args, k, None) is not None]  # fmt: skip
+    if given:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+        raise CLIError(f"{flags}: --from-csv re-renders the cells its table holds; it measures no grid")
+
+
 def cmd_heatmap(args: argparse.Namespace) -> int:
     """``bench --heatmap``: measure the batch x length grid on the GPU (or re-render ``--from-csv``),
     then write CSV and PNG heatmaps, with ratio maps against ``--reference`` when given."""
@@ -92,6 +106,8 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise CLIError(f"--out {args.out}: exists and is not a folder")
+    if args.from_csv:
+        _refuse_grid_options(args)
     grid = None if args.from_csv else heatmap_grid(args)
     if args.cuda_graph and args.from_csv:
         raise CLIError("--cuda-graph: --from-csv re-renders rows timed earlier; it times nothing")

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 # Trials that failed for reasons outside the config: never counted as seen, so they run again.
 RETRY_STATUSES = ("interrupted", "infra")
-# A default trial that ended so in an earlier run is measured again when its study is reopened.
-DEFAULT_REMEASURE = ("timeout", "crash")
+# A default trial that ended so in an earlier run is measured again when its study is reopened, and none of these
+# is a measured default: "timing" is a clock that gave no positive finite time, the environment's, as a hang may be.
+DEFAULT_REMEASURE = ("timeout", "crash", "timing")
 
 
 def _verify(s: _Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:

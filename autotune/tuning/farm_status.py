@@ -83,7 +83,8 @@ def snapshot(storage: Any, name: str) -> dict[str, Any]:
 
 def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
     """The farm's evidence: tasks finished, configs measured twice in one task study (must be 0) and
-    finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0)."""
+    finished tasks whose entry is missing from or differs in the artifacts under ``root`` (must be 0), re-check
+    cases recorded since (``verify --write``) aside."""
     from autotune.runtime import artifacts as art
     from autotune.tuning.decide import RETRY_STATUSES
     from autotune.tuning.farm_results import latest_per_task
@@ -127,7 +128,7 @@ def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
             if a
             else None
         )
-        lost += hit != entry
+        lost += hit is None or _unverified(hit) != _unverified(entry)
     finished = sum(1 for t in done if not t.user_attrs["result"].get("error"))
     return {
         "tasks": len(latest),
@@ -136,6 +137,11 @@ def audit(storage: Any, name: str, root: str | Path) -> dict[str, Any]:
         "duplicates": duplicates,
         "entries_lost": lost,
     }
+
+
+def _unverified(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry without its ``verified`` cases, which ``autotune verify --write`` adds to after the farm wrote it."""
+    return {k: v for k, v in entry.items() if k != "verified"}
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -194,6 +200,8 @@ def cmd_status(args: Any) -> int:
     from autotune.tuning.cli_checks import positive_seconds
 
     positive_seconds("--watch", args.watch)  # 0 would silently not watch, -1 or nan crash time.sleep
+    if args.watch is not None and getattr(args, "audit", None) is not None:  # the audit prints once: watch was ignored
+        raise CLIError("--audit prints the farm's evidence once; it cannot be combined with --watch")
     if getattr(args, "audit", None) is not None and not Path(args.audit).is_dir():  # a typo read as entries lost
         raise CLIError(f"--audit {args.audit}: no such artifacts folder")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

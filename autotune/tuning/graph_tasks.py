@@ -401,6 +401,8 @@ def _factory_lengths(spec: str, raw: Any) -> list[int]:
                 f"--from-model {spec!r}: its lengths hold {n!r:.40}, not an integer length in 0..{MAX_LENGTH}"
             )
         out.append(length)
+    if not any(out):  # dropped unsaid, it left the tasks on every synthetic law
+        raise GraphTaskError(f"--from-model {spec!r}: its lengths hold no non-zero length")
     return out
 
 
@@ -600,6 +602,8 @@ def _onnx_length_sample(meta: dict[str, str], path: Path) -> list[int] | None:
             raise GraphTaskError(
                 f"--from-onnx {path}: its hstu.lengths metadata is not a list of lengths (integers 0..{MAX_LENGTH})"
             )
+        if not any(sample):  # dropped unsaid, it left the tasks on every synthetic law
+            raise GraphTaskError(f"--from-onnx {path}: its hstu.lengths metadata holds no non-zero length")
         return sample
     try:
         config = json.loads(meta["hstu.config"]) if "hstu.config" in meta else None

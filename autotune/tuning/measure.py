@@ -9,6 +9,7 @@ the pipeline runs end to end but the numbers mean nothing.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -267,14 +268,29 @@ def compare_extended(
     """Interleaved comparison that settles a close call: when the first ``rounds`` show a median gain
     inside their spread, ``max_rounds - rounds`` more rounds are timed and the verdict is taken over all
     of them (the spread of a few rounds is set by one or two outliers). Returns the worker's reply to the
-    first request and the verdict (None when that reply is not ok)."""
-    first = request(rounds)
+    first request and the verdict, or a failed reply (the first's or the extra rounds') and None: the extra
+    rounds check their outputs as the first do, so a side that went wrong there has no verdict."""
+    first = _timed(request(rounds))
     if first["status"] != "ok":
         return first, None
     a_ms, b_ms = list(first["a_ms"]), list(first["b_ms"])
     verdict = compare_verdict(a_ms, b_ms)
     if not verdict["beats"] and (verdict["speedup"] or 0.0) > 1.0 and max_rounds > rounds:
-        more = request(max_rounds - rounds)
-        if more["status"] == "ok":
-            verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
+        more = _timed(request(max_rounds - rounds))
+        if more["status"] != "ok":
+            return more, None
+        verdict = compare_verdict(a_ms + list(more["a_ms"]), b_ms + list(more["b_ms"]))
     return first, verdict
+
+
+def _timed(reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply``, or a failed one ("timing", naming the side) when an ok reply holds a time that is no positive
+    finite number (a broken clock): its median divided the TFLOP/s by 0, or was written as NaN."""
+    if reply.get("status") != "ok":
+        return reply
+    for side in ("a", "b"):
+        bad = [t for t in reply[f"{side}_ms"] if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0)]
+        if bad:
+            error = f"the comparison's timing gave {bad[0]!r} ms, not a positive finite time"
+            return {"status": "timing", "side": side, "error": error}
+    return reply

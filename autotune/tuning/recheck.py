@@ -265,23 +265,28 @@ def artifact_files(folder: Path, plugins: list[str] | None = None) -> tuple[list
 def write_verified(root: str | Path, gpu: str, results: list[Recheck]) -> list[Path]:
     """Record each passing entry's checked cases in its ``verified`` list (other fields untouched). Configs are
     not re-validated on the write: an entry the re-check found ``invalid`` stays as it was, and the passing
-    entries beside it are still recorded (the file was read the same way)."""
+    entries beside it are still recorded (the file was read the same way). The file is re-read under the
+    writers' lock and each result goes to the entry of its key that still holds the config re-checked: a tuning
+    run may have added entries (moving the others) or re-tuned one while the re-check ran."""
     from autotune.runtime import artifacts as art
+    from autotune.tuning.artifact_io import artifact_lock
 
     written = []
     for kernel in sorted({r.kernel for r in results}):
         path = art.artifact_path(gpu, kernel, root)
-        artifact = art.load_artifact(path, check_stale=False, check_configs=False)
-        changed = False
-        for r in results:
-            if r.kernel == kernel and r.status == "ok" and r.checked:
-                entry = artifact.entries[r.index]
-                if art.entry_key(entry) != art.entry_key(r.entry):
-                    raise RuntimeError(f"{path} changed during the re-check (entry {r.index})")
-                entry["verified"] = sorted(_verified(entry) | {c for c in r.checked if isinstance(c, str)})
-                changed = True
-        if changed:
-            written.append(art.save_artifact(artifact, path, check_configs=False))
+        with artifact_lock(path):
+            artifact = art.load_artifact(path, check_stale=False, check_configs=False)
+            by_key = {art.entry_key(e): e for e in artifact.entries}
+            changed = False
+            for r in results:
+                if r.kernel == kernel and r.status == "ok" and r.checked:
+                    entry = by_key.get(art.entry_key(r.entry))
+                    if entry is None or (entry["backend"], entry["config"]) != (r.entry["backend"], r.entry["config"]):
+                        continue  # removed or re-tuned since: the cases were passed by a config it no longer holds
+                    entry["verified"] = sorted(_verified(entry) | {c for c in r.checked if isinstance(c, str)})
+                    changed = True
+            if changed:
+                written.append(art.save_artifact(artifact, path, check_configs=False))
     return written
 
 
@@ -311,6 +316,26 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seq-cap", type=int, default=None, help=argparse.SUPPRESS)  # tests/CI: cap the lengths
 
 
+def _refuse_interpreter_write(root: Path, gpu: str, kernels: list[str] | None, plugins: list[str]) -> None:
+    """A usage error when ``--write`` under ``--interpret`` would record CPU-interpreter cases in an artifact made on
+    a GPU: dispatch reads ``verified`` there to serve the other half dtype from an entry (as ``merge`` and
+    ``export`` keep interpreter evidence out of GPU folders). Unreadable files are left to the re-check's report."""
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.cli import CLIError
+
+    for kernel in kernels or artifact_files(root / gpu, plugins)[0]:
+        path = art.artifact_path(gpu, kernel, root)
+        try:
+            env = art.load_artifact(path, check_stale=False, check_configs=False).environment
+        except (art.ArtifactError, OSError):
+            continue
+        if not art.interpreter_made(env):
+            raise CLIError(
+                f"--write: {path} was tuned on a GPU ({env.get('gpu_name')}); cases passed under --interpret do not "
+                "vouch for its entries there (re-check on the GPU, or leave --write out)"
+            )
+
+
 def cmd_verify(args: Any) -> int:
     """Re-check, print one line per entry as it ends and one per failure at the end; exit 1 on any failure."""
     import json
@@ -335,6 +360,8 @@ def cmd_verify(args: Any) -> int:
         raise CLIError(f"--artifacts: no folder {root / gpu}")
     if args.write:
         writable_folder("--artifacts", root / gpu)
+        if args.interpret:
+            _refuse_interpreter_write(root, gpu, kernels, plugin_modules(args.plugin))
     console = _console()
     if not args.kernel and (others := artifact_files(root / gpu, plugin_modules(args.plugin))[1]):
         console.print(f"note: not re-checked, no registered kernel's artifact: {', '.join(others)}")

@@ -41,19 +41,34 @@ def make_storage(url: str | None, gpu: str, root: Path) -> Any:
 def journal_problem(path: Path) -> str | None:
     """Why ``path`` cannot be a journal storage (None: it is one, is empty or does not exist yet). Optuna appends
     its log lines to whatever file it is given, so a notes file or a SQLite database named as a journal path
-    would be written into before the run failed on it."""
+    would be written into before the run failed on it; and a record garbled past the first line (a disk error, a
+    hand edit) ended the run in Optuna's JSONDecodeError. A last line cut short (a killed write) is what Optuna
+    skips, so it passes."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
+            if not head:
+                return None
+            f.seek(0)
+            return _records_problem(f)
     except FileNotFoundError:
         return None
     except OSError as e:
         return f"cannot read it ({e.strerror or e})"
-    line, newline, _ = head.partition(b"\n")
-    try:
-        first = json.loads(line) if newline else None
-    except ValueError:
-        first = None
-    if not head or (isinstance(first, dict) and "op_code" in first) or (not newline and head.startswith(b'{"op_code"')):
-        return None  # (the last: a journal cut during its first write)
-    return "it exists and is not an Optuna journal file (an RDB storage is a URL, e.g. sqlite:///PATH)"
+
+
+def _records_problem(f: Any) -> str | None:
+    """Why the lines of an open journal are not Optuna's records (each a JSON object with an ``op_code``), or None."""
+    for number, raw in enumerate(f, 1):
+        if not raw.endswith(b"\n"):  # the last line, cut short: Optuna skips it
+            return None if raw.startswith(b'{"op_code"') or number > 1 else _NOT_JOURNAL
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not (isinstance(record, dict) and "op_code" in record):
+            return _NOT_JOURNAL if number == 1 else f"line {number} is no Optuna journal record (a damaged journal)"
+    return None
+
+
+_NOT_JOURNAL = "it exists and is not an Optuna journal file (an RDB storage is a URL, e.g. sqlite:///PATH)"

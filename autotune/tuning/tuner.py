@@ -31,8 +31,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.buckets import batch_fill, bucket_for
-from autotune.runtime.defaults import space_default
+from autotune.runtime.buckets import batch_fill
+from autotune.runtime.defaults import baseline_backend, space_default
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
@@ -245,8 +245,8 @@ def bench_launches(
     task: Task, artifact: art.Artifact | None, device: str = "cuda"
 ) -> tuple[float, Launch, Launch | None]:
     """(FLOPs, default, tuned) launches of ``task`` on its representative batch, as ``autotune bench``
-    times them: the study's baseline (the Triton heuristic when Triton is a backend) and the config
-    ``artifact`` holds for the task's bucket (None without a usable entry)."""
+    times them: the study's baseline (``defaults.baseline_backend``'s default) and the config
+    ``artifact`` holds for the task (None without a usable entry)."""
     import torch
 
     op = get_op(task.kernel)
@@ -257,10 +257,11 @@ def bench_launches(
     def bind(backend: Backend, config: Any) -> Launch:
         return Launch(backend.name, config, lambda: backend.launch(inputs, config, out))
 
-    first = backends.get("triton") or next(iter(backends.values()))
+    first = backends[baseline_backend(task.kernel, task.dqk, task.dv, task.num_heads, task.dtype, False, backends)]
     default = bind(first, space_default(first.space, space_context(task, False)))
-    bucket = bucket_for(task.max_len)
-    entry = artifact.lookup(task.dtype, task.dqk, task.dv, bucket, task.distribution) if artifact else None
+    # The entry the run wrote for this very task (its key), not any of the bucket's heads or masks.
+    key = (task.dtype, task.dqk, task.dv, task.bucket, task.distribution, task.num_heads, task.mask)
+    entry = artifact.lookup(*key) if artifact else None
     tuned = None
     if entry is not None and entry["backend"] in backends:
         b = backends[entry["backend"]]
@@ -336,10 +337,13 @@ def _config_dict(config: Any) -> dict[str, Any]:
 def _other_limits(t: optuna.trial.FrozenTrial, opts: TuneOptions) -> str | None:
     """Why a trial of an earlier run is measured again under this run's limits, which a plain study's name
     lacks: a timeout under a shorter (or unrecorded) --eval-timeout may have cut off a long compile, and a
-    --spill-limit of the other side of its spill count turns "ok" into "spill" or back. None: it stands."""
+    --spill-limit of the other side of its spill count turns "ok" into "spill" or back, and a config pruned after
+    its quick timing is fully timed by a run that prunes nothing (--no-prune). None: it stands."""
     status, spills = t.user_attrs.get("status"), t.user_attrs.get("n_spills")
     if status == "timeout" and t.user_attrs.get("eval_timeout_s", 0.0) < opts.eval_timeout_s:
         return "timed out under a shorter --eval-timeout"
+    if status == "pruned" and not opts.prune:
+        return "pruned by an earlier run; this one times every correct config (--no-prune)"
     if isinstance(spills, int) and (status == "spill") != (spills > opts.spill_limit) and status in ("ok", "spill"):
         return f"{spills} spills, measured under another --spill-limit"
     return None
@@ -354,8 +358,9 @@ class _Study:
         if not self.backends:
             raise RuntimeError(f"no available backend for {task.kernel} (asked: {opts.backends or 'any'})")
         self.ctx = space_context(task, opts.interpret)
-        # The baseline is what runs without artifacts: the Triton heuristic default when Triton is a backend.
-        first = self.backends.get("triton") or next(iter(self.backends.values()))
+        # The baseline is what runs without artifacts: the first backend of the spec's defaults.
+        dims = (task.dqk, task.dv, task.num_heads, task.dtype)
+        first = self.backends[baseline_backend(task.kernel, *dims, opts.interpret, self.backends)]
         self.default_backend = first
         self.defaults = {n: b.space.values(space_default(b.space, self.ctx)) for n, b in self.backends.items()}
         self.default_values = self.defaults[first.name]

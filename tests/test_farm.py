@@ -745,6 +745,22 @@ def test_farm_name_follows_tasks_and_knobs_only():
         assert farm_name(tasks, dataclasses.replace(opts, **knob)) != name, knob
 
 
+def test_farm_name_takes_the_backends_as_a_set():
+    """``--backends cute,triton`` on one host and ``triton,cute`` on another named two farms, each tuning every
+    task again; the same backends in any order are one farm, other backends another."""
+    import dataclasses
+
+    from autotune.tuning.farm import farm_name
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TuneOptions
+
+    tasks = [Task("hstu_attention_fwd", "h100", "bfloat16", 64, 64, 4, 1024, "uniform")]
+    opts = TuneOptions(n_trials=3, backends=["cute", "triton"])
+    name = farm_name(tasks, opts)
+    assert farm_name(tasks, dataclasses.replace(opts, backends=["triton", "cute"])) == name
+    assert farm_name(tasks, dataclasses.replace(opts, backends=["triton"])) != name
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("AUTOTUNE_FARM_GRACE", "abc"), ("AUTOTUNE_FARM_HEARTBEAT", "0"), ("AUTOTUNE_FARM_RETRIES", "1.5"),

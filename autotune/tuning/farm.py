@@ -148,6 +148,8 @@ def farm_name(tasks: list[Task], opts: TuneOptions) -> str:
     if len(gpu_keys) != 1:
         raise FarmError(f"a farm tunes one GPU; tasks name {gpu_keys}")
     knobs = {k: getattr(opts, k, None) for k in FARM_KNOBS}
+    if knobs["backends"]:  # a set: `--backends cute,triton` on one host and `triton,cute` on another is one farm
+        knobs["backends"] = sorted(set(knobs["backends"]))
     blob = json.dumps({"tasks": sorted(t.study_name for t in tasks), "knobs": knobs}, sort_keys=True, default=str)
     return f"{FARM_PREFIX}{gpu_keys[0]}|{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 

@@ -101,6 +101,22 @@ def test_status_audit_of_a_missing_artifacts_folder_is_refused(capsys, tmp_path)
     assert rc == 0 and "entries_lost 0" in text, text
 
 
+def test_an_empty_farm_or_plugin_name_is_a_usage_error(capsys, tmp_path, no_tuning):
+    """``--farm "$FARM"`` with the variable unset showed every farm, and ``--plugin ""`` loaded nothing: each was
+    taken as if left out. Both are refused, naming the option, before anything runs."""
+    import optuna
+
+    from autotune.tuning.farm_status import FARM_PREFIX
+
+    url = f"sqlite:///{tmp_path / 'farm.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name=f"{FARM_PREFIX}h100|x", storage=url)
+    rc, text = _run(capsys, "status", "--storage", url, "--farm", " ")
+    assert rc == 2 and "--farm names nothing" in text, text
+    rc, text = _run(capsys, *RUN, "--artifacts", str(tmp_path / "a"), "--plugin", "")
+    assert rc == 2 and "--plugin names nothing" in text and not no_tuning, text
+
+
 def test_status_audit_with_watch_is_a_usage_error(capsys, tmp_path):
     """``--audit`` printed the evidence once and returned: a ``--watch`` beside it was accepted and ignored."""
     import optuna

@@ -95,6 +95,8 @@ def load_plugin_modules(names: list[str]) -> None:
     """``registry.load_plugins``, with an import failure as a usage error naming the module."""
     from autotune.tuning.registry import load_plugins, plugin_modules
 
+    if any(not n.strip() for n in names):  # `--plugin "$PLUGIN"` with the variable unset loaded nothing, unsaid
+        raise CLIError("--plugin names nothing: give a module name (e.g. my_pkg.kernels)")
     for name in plugin_modules(names):
         try:
             load_plugins([name])

@@ -176,7 +176,10 @@ def failed_result(task: Task, e: BaseException) -> TaskResult:
     """The result of a task whose tuning raised ``e``. A task its deadline had cut before the raise stays cut
     (``tune_task`` marks the exception with ``cut_after``, its measured trials): it is reported, and a farm
     queues it again, as a task the time budget stopped, which the same command resumes."""
-    error = f"infrastructure: {e}" if isinstance(e, InfraError) else str(e)
+    if isinstance(e, InfraError):
+        error = f"infrastructure: {e}"
+    else:  # an unexpected type keeps its name: a bare KeyError('x') said only 'x'
+        error = str(e) if isinstance(e, (RuntimeError, WorkerError)) else f"{type(e).__name__}: {e}"
     measured = getattr(e, "cut_after", None)
     return TaskResult(task, error=error, cut=measured is not None, trials=measured or 0)
 
@@ -764,7 +767,8 @@ def run_tasks(
     tasks: list[Task], opts: TuneOptions, time_budget_s: float | None = None, reporter: Reporter | None = None
 ) -> list[TaskResult]:
     """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget.
-    A plugin that cannot be imported raises its ImportError here, before any worker starts."""
+    A plugin that cannot be imported raises its ImportError here, before any worker starts. A task that raises
+    ends with its error (type and message) and the run goes on; an interrupt ends the run."""
     from autotune.tuning.registry import load_plugins, plugin_modules
 
     load_plugins(opts.plugins)
@@ -790,7 +794,7 @@ def run_tasks(
             try:
                 warm = warm_starts_for(task, winners, opts.warm_starts)
                 r = tune_task(task, opts, worker, storages[task.gpu], deadline, warm, reporter)
-            except (RuntimeError, WorkerError) as e:  # InfraError among them
+            except Exception as e:  # noqa: BLE001 - one task's fault (a RuntimeError, InfraError, a bug) ends it alone
                 r = failed_result(task, e)
                 reporter.task_end(r)
             results.append(r)

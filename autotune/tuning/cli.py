@@ -95,8 +95,6 @@ def load_plugin_modules(names: list[str]) -> None:
     """``registry.load_plugins``, with an import failure as a usage error naming the module."""
     from autotune.tuning.registry import load_plugins, plugin_modules
 
-    if any(not n.strip() for n in names):  # `--plugin "$PLUGIN"` with the variable unset loaded nothing, unsaid
-        raise CLIError("--plugin names nothing: give a module name (e.g. my_pkg.kernels)")
     for name in plugin_modules(names):
         try:
             load_plugins([name])
@@ -704,23 +702,29 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["TRITON_INTERPRET"] = before
 
 
-# Options naming a file or folder: given empty (an unset variable's "$DIR"), ``Path("")`` was the working directory
-# and ``if args.artifacts`` the package's own artifacts (merged into, verified and written by ``--write``).
-PATH_OPTIONS = ("artifacts", "out", "json", "audit", "reference", "from_csv", "from_onnx")
+# Options that name something, with what they name. Given empty (an unset variable's "$DIR"), each was taken as left
+# out: ``Path("")`` was the working directory and ``if args.artifacts`` the package's own artifacts (merged into,
+# verified and written by ``--write``), ``--farm ""`` showed every farm, ``--plugin ""`` loaded nothing.
+NAMING_OPTIONS = {
+    **dict.fromkeys(("artifacts", "out", "json", "audit", "reference", "from_csv", "from_onnx"), "a path"),
+    "farm": "a farm name",
+    "plugin": "a module name",
+}
 
 
-def _check_paths(args: argparse.Namespace) -> None:
-    """A usage error for a path option given as an empty or blank string."""
-    for name in PATH_OPTIONS:
+def _check_names(args: argparse.Namespace) -> None:
+    """A usage error for a naming option (or one ``--plugin`` of several) given as an empty or blank string."""
+    for name, what in NAMING_OPTIONS.items():
         value = getattr(args, name, None)
-        if isinstance(value, str) and not value.strip():
-            raise CLIError(f"--{name.replace('_', '-')} names nothing; give a path (or leave the option out)")
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            raise CLIError(f"--{name.replace('_', '-')} names nothing; give {what} (or leave the option out)")
 
 
 def _dispatch_command(args: argparse.Namespace) -> int:
     """Run the parsed command; a ``CLIError`` is the one-line usage error (exit 2)."""
     try:
-        _check_paths(args)
+        _check_names(args)
         if args.command == "run":
             return cmd_run(args)
         if args.command in ("show", "merge"):

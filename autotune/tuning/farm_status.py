@@ -222,8 +222,6 @@ def cmd_status(args: Any) -> int:
     except FarmError as e:
         raise CLIError(str(e)) from None
     farms = farm_names(storage) if storage is not None else []
-    if args.farm is not None and not args.farm.strip():  # `--farm "$FARM"` unset showed every farm instead
-        raise CLIError("--farm names nothing: give a farm name (autotune status --storage URL lists them)")
     if args.farm and args.farm not in farms:
         known = ", ".join(repr(n) for n in farms) or "none"
         raise CLIError(f"--farm {args.farm!r}: no such farm in {_safe(args.storage)} (farms there: {known})")

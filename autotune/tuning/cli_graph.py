@@ -192,6 +192,13 @@ def extract(
         raise CLIError(str(e)) from None
 
 
+def _refuse_onnx_dtype(args: argparse.Namespace, given: bool) -> None:
+    """An ONNX file's ops keep the dtype it holds: a ``--dtype`` given beside ``--from-onnx`` was dropped unsaid."""
+    if args.from_onnx and given:
+        raise CLIError("--dtype cannot be combined with --from-onnx: the file's ops keep the dtype it holds (export "
+                       "the model in another)")  # fmt: skip
+
+
 def _interpreter_dtype(graph: Any, dtype: str) -> None:
     """Give every op of ``graph`` the run's ``dtype`` (--interpret: float32 unless --dtype says otherwise), with a
     note naming the dtypes the file held: the interpreter tunes the dtype it runs, whatever the source."""
@@ -249,8 +256,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
         if args.json and given and Path(args.json).resolve() == Path(given).resolve():  # it was overwritten
             raise CLIError(f"--json {args.json}: is the {option} file; name another file for the tasks")
-    if args.from_onnx and args.dtype is not None:  # the file's ops keep their dtype: it was dropped unsaid
-        raise CLIError("--dtype cannot be combined with --from-onnx: the file's ops are listed in the dtype it holds")
+    _refuse_onnx_dtype(args, args.dtype is not None)
     graph, tasks = extract(args, gpu, args.dtype or "bfloat16", not args.inference, args.batch, None)
     print_tasks(graph, tasks, gpu)
     if note:
@@ -267,10 +273,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:
     """The tasks of ``autotune run --from-model/--from-onnx`` (the grid options must stay unset)."""
     refuse_grid_options(args, GRID_OPTIONS, "--from-model/--from-onnx", "the graph decides the tasks")
-    if args.from_onnx and not args.interpret:  # the file's ops carry their dtype; a --dtype was ignored unsaid
-        refuse_grid_options(
-            args, ("dtype",), "--from-onnx", "the file's ops are tuned in the dtype it holds (export it in another)"
-        )
+    if not args.interpret:  # under --interpret the ops take --dtype (``_interpreter_dtype``)
+        _refuse_onnx_dtype(args, "dtype" in args.given)
     graph, tasks = extract(args, gpu, args.dtype, True, args.batch, args.seq_cap, args.interpret)
     if not tasks:
         raise CLIError(f"no templated op found in {graph.source}")

@@ -12,6 +12,9 @@ from typing import Any
 
 from autotune.tuning.cli import CLIError, _console, _nonempty, resolve_gpu
 
+# ``bench``'s task options, which the heatmap's own grid options replace (refused beside --heatmap).
+TASK_OPTIONS = ("heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
+
 
 def _named(option: str, read: Any) -> Any:
     """``read()``, a table's errors prefixed by the option that named the file (both options take a CSV)."""
@@ -54,8 +57,7 @@ def heatmap_grid(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.tuning.tasks import MAX_BATCH, MAX_HEADS, parse_dims
     from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS
 
-    task_options = ("heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
-    ignored = [f"--{k.replace('_', '-')}" for k in task_options if getattr(args, k, None) is not None]
+    ignored = [f"--{k.replace('_', '-')}" for k in TASK_OPTIONS if getattr(args, k, None) is not None]
     if ignored:
         raise CLIError(f"{', '.join(ignored)}: not read by bench --heatmap (use --heatmap-heads, --heatmap-batches, "
                        "--heatmap-lengths, --dims, --directions)")  # fmt: skip
@@ -91,8 +93,7 @@ def _refuse_grid_options(args: argparse.Namespace) -> None:
 
     grid = ("heatmap_batches", "heatmap_lengths", "heatmap_heads", "directions")
     given = [k for k in grid if getattr(args, k) != HEATMAP_OPTIONS[k]]
-    given += [k for k in ("dims", "heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
-              if getattr(args, k, None) is not None]  # fmt: skip
+    given += [k for k in ("dims", *TASK_OPTIONS) if getattr(args, k, None) is not None]
     if given:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         raise CLIError(f"{flags}: --from-csv re-renders the cells its table holds; it measures no grid")

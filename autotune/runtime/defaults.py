@@ -59,13 +59,19 @@ def space_default(space: SearchSpace, ctx: SpaceContext) -> Any:
     return config if ctx.interpret else fit_default(space, config, ctx)
 
 
+def spec_defaults(kind: str, dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool) -> dict[str, Any]:
+    """{backend: config} of ``kind``'s spec defaults for these dims and dtype, in preference order (empty when the
+    spec names none): what dispatch runs without artifacts and the tuner's baseline."""
+    k = spec.kernel(kind)
+    return spec.resolve(k.default)(dqk, dv, num_heads, dtype, interpret) if k.default else {}
+
+
 def baseline_backend(kind: str, dqk: int, dv: int, num_heads: int, dtype: object, interpret: bool, among: Any) -> str:
     """The backend of ``among`` (names) that runs ``kind`` without artifacts: the first of the spec's defaults for
     these dims and dtype (``dispatch.default_choice`` runs the first available one), else Triton, else the first.
     The tuner's baseline: gemm_silu in float32 runs torch, not the CuTe kernel that sorts first."""
     names = list(among)
-    k = spec.kernel(kind)
-    order = spec.resolve(k.default)(dqk, dv, num_heads, dtype, interpret) if k.default else {}
+    order = spec_defaults(kind, dqk, dv, num_heads, dtype, interpret)
     return next((b for b in order if b in names), "triton" if "triton" in names else names[0])
 
 

@@ -44,7 +44,7 @@ import torch
 
 from autotune import spec
 from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, bucket_for
-from autotune.runtime.defaults import fit_spec_default
+from autotune.runtime.defaults import fit_spec_default, spec_defaults
 from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX
 
 SOURCES = ("tuned", "default", "reference")
@@ -415,10 +415,9 @@ def _check_sizes(dqk: int, dv: int, num_heads: int, max_seq_len: int = 0, heads_
 
 def _spec_defaults(kind: str, dqk: int, dv: int, dtype: str | None, num_heads: int, interpret: bool) -> dict:
     _check_sizes(dqk, dv, num_heads)
-    k = spec.kernel(kind)
-    if k.default is None:
+    if spec.kernel(kind).default is None:
         raise ValueError(f"{kind}: its spec names no default configs")
-    return spec.resolve(k.default)(dqk, dv, num_heads, dtype, interpret)
+    return spec_defaults(kind, dqk, dv, num_heads, dtype, interpret)
 
 
 def preferred_default(

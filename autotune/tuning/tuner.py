@@ -166,6 +166,7 @@ class TaskResult:
             "timing": self.timing,
             "verified": list(self.verified),
             "fill": recorded_fill(t.lengths()),
+            "batch": t.batch,
             **({"samples": self.samples} if self.samples else {}),
             **({"compare": _rounded(self.comparison)} if self.comparison else {}),
             **({"lengths": _sample_descriptor(t)} if t.sample is not None else {}),

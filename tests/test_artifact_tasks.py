@@ -122,3 +122,37 @@ def test_cli_from_artifact_refuses_a_lengths_file_no_entry_was_tuned_on(capsys, 
     base = ("run", "--gpu", "h100", "--dry-run", "--artifacts", str(tmp_path), "--kernel", kernel, "--from-artifact")
     rc, text = _run(capsys, *base, "--lengths", str(lengths))
     assert rc == 2 and "--lengths" in text and "no entry" in text, text
+
+
+def _record_batch(path, batch: int) -> tuple:
+    """Give the artifact's first entry a recorded batch size; its key."""
+    doc = json.loads(path.read_text())
+    doc["entries"][0]["batch"] = batch
+    path.write_text(json.dumps(doc))
+    return _key(doc["entries"][0])
+
+
+def test_an_entry_is_re_measured_at_the_batch_it_records(tmp_path):
+    """Entries did not record their batch, so ``--from-artifact`` timed every one at ``--batch``: another
+    measurement than the one the entry holds. An entry that records one keeps it; older entries take ``batch``."""
+    path = _copy(tmp_path)
+    assert all("batch" not in e for e in art.load_artifact(path, check_stale=False).entries)  # committed: none
+    key = _record_batch(path, 7)
+    tasks = tasks_from_artifact(["hstu_attention_bwd"], "h100", tmp_path, batch=32)
+    assert {_key(t): t.batch for t in tasks if t.batch != 32} == {key: 7}
+    forced = tasks_from_artifact(["hstu_attention_bwd"], "h100", tmp_path, batch=16, force_batch=True)
+    assert len(forced) == len(tasks) and {t.batch for t in forced} == {16}
+
+
+def test_cli_from_artifact_takes_the_recorded_batch_unless_batch_is_given(monkeypatch, tmp_path):
+    import autotune.tuning.cli as cli
+
+    kernel = "ln_mul_dropout_fwd"
+    key = _record_batch(_copy(tmp_path, kernel=kernel), 5)
+    seen: list = []
+    monkeypatch.setattr(cli, "_dry_run", lambda console, tasks, args: seen.append(tasks) or 0)
+    base = ["run", "--gpu", "h100", "--dry-run", "--artifacts", str(tmp_path), "--kernel", kernel, "--from-artifact"]
+    assert main(base) == 0
+    assert {_key(t): t.batch for t in seen[-1] if t.batch != 32} == {key: 5}  # the others: --batch's default
+    assert main([*base, "--batch", "32"]) == 0  # given, even at the default's value: every entry at it
+    assert {t.batch for t in seen[-1]} == {32} and len(seen[-1]) == len(seen[0])

@@ -82,6 +82,9 @@ def test_upsert_replaces_the_same_key():
         (lambda d: d["entries"][0].update(fill=-0.5), r"fill must be in \(0, 1\]"),
         (lambda d: d["entries"][0].update(fill=1.5), r"fill must be in \(0, 1\]"),
         (lambda d: d["entries"][0].update(fill="x"), "fill must be"),
+        (lambda d: d["entries"][0].update(batch=0), "batch must be >= 1"),
+        (lambda d: d["entries"][0].update(batch=True), "batch must be int"),
+        (lambda d: d["entries"][0].update(batch=2.0), "batch must be int"),
         (lambda d: d["entries"][0].update(lengths={"batch_fill": 0.0}), r"lengths.batch_fill must be in \(0, 1\]"),
         (lambda d: d["entries"][0].update(lengths={"batch_fill": "a"}), "lengths.batch_fill must be"),
         (lambda d: d["entries"][0]["config"].update(l2_group=8.0), "config.l2_group must be int"),
@@ -275,6 +278,20 @@ def test_optional_numbers_may_be_null_and_a_fill_of_one_is_valid(tmp_path):
     a = _artifact([_entry(default_ms=None, default_tflops=None, speedup=None, fill=1, verified=["a/causal/bf16"])])
     path = art.save_artifact(a, tmp_path / "h100" / "hstu_attention_fwd.json")
     assert art.load_artifact(path).entries[0]["fill"] == 1
+
+
+def test_a_tuned_entry_records_its_batch_and_loads_with_it(tmp_path):
+    """An entry records the batch size it was timed on (``--from-artifact`` times that batch again); entries from
+    before lack the key and load as they did."""
+    from autotune.tuning.tasks import Task
+    from autotune.tuning.tuner import TaskResult
+
+    task = Task("hstu_attention_fwd", "h100", "bfloat16", 256, 256, 4, 4096, "uniform", batch=7)
+    entry = TaskResult(task, backend="triton", config=_entry()["config"], median_ms=1.0, spread_ms=0.0, tflops=1.0)
+    assert entry.entry()["batch"] == 7
+    a = _artifact([entry.entry(), _entry(bucket=8192)])
+    path = art.save_artifact(a, tmp_path / "h100" / "hstu_attention_fwd.json")
+    assert [e.get("batch") for e in art.load_artifact(path).entries] == [7, None]
 
 
 def test_a_file_whose_kernel_is_not_its_name_is_not_used(tmp_path, capsys):

@@ -74,7 +74,8 @@ ENTRY_KEYS: dict[str, tuple] = {
 # "verified": the re-check cases the config passed before it was written; "samples": timed samples
 # behind median_ms; "compare": the interleaved winner/default verdict (rounds, speedup, spread);
 # "lengths": the sample of real lengths (``autotune run --lengths``) the batches were drawn from;
-# "fill": the timed batch's fill ratio.
+# "fill": the timed batch's fill ratio; "batch": the sequences of the batch it was timed on (a re-measure,
+# ``autotune run --from-artifact``, times that batch again).
 OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {
     "timing": (str,),
     "verified": (list,),
@@ -82,6 +83,7 @@ OPTIONAL_ENTRY_KEYS: dict[str, tuple] = {
     "compare": (dict,),
     "lengths": (dict,),  # descriptor of the real-lengths sample a jagged entry was tuned on
     "fill": _NUM,  # L / (B x max_len) of the batch the entry was timed on (dispatch matches calls on it)
+    "batch": (int,),  # sequences in the batch the entry was timed on (older entries lack it)
 }
 ENTRY_KEY_FIELDS = ("dtype", "dqk", "dv", "num_heads", "bucket", "distribution", "mask")
 # Measured numbers that are never negative (None where the schema allows it).
@@ -311,6 +313,8 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
             raise ArtifactError(f"{where}.{k} must be >= 0, got {entry[k]!r}")
     if "fill" in entry:
         _check_fill(entry["fill"], f"{where}.fill")
+    if "batch" in entry and entry["batch"] < 1:
+        raise ArtifactError(f"{where}.batch must be >= 1, got {entry['batch']!r}")
     if "lengths" in entry and "batch_fill" in entry["lengths"]:
         _check_fill(entry["lengths"]["batch_fill"], f"{where}.lengths.batch_fill")
     for i, case in enumerate(entry.get("verified", ())):

@@ -45,7 +45,9 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         "--from-artifact",
         action="store_true",
         help="the tasks are the entries of each --kernel's artifact for --gpu under --artifacts, stale or not "
-        "(a re-measure after a source edit: with --trials 1 --warm-starts own)",
+        "(a re-measure after a source edit: with --trials 1 --warm-starts own), each at the batch size it records "
+        "(an entry from before entries recorded one: the --batch default); an explicit --batch re-measures every "
+        "entry at that batch instead",
     )
     run.add_argument(
         "--shard",
@@ -74,14 +76,16 @@ def refuse_grid_options(args: argparse.Namespace, options: Sequence[str], source
 
 def artifact_task_list(args: argparse.Namespace, gpu: str, sample: tuple[int, ...] | None) -> list:
     """The tasks of ``autotune run --from-artifact``: the entries of each kernel's artifact (the grid options but
-    --kernel must stay unset: the entries decide the shapes, laws and buckets)."""
+    --kernel must stay unset: the entries decide the shapes, laws and buckets). A ``--batch`` the user gave applies
+    to every entry; otherwise each keeps the batch it records."""
     from autotune.tuning.tasks import tasks_from_artifact
 
     options = [o for o in (*GRID_OPTIONS, "dtype") if o != "kernel"]
     refuse_grid_options(args, options, "--from-artifact", "the artifact's entries decide the tasks")
     _nonempty("--kernel", str(args.kernel))
+    kernels, root, force = _kernels(args.kernel), Path(args.artifacts), "batch" in args.given
     try:
-        tasks = tasks_from_artifact(_kernels(args.kernel), gpu, Path(args.artifacts), args.batch, args.seq_cap, sample)
+        tasks = tasks_from_artifact(kernels, gpu, root, args.batch, args.seq_cap, sample, force_batch=force)
     except ValueError as e:
         raise CLIError(str(e)) from None
     if sample is not None and not any(t.sample for t in tasks):  # it was read, then ignored without a word

@@ -246,10 +246,15 @@ def tasks_from_artifact(
     batch: int,
     seq_cap: int | None = None,
     sample: tuple[int, ...] | None = None,
+    force_batch: bool = False,
 ) -> list[Task]:
     """One task per entry of each kernel's artifact for ``gpu`` under ``root`` (a stale one too: after a source
     edit the same entries are measured again), in ``build_tasks``' order. An entry tuned on a lengths sample
-    needs that ``sample`` back (``--lengths``): its digest is checked, since other lengths are another task."""
+    needs that ``sample`` back (``--lengths``): its digest is checked, since other lengths are another task.
+
+    Each task times the batch size its entry records (a re-measure at another batch is another measurement);
+    ``batch`` serves entries that record none (written before entries did), or every entry with ``force_batch``
+    (the user asked for that batch)."""
     from autotune.runtime import artifacts as art
     from autotune.runtime.lengths import describe
 
@@ -262,7 +267,8 @@ def tasks_from_artifact(
             lengths = e.get("lengths")
             t = Task(
                 kernel, gpu, e["dtype"], e["dqk"], e["dv"], e["num_heads"], e["bucket"], e["distribution"],
-                e["mask"], batch, seq_cap, 0, sample if lengths is not None else None,
+                e["mask"], batch if force_batch else e.get("batch", batch), seq_cap, 0,
+                sample if lengths is not None else None,
             )  # fmt: skip
             if lengths is not None and (sample is None or describe(sample)["sha256_16"] != lengths.get("sha256_16")):
                 raise ValueError(

@@ -31,7 +31,6 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
-from autotune.runtime.buckets import batch_fill
 from autotune.runtime.defaults import baseline_backend, space_default
 from autotune.runtime.gpus import environment
 from autotune.tuning.artifact_io import (
@@ -47,6 +46,7 @@ from autotune.tuning.decide import DEFAULT_REMEASURE, RETRY_STATUSES
 from autotune.tuning.decide import decide as _decide
 from autotune.tuning.registry import Backend, backends_for, get_op
 from autotune.tuning.study_storage import make_storage
+from autotune.tuning.task_result import InfraError, TaskResult, failed_result
 from autotune.tuning.tasks import Task, space_context
 from autotune.tuning.worker import Worker, WorkerError
 from search_spaces.base import SpaceContext
@@ -55,10 +55,6 @@ SAMPLERS = ("tpe", "random", "bruteforce", "gp")
 FAIL_STATES = {"compile": TrialState.FAIL, "incorrect": TrialState.FAIL, "timeout": TrialState.FAIL}
 FAIL_STATES.update({"crash": TrialState.FAIL, "spill": TrialState.PRUNED, "infeasible": TrialState.PRUNED})
 VERIFY_LEVELS = ("full", "quick")
-
-
-class InfraError(RuntimeError):
-    """The worker could not be set up (GPU held by a dying process, host OOM, ...): no config's fault."""
 
 
 @dataclass
@@ -116,89 +112,6 @@ class TuneOptions:
             v = getattr(self, name)
             if not isinstance(v, int | float) or math.isnan(v) or not 0 <= v <= high or v == math.inf:
                 raise ValueError(f"{name} must be a number in [0, {high:g}], got {v!r}")
-
-
-@dataclass
-class TaskResult:
-    task: Task
-    backend: str | None = None
-    config: dict[str, Any] | None = None
-    median_ms: float | None = None
-    spread_ms: float | None = None
-    tflops: float | None = None
-    default_config: dict[str, Any] | None = None
-    default_ms: float | None = None
-    default_tflops: float | None = None
-    speedup: float | None = None
-    trials: int = 0
-    tuning_s: float = 0.0
-    statuses: dict[str, int] = field(default_factory=dict)
-    kept_default: bool = False
-    error: str | None = None
-    timing: str = "do_bench"  # how median_ms was measured: "do_bench" or "do_bench+cuda_graph"
-    verified: list[str] = field(default_factory=list)  # cases the written config passed at the end
-    rejected: dict[str, str] = field(default_factory=dict)  # config key -> why the final checks refused it
-    comparison: dict[str, Any] | None = None  # interleaved winner/default timing verdict
-    samples: int | None = None  # timed samples behind the chosen config's trial time
-    cut: bool = False  # stopped by its deadline (the time budget) before its trials were measured
-    left: str | None = None  # a farm host's budget ran out before it ran the task: why, and who runs it instead
-
-    def entry(self) -> dict[str, Any]:
-        t = self.task
-        return {
-            "dtype": t.dtype,
-            "dqk": t.dqk,
-            "dv": t.dv,
-            "num_heads": t.num_heads,
-            "bucket": t.bucket,
-            "distribution": t.distribution,
-            "mask": t.mask,
-            "backend": self.backend,
-            "config": self.config,
-            "median_ms": self.median_ms,
-            "spread_ms": self.spread_ms,
-            "tflops": self.tflops,
-            "default_ms": self.default_ms,
-            "default_tflops": self.default_tflops,
-            "speedup": self.speedup,
-            "trials": self.trials,
-            "tuning_s": round(self.tuning_s, 2),
-            "timing": self.timing,
-            "verified": list(self.verified),
-            "fill": recorded_fill(t.lengths()),
-            **({"samples": self.samples} if self.samples else {}),
-            **({"compare": _rounded(self.comparison)} if self.comparison else {}),
-            **({"lengths": _sample_descriptor(t)} if t.sample is not None else {}),
-        }
-
-
-def failed_result(task: Task, e: BaseException) -> TaskResult:
-    """The result of a task whose tuning raised ``e``. A task its deadline had cut before the raise stays cut
-    (``tune_task`` marks the exception with ``cut_after``, its measured trials): it is reported, and a farm
-    queues it again, as a task the time budget stopped, which the same command resumes."""
-    if isinstance(e, InfraError):
-        error = f"infrastructure: {e}"
-    else:  # an unexpected type keeps its name: a bare KeyError('x') said only 'x'
-        error = str(e) if isinstance(e, (RuntimeError, WorkerError)) else f"{type(e).__name__}: {e}"
-    measured = getattr(e, "cut_after", None)
-    return TaskResult(task, error=error, cut=measured is not None, trials=measured or 0)
-
-
-def _sample_descriptor(task: Task) -> dict[str, Any]:
-    """What an entry tuned on a lengths sample records of it (and of its representative batch)."""
-    from autotune.runtime.lengths import describe
-
-    lengths = task.lengths()
-    return {**describe(task.sample), "batch_fill": recorded_fill(lengths)}
-
-
-def recorded_fill(lengths: list[int]) -> float:
-    """The timed batch's fill as dispatch computes a call's (``dispatch.call_fill``): its rows over B x the
-    launch's max_seq_len, which the task's inputs set to the longest length. Over the bucket instead, a batch drawn
-    from a lengths sample (longest 3000 in the 4K bucket) recorded a fill up to 2x below that of the very call it
-    was timed on. 4 significant digits: four decimals rounded a wide batch of short lengths (a sample of 1s at batch
-    60000, bucket 32K: 5e-5) to 0.0, which the artifact's own check refuses, so the entry could not be written."""
-    return float(f"{batch_fill(lengths, max(lengths)):.4g}")
 
 
 class Reporter:
@@ -327,10 +240,6 @@ def _key_of_params(params: dict[str, Any]) -> str | None:
         return None
     prefix = f"{backend}."
     return _key(backend, {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)})
-
-
-def _rounded(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

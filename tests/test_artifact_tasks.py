@@ -156,3 +156,17 @@ def test_cli_from_artifact_takes_the_recorded_batch_unless_batch_is_given(monkey
     assert {_key(t): t.batch for t in seen[-1] if t.batch != 32} == {key: 5}  # the others: --batch's default
     assert main([*base, "--batch", "32"]) == 0  # given, even at the default's value: every entry at it
     assert {t.batch for t in seen[-1]} == {32} and len(seen[-1]) == len(seen[0])
+
+
+def test_cli_from_artifact_under_interpret_keeps_the_interpreters_batch(monkeypatch, tmp_path):
+    """An entry's recorded GPU batch (say 32) would run for minutes under the Triton interpreter, whose runs time
+    a tiny default batch: ``--interpret`` re-measures every entry at ``--batch``, as an explicit one does."""
+    import autotune.tuning.cli as cli
+
+    kernel = "ln_mul_dropout_fwd"
+    _record_batch(_copy(tmp_path, kernel=kernel), 32)
+    seen: list = []
+    monkeypatch.setattr(cli, "_dry_run", lambda console, tasks, args: seen.append(tasks) or 0)
+    argv = ["run", "--gpu", "h100", "--dry-run", "--interpret", "--artifacts", str(tmp_path), "--kernel", kernel]
+    assert main([*argv, "--from-artifact"]) == 0
+    assert seen and {t.batch for t in seen[-1]} == {cli.INTERPRET_DEFAULTS["batch"]}

@@ -46,8 +46,8 @@ def add_run_args(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the tasks are the entries of each --kernel's artifact for --gpu under --artifacts, stale or not "
         "(a re-measure after a source edit: with --trials 1 --warm-starts own), each at the batch size it records "
-        "(an entry from before entries recorded one: the --batch default); an explicit --batch re-measures every "
-        "entry at that batch instead",
+        "(an entry from before entries recorded one: the --batch default); an explicit --batch, or --interpret, "
+        "re-measures every entry at --batch instead",
     )
     run.add_argument(
         "--shard",
@@ -83,7 +83,9 @@ def artifact_task_list(args: argparse.Namespace, gpu: str, sample: tuple[int, ..
     options = [o for o in (*GRID_OPTIONS, "dtype") if o != "kernel"]
     refuse_grid_options(args, options, "--from-artifact", "the artifact's entries decide the tasks")
     _nonempty("--kernel", str(args.kernel))
-    kernels, root, force = _kernels(args.kernel), Path(args.artifacts), "batch" in args.given
+    # --interpret times its tiny default batch: an entry's GPU batch would run for minutes under the interpreter
+    force = "batch" in args.given or bool(args.interpret)
+    kernels, root = _kernels(args.kernel), Path(args.artifacts)
     try:
         tasks = tasks_from_artifact(kernels, gpu, root, args.batch, args.seq_cap, sample, force_batch=force)
     except ValueError as e:

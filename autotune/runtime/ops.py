@@ -49,13 +49,50 @@ FWD = "hstu_attention_fwd"
 BWD = "hstu_attention_bwd"
 
 
+def _reference_sequences(
+    seq_offsets: torch.Tensor, num_targets: torch.Tensor | None, rows: int
+) -> list[tuple[int, int, int | None]]:
+    """(start, end, targets) of each sequence as the kernels read them (``triton_common.seq_info``): start in
+    [0, L], end in [start, L], targets in [0, n]. Valid inputs are unchanged; with ``validate="none"`` bad offsets
+    then give wrong rows of the call's shape, as the kernels do, where the reference failed inside torch on a
+    shape mismatch, returned more rows than q has, or built a list of 2**40 row blocks for one huge offset."""
+    offsets = seq_offsets.tolist()
+    targets = None if num_targets is None else num_targets.tolist()
+    seqs = []
+    for b in range(len(offsets) - 1):
+        start = min(max(int(offsets[b]), 0), rows)
+        end = min(max(int(offsets[b + 1]), start), rows)
+        t = None if targets is None else min(max(int(targets[b]), 0), end - start)
+        seqs.append((start, end, t))
+    return seqs
+
+
 def _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, attn_len, scaling):
     from kernel_templates.hstu_attention.reference import hstu_attention_reference
 
+    rows = q.shape[0]
+    seqs = _reference_sequences(seq_offsets, num_targets, rows)
+    tiled = (
+        all(s == (seqs[i - 1][1] if i else 0) for i, (s, _, _) in enumerate(seqs))
+        and (seqs[-1][1] if seqs else 0) == rows
+    )
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
-        return hstu_attention_reference(
-            q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, attn_len, scaling
-        ).contiguous()
+        if tiled:  # every row in one sequence (all valid offsets): one call over the clamped offsets and targets
+            offsets = torch.tensor([0] + [e for _, e, _ in seqs], dtype=torch.int64)
+            nt = None if num_targets is None else torch.tensor([t for _, _, t in seqs], dtype=torch.int64)
+            return hstu_attention_reference(
+                q, k, v, offsets, max_seq_len, alpha, nt, ctx_len, attn_len, scaling
+            ).contiguous()
+        # Gaps or overlaps (unchecked offsets): each sequence on its own rows, zeros where no sequence reads.
+        out = torch.zeros((rows, q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
+        for start, end, t in seqs:
+            if end > start:
+                nt = None if t is None else torch.tensor([t], dtype=torch.int64)
+                out[start:end] = hstu_attention_reference(
+                    q[start:end], k[start:end], v[start:end], torch.tensor([0, end - start], dtype=torch.int64),
+                    max_seq_len, alpha, nt, ctx_len, attn_len, scaling,
+                )  # fmt: skip
+        return out
 
 
 def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, attn_len, scaling):
@@ -71,12 +108,9 @@ def _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ct
     dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
     # Divided per block, as the forward does: an empty batch's max_seq_len may be 0 (no block is ever scaled).
     scale = score_scale(max_seq_len, scaling)
-    offsets = seq_offsets.tolist()
     with torch.autocast(q.device.type, enabled=False):
-        for b in range(len(offsets) - 1):
-            start, end = int(offsets[b]), int(offsets[b + 1])
+        for start, end, nt in _reference_sequences(seq_offsets, num_targets, q.shape[0]):
             kb, vb = (t[start:end].float().transpose(0, 1) for t in (k, v))  # (H, n, D)
-            nt = None if num_targets is None else int(num_targets[b])
             for r0, r1 in row_chunks(end - start, q.shape[1]):
                 rows = slice(start + r0, start + r1)
                 qb, dob = (t[rows].float().transpose(0, 1) for t in (q, do))  # (H, rows, D)

@@ -406,7 +406,8 @@ def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> i
     if args.verify == "quick" and len(results) > len(failed) + len(left):
         console.print(
             "Winners were re-checked on their own mask and dtype only (--verify quick): "
-            f"`autotune verify --gpu {gpu} --artifacts {args.artifacts} --missing --write` re-checks them on every "
+            f"`autotune verify --gpu {gpu} --artifacts {args.artifacts}{' --interpret' if args.interpret else ''} "
+            "--missing --write` re-checks them on every "
             "mask and dtype before they are committed."
         )
     if failed:

@@ -524,3 +524,14 @@ def test_quick_verify_hint_is_a_command_that_runs_where_the_run_ran(capsys, inte
     assert _report_run(_console(), [result], args, "h100") == 0
     hint = next(line for line in capsys.readouterr().out.replace("\n", " ").split("`") if "autotune verify" in line)
     assert ("--interpret" in hint) == interpret, hint
+
+
+def test_show_of_a_kernel_without_a_file_names_the_kernel(capsys, tmp_path):
+    """``autotune show --gpu h200 --kernel linear_residual_bwd`` said 'no artifacts under ... for h200' of a folder
+    holding the GPU's other artifacts: the message names the kernels asked for."""
+    (tmp_path / "h200").mkdir()
+    shutil.copy(art.DEFAULT_ROOT / "h200" / "layer_norm_fwd.json", tmp_path / "h200")
+    rc, text = _run(capsys, "show", "--gpu", "h200", "--kernel", "layer_norm_bwd", "--artifacts", str(tmp_path))
+    assert rc == 1 and "layer_norm_bwd" in text, text
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path))
+    assert rc == 1 and f"no artifacts under {tmp_path} for h100" in " ".join(text.split()), text

@@ -505,3 +505,33 @@ def test_merge_keeps_the_entries_of_an_invalid_target(capsys, tmp_path):
     assert rc == 0 and len(art.load_artifact(target).entries) == 1
     (aside,) = [p for p in target.parent.iterdir() if p.name.startswith(f"{target.name}.unusable-")]
     assert aside.read_bytes() == before
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_quick_verify_hint_is_a_command_that_runs_where_the_run_ran(capsys, interpret):
+    """After ``--verify quick`` the run prints the ``autotune verify`` command that re-checks its winners on every
+    mask and dtype; under ``--interpret`` that command lacked ``--interpret``, so on the CPU host the run had just
+    used it stopped at once with 'no CUDA GPU is present'."""
+    import argparse
+
+    from autotune.tuning.cli import _console, _report_run
+    from autotune.tuning.task_result import TaskResult
+    from autotune.tuning.tasks import Task
+
+    task = Task("hstu_attention_fwd", "h100", "float32", 32, 32, 1, 256, "uniform")
+    result = TaskResult(task, backend="triton", config={"block_m": 32}, trials=1, statuses={"ok": 1})
+    args = argparse.Namespace(verify="quick", interpret=interpret, artifacts="/tmp/arts", trials=1)
+    assert _report_run(_console(), [result], args, "h100") == 0
+    hint = next(line for line in capsys.readouterr().out.replace("\n", " ").split("`") if "autotune verify" in line)
+    assert ("--interpret" in hint) == interpret, hint
+
+
+def test_show_of_a_kernel_without_a_file_names_the_kernel(capsys, tmp_path):
+    """``autotune show --gpu h200 --kernel linear_residual_bwd`` said 'no artifacts under ... for h200' of a folder
+    holding the GPU's other artifacts: the message names the kernels asked for."""
+    (tmp_path / "h200").mkdir()
+    shutil.copy(art.DEFAULT_ROOT / "h200" / "layer_norm_fwd.json", tmp_path / "h200")
+    rc, text = _run(capsys, "show", "--gpu", "h200", "--kernel", "layer_norm_bwd", "--artifacts", str(tmp_path))
+    assert rc == 1 and "layer_norm_bwd" in text, text
+    rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path))
+    assert rc == 1 and f"no artifacts under {tmp_path} for h100" in " ".join(text.split()), text

@@ -362,6 +362,18 @@ def test_bench_help_names_every_heatmap_grid_default():
         assert option in text and default in text, option
 
 
+def test_bench_help_names_no_run_only_option():
+    """``bench`` shares ``run``'s task options, and its ``--help`` described ``--dtype`` and ``--artifacts`` by
+    ``--interpret``, ``--from-model`` and ``--from-onnx``, options only ``run`` takes."""
+    from autotune.tuning.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if getattr(a, "choices", None))
+    bench_help = sub.choices["bench"].format_help()
+    for option in ("--interpret", "--from-model", "--from-onnx", "runs/interpret"):
+        assert option not in bench_help, option
+    assert "--interpret" in sub.choices["run"].format_help()
+
+
 def test_no_nan_or_inf_reaches_a_csv_and_an_overflowing_ratio_is_left_out(tmp_path):
     """A reference value so small that the quotient overflowed (a subnormal 1e-320) wrote 'inf' into ratio.csv and
     its map, and cells read back without a value were written 'nan' into heatmap.csv: both are now left empty."""

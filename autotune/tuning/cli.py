@@ -406,7 +406,8 @@ def _report_run(console, results: list, args: argparse.Namespace, gpu: str) -> i
     if args.verify == "quick" and len(results) > len(failed) + len(left):
         console.print(
             "Winners were re-checked on their own mask and dtype only (--verify quick): "
-            f"`autotune verify --gpu {gpu} --artifacts {args.artifacts} --missing --write` re-checks them on every "
+            f"`autotune verify --gpu {gpu} --artifacts {args.artifacts}{' --interpret' if args.interpret else ''} "
+            "--missing --write` re-checks them on every "
             "mask and dtype before they are committed."
         )
     if failed:
@@ -537,7 +538,8 @@ def _bench_row(t, gpu: str, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _add_task_args(p: argparse.ArgumentParser) -> None:
+def _add_task_args(p: argparse.ArgumentParser, run: bool = False) -> None:
+    """The task options ``run`` and ``bench`` share; ``run``: the help names the options only ``run`` takes."""
     p.add_argument("--gpu", default="auto", help=f"target GPU: {', '.join(sorted(GPUS))} or auto (default)")
     p.add_argument(
         "--kernel",
@@ -552,7 +554,9 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=("bfloat16", "float16", "float32"),
         help="default bfloat16; float32 with --interpret, where --from-model and --from-onnx tune in it too "
-        "(--from-onnx without --interpret: the file's dtype, and --dtype is refused)",
+        "(--from-onnx without --interpret: the file's dtype, and --dtype is refused)"
+        if run
+        else "default bfloat16",
     )
     p.add_argument(
         "--distributions", help="uniform,jagged,sparse (default all; sparse: one long sequence among short ones)"
@@ -561,7 +565,9 @@ def _add_task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", default=[], help="module that registers more kernels/backends")
     p.add_argument(
         "--artifacts",
-        help="artifacts root (default: the package's artifacts/, runs/interpret/artifacts beside it with --interpret)",
+        help="artifacts root (default: the package's artifacts/, runs/interpret/artifacts beside it with --interpret)"
+        if run
+        else "artifacts root (default: the package's artifacts/)",
     )
     p.add_argument("--seq-cap", type=int, default=None, help=argparse.SUPPRESS)  # tests/CI: cap real lengths
 
@@ -570,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotune", description="Tune HSTU attention kernels per GPU and bucket.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="tune and write artifacts/<gpu>/<kernel>.json")
-    _add_task_args(run)
+    _add_task_args(run, run=True)
     run.add_argument("--trials", type=int, help="measured trials per task (default 16; 3 with --interpret)")
     run.add_argument(
         "--time-budget",

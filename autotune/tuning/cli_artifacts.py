@@ -121,11 +121,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     if root.exists() and not root.is_dir():  # a file root read as "no artifacts", exit 1
         raise CLIError(f"--artifacts {root}: not a folder")
     paths = [p for g in gpus for p in sorted((root / g).glob("*.json"))]
+    asked = ""
     if args.kernel is not None:  # ',' showed every kernel, 'fwd,nope' ignored nope; a file's kernel is shown
         kernels = set(kernel_names(args.kernel, {p.stem for p in paths}))
         paths = [p for p in paths if p.stem in kernels]
+        asked = f" of {', '.join(sorted(kernels))}"
     if not paths:
-        console.print(f"no artifacts under {root} for {', '.join(gpus)}")
+        console.print(f"no artifacts under {root} for {', '.join(gpus)}{asked}")
         return 1
     running = running_environment()
     bad = 0

@@ -780,7 +780,7 @@ def select(
     if kind not in kinds():
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {tuple(kinds())}")
     if source not in SOURCES:
-        raise ValueError(f"unknown kernel source {source!r}; expected one of {SOURCES}")
+        raise ValueError(f"source={source!r}: unknown kernel source; expected one of {SOURCES}")
     if mask not in MASKS:
         raise ValueError(f"unknown mask {mask!r}; expected one of {MASKS} (see mask_of)")
     if distribution is not None and distribution not in DISTRIBUTIONS:  # a typo would run a nearest entry, warned

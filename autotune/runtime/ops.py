@@ -650,7 +650,7 @@ class HSTUAttention(nn.Module):
     ) -> None:
         super().__init__()
         if source not in dispatch.SOURCES:
-            raise ValueError(f"unknown kernel source {source!r}; expected one of {dispatch.SOURCES}")
+            raise ValueError(f"source={source!r}: unknown kernel source; expected one of {dispatch.SOURCES}")
         # Checked here as the call checks them: a module built with a typo failed only at its first call.
         if distribution is not None and distribution not in DISTRIBUTIONS:
             _refuse_distribution(distribution)

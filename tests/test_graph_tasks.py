@@ -546,3 +546,23 @@ def test_tasks_from_onnx_refuses_a_dtype_it_would_ignore(capsys, tmp_path):
     assert rc == 2 and "--dtype cannot be combined with --from-onnx" in text, text
     rc, text = _run(capsys, "tasks", "--gpu", "h100", "--from-onnx", model)
     assert rc == 0 and "bfloat16" in text, text
+
+
+def test_lengths_out_writes_the_sample_the_tasks_carry(capsys, monkeypatch, tmp_path):
+    """Entries tuned through ``--from-model`` record the model's own length sample, which ``run --from-artifact``
+    needs back as ``--lengths FILE``; no command wrote that sample, so those entries could never be re-measured.
+    ``tasks --lengths-out`` writes it, and read back it has the digest the tasks' entries record."""
+    from autotune.runtime.lengths import compact, describe, read_length_sample
+
+    monkeypatch.setenv("COLUMNS", "220")
+    out, sample_file = tmp_path / "tasks.json", tmp_path / "sample.json"
+    argv = ("tasks", "--from-model", "tiny", "--gpu", "h100", "--json", str(out), "--lengths-out", str(sample_file))
+    rc, text = _run(capsys, *argv)
+    assert rc == 0, text
+    samples = {tuple(t["sample"]) for t in json.loads(out.read_text())["tasks"] if t.get("sample")}
+    assert len(samples) == 1, samples  # the preset's jagged tasks carry one sample
+    back = compact(read_length_sample(str(sample_file)))
+    assert describe(back)["sha256_16"] == describe(next(iter(samples)))["sha256_16"]
+    rc, text = _run(capsys, "tasks", "--from-model", "tiny", "--gpu", "h100", "--lengths-out", str(out), "--json",
+                    str(out))  # fmt: skip
+    assert rc == 2 and "--lengths-out" in text and "--json" in text, text

@@ -712,7 +712,9 @@ def main(argv: list[str] | None = None) -> int:
 # out: ``Path("")`` was the working directory and ``if args.artifacts`` the package's own artifacts (merged into,
 # verified and written by ``--write``), ``--farm ""`` showed every farm, ``--plugin ""`` loaded nothing.
 NAMING_OPTIONS = {
-    **dict.fromkeys(("artifacts", "out", "json", "audit", "reference", "from_csv", "from_onnx"), "a path"),
+    **dict.fromkeys(
+        ("artifacts", "out", "json", "lengths_out", "audit", "reference", "from_csv", "from_onnx"), "a path"
+    ),
     "farm": "a farm name",
     "plugin": "a module name",
 }

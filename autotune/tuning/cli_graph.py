@@ -133,6 +133,12 @@ def add_parsers(sub: Any) -> None:
         help="representative batch when neither the graph nor --lengths gives one",
     )
     tasks.add_argument("--json", metavar="FILE", help="also write the tasks as JSON")
+    tasks.add_argument(
+        "--lengths-out",
+        metavar="FILE",
+        help="also write the graph's length sample (the model's, or --lengths') as a JSON lengths file: what "
+        "`autotune run --from-artifact --lengths FILE` needs to re-measure entries tuned on it",
+    )
     export = sub.add_parser("export", help="write a self-contained artifact bundle (JSONs + manifest)")
     export.add_argument("--gpu", required=True, help=f"GPU key: {', '.join(sorted(GPUS))}")
     export.add_argument("--out", required=True, help="bundle directory (missing or empty)")
@@ -259,21 +265,34 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from autotune.tuning.tasks import MAX_BATCH
 
     int_in("--batch", args.batch, 1, MAX_BATCH)
-    for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
-        if args.json and given and Path(args.json).resolve() == Path(given).resolve():  # it was overwritten
-            raise CLIError(f"--json {args.json}: is the {option} file; name another file for the tasks")
+    outputs = (("--json", args.json), ("--lengths-out", args.lengths_out))
+    for out, path in outputs:
+        for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
+            if path and given and Path(path).resolve() == Path(given).resolve():  # it was overwritten
+                raise CLIError(f"{out} {path}: is the {option} file; name another file")
+    if args.json and args.lengths_out and Path(args.json).resolve() == Path(args.lengths_out).resolve():
+        raise CLIError(f"--lengths-out {args.lengths_out}: is the --json file; name another file")
     _refuse_onnx_dtype(args, args.dtype is not None)
     graph, tasks = extract(args, gpu, args.dtype or "bfloat16", not args.inference, args.batch, None)
+    if args.lengths_out and not graph.lengths:
+        raise CLIError(f"--lengths-out {args.lengths_out}: {graph.source} has no length sample (full lengths)")
     print_tasks(graph, tasks, gpu)
     if note:
         _console().print(f"note: {note}")
     if args.json:
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(tasks_to_json(graph, tasks), indent=2) + "\n")
-        except OSError as e:
-            raise CLIError(f"--json {args.json}: cannot write it ({e.strerror or e})") from None
+        _write_text("--json", args.json, json.dumps(tasks_to_json(graph, tasks), indent=2) + "\n")
+    if args.lengths_out:  # the tasks' (compacted) sample: its digest is the one their entries record
+        _write_text("--lengths-out", args.lengths_out, json.dumps(list(graph.lengths)) + "\n")
     return 0
+
+
+def _write_text(option: str, path: str, text: str) -> None:
+    """Write one of ``autotune tasks``' output files; a failure is a usage error naming the option."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    except OSError as e:
+        raise CLIError(f"{option} {path}: cannot write it ({e.strerror or e})") from None
 
 
 def graph_task_list(args: argparse.Namespace, gpu: str) -> list:

@@ -273,7 +273,8 @@ def tasks_from_artifact(
             if lengths is not None and (sample is None or describe(sample)["sha256_16"] != lengths.get("sha256_16")):
                 raise ValueError(
                     f"{path}: the entry {t.label()} was tuned on a lengths sample"
-                    f" (sha256 {lengths.get('sha256_16', '?')}); pass that sample with --lengths"
+                    f" (sha256 {lengths.get('sha256_16', '?')}); pass that sample with --lengths (a model's own"
+                    " sample: write it with `autotune tasks --from-model/--from-onnx ... --lengths-out FILE`)"
                 )
             tasks.append(t)
     order = {k: i for i, k in enumerate(kernels)}

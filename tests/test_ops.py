@@ -361,15 +361,3 @@ def test_short_name_is_the_runtime_module():
 
     assert autotune.ops is runtime_ops
     assert hstu_attention is runtime_ops.hstu_attention and HSTUAttention is runtime_ops.HSTUAttention
-
-
-def test_module_scaling_seqlen_is_keyword_only(device):
-    """The function's eighth positional argument is ``contextual_seq_len``; the module's was ``scaling_seqlen``, so
-    a positional call ported from the function silently changed the score divisor. It is keyword-only now."""
-    q, k, v, off = _inputs(device)
-    module = ops.HSTUAttention(source="reference")
-    with pytest.raises(TypeError):
-        module(q, k, v, off, 32, None, None, 40)
-    out = module(q, k, v, off, 32, scaling_seqlen=40)
-    ref = hstu_attention_reference(q, k, v, off, 32, 1 / 32**0.5, scaling_seqlen=40)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)

@@ -670,12 +670,8 @@ class HSTUAttention(nn.Module):
         max_seq_len: int,
         alpha: float | None = None,
         num_targets: torch.Tensor | None = None,
-        *,
         scaling_seqlen: int | None = None,
     ) -> torch.Tensor:
-        """``hstu_attention`` with the module's fixed settings. ``scaling_seqlen`` is keyword-only: the function's
-        eighth positional argument is ``contextual_seq_len`` (fixed here at construction), so a positional call
-        ported from the function would otherwise pass a context length as the score divisor."""
         return hstu_attention(
             q,
             k,

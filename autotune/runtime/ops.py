@@ -672,6 +672,8 @@ class HSTUAttention(nn.Module):
         num_targets: torch.Tensor | None = None,
         scaling_seqlen: int | None = None,
     ) -> torch.Tensor:
+        """``hstu_attention`` with the module's fixed settings. The mask lengths are fixed at construction, so the
+        eighth positional argument here is ``scaling_seqlen`` (the function's is ``contextual_seq_len``)."""
         return hstu_attention(
             q,
             k,

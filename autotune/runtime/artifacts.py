@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS
+from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, MAX_BATCH, MAX_HEADS
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -313,8 +313,12 @@ def _validate_entry(entry: Any, where: str, kernel: str | None = None) -> None:
             raise ArtifactError(f"{where}.{k} must be >= 0, got {entry[k]!r}")
     if "fill" in entry:
         _check_fill(entry["fill"], f"{where}.fill")
-    if "batch" in entry and entry["batch"] < 1:
-        raise ArtifactError(f"{where}.batch must be >= 1, got {entry['batch']!r}")
+    # The limits of a task (a re-measure builds one from the entry): past them a hand edit failed in the tuner,
+    # without naming the entry.
+    if entry["num_heads"] > MAX_HEADS:
+        raise ArtifactError(f"{where}.num_heads must be <= {MAX_HEADS}, got {entry['num_heads']!r}")
+    if "batch" in entry and not 1 <= entry["batch"] <= MAX_BATCH:
+        raise ArtifactError(f"{where}.batch must be in [1, {MAX_BATCH}], got {entry['batch']!r}")
     if "lengths" in entry and "batch_fill" in entry["lengths"]:
         _check_fill(entry["lengths"]["batch_fill"], f"{where}.lengths.batch_fill")
     for i, case in enumerate(entry.get("verified", ())):

@@ -265,13 +265,12 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from autotune.tuning.tasks import MAX_BATCH
 
     int_in("--batch", args.batch, 1, MAX_BATCH)
-    outputs = (("--json", args.json), ("--lengths-out", args.lengths_out))
-    for out, path in outputs:
-        for option, given in (("--from-onnx", args.from_onnx), ("--lengths", args.lengths)):
-            if path and given and Path(path).resolve() == Path(given).resolve():  # it was overwritten
+    # An output may overwrite neither an input (it was read) nor the other output.
+    files = (("--from-onnx", args.from_onnx), ("--lengths", args.lengths), ("--json", args.json))
+    for out, path in (("--json", args.json), ("--lengths-out", args.lengths_out)):
+        for option, given in files:
+            if option != out and path and given and Path(path).resolve() == Path(given).resolve():
                 raise CLIError(f"{out} {path}: is the {option} file; name another file")
-    if args.json and args.lengths_out and Path(args.json).resolve() == Path(args.lengths_out).resolve():
-        raise CLIError(f"--lengths-out {args.lengths_out}: is the --json file; name another file")
     _refuse_onnx_dtype(args, args.dtype is not None)
     graph, tasks = extract(args, gpu, args.dtype or "bfloat16", not args.inference, args.batch, None)
     if args.lengths_out and not graph.lengths:

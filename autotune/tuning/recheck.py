@@ -22,7 +22,9 @@ from autotune.tuning.tasks import Task
 
 
 def entry_task(kernel: str, gpu: str, entry: dict[str, Any], seq_cap: int | None = None) -> Task:
-    """The task an artifact entry answers (its kernel, GPU, dtype, head dims, heads, bucket, law, mask)."""
+    """The task an artifact entry answers (its kernel, GPU, dtype, head dims, heads, bucket, law, mask, and the
+    batch it was timed on where it records one). The re-check cases draw their own batches."""
+    extra = {"batch": int(entry["batch"])} if "batch" in entry else {}
     return Task(
         kernel,
         gpu,
@@ -34,6 +36,7 @@ def entry_task(kernel: str, gpu: str, entry: dict[str, Any], seq_cap: int | None
         entry["distribution"],
         entry.get("mask", "causal"),
         seq_cap=seq_cap,
+        **extra,
     )
 
 

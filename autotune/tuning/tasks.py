@@ -13,17 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, format_bucket, sample_lengths, sequence_lengths
+from autotune.runtime.buckets import (
+    BUCKETS,
+    DISTRIBUTIONS,
+    MAX_BATCH,
+    MAX_HEADS,
+    format_bucket,
+    sample_lengths,
+    sequence_lengths,
+)
 from autotune.runtime.gpus import get_gpu
 
 DTYPES = ("bfloat16", "float16", "float32")
-# The most sequences a task's batch may hold: the CuTe attention kernels' grid order puts the batch in the
-# launch grid's y dimension, which CUDA caps at 65535 (``input_check.GRID_YZ_MAX``); a larger batch could not
-# launch every config the task measures (and its lengths alone would take minutes to draw).
-MAX_BATCH = 65535
-# The most heads: the Triton attention grids put batch x heads in x (2**31 - 1 blocks), which any batch up
-# to ``MAX_BATCH`` times this many heads fits.
-MAX_HEADS = (2**31 - 1) // MAX_BATCH
 # Mask features: name -> (contextual_seq_len, targets per sequence as a fraction of its length, window as a
 # fraction of the longest sequence). Each feature is a separate template specialisation (constexpr).
 MASKS: dict[str, tuple[int, float, float]] = {

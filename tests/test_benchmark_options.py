@@ -156,6 +156,7 @@ def test_bench_gemm_silu_defaults_reach_the_hopper_check(monkeypatch, capsys):
 def test_bench_layer_defaults_reach_the_run_and_a_rows_file_renders(tmp_path, monkeypatch, capsys):
     """The default options reach the layer run; a ``--from-json`` file that exists is rendered."""
     module = _script("bench_layer", monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # no GPU here (``_no_gpu``): the interpreter runs the columns
     monkeypatch.setattr(autotune, "load", lambda *a, **kw: None)
     monkeypatch.setattr(module, "bench", lambda args: [])
     module.main(["--no-save"])

@@ -535,3 +535,22 @@ def test_show_of_a_kernel_without_a_file_names_the_kernel(capsys, tmp_path):
     assert rc == 1 and "layer_norm_bwd" in text, text
     rc, text = _run(capsys, "show", "--gpu", "h100", "--artifacts", str(tmp_path))
     assert rc == 1 and f"no artifacts under {tmp_path} for h100" in " ".join(text.split()), text
+
+
+def test_the_environment_under_the_interpreter_is_the_interpreter_s_on_a_gpu_host(monkeypatch):
+    """``run --interpret`` on a GPU host recorded its CPU timings as that GPU's; the next ``--interpret`` run then
+    refused the folder as GPU-made. Under TRITON_INTERPRET=1 the block is the interpreter's; without it, the GPU's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    env = gpus.environment()
+    assert env["compute_capability"] is None and env["sm_count"] is None and art.interpreter_made(env), env
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    env = gpus.environment()
+    assert env["gpu_name"] == props.name and env["compute_capability"] == "9.0" and not art.interpreter_made(env)

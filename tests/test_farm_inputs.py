@@ -148,6 +148,7 @@ def test_a_plugin_of_the_callers_folder_is_imported_by_the_workers(pg_url, tmp_p
 
 def test_a_password_given_as_a_query_parameter_is_not_printed(capsys):
     """libpq also takes the password as ``?password=``: the error naming --storage printed it in full."""
+    pytest.importorskip("psycopg", reason="without the PostgreSQL driver the error is its absence (checked apart)")
     from autotune.tuning.cli import main
     from autotune.tuning.farm_storage import _safe
 
@@ -247,6 +248,7 @@ def test_status_of_a_journal_file_says_the_farm_needs_a_postgresql_url(tmp_path,
 def test_an_unreachable_farm_storage_is_one_error_before_any_banner(tmp_path, capsys):
     """``autotune run --storage <dead postgresql URL>`` printed its "Farm on ..." banner, then the error; now the
     storage is opened first: one error naming --storage, its password masked, and no banner."""
+    pytest.importorskip("psycopg", reason="without the PostgreSQL driver the error is its absence (checked apart)")
     from autotune.tuning.cli import main
 
     url = _closed_port_url().replace("autotune@", "autotune:S3cretPw@", 1)

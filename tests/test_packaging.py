@@ -320,7 +320,7 @@ def test_a_group_export_writes_what_exists_and_names_each_missing_kernel(tmp_pat
     assert "default config" in manifest["missing"]["linear_residual_bwd"]
     assert "h200/linear_residual_fwd.json" in [f["path"] for f in manifest["files"]]
     assert bundle.verify_bundle(out) == []
-    summary = autotune.load(out, gpu="h200")
+    summary = autotune.load(out, gpu="h200", allow_same_arch=True)  # on an H100 too
     assert "linear_residual_bwd" in summary["missing"] and "linear_residual_fwd" in summary["kernels"]
     # a kernel named on its own still must have its file
     assert main([*argv, "linear_residual_bwd", "--out", str(tmp_path / "one")]) == 1

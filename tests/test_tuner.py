@@ -380,3 +380,21 @@ def test_the_baseline_is_the_backend_dispatch_runs_without_artifacts(monkeypatch
         assert study.default_backend.name == "fake"  # the spec's defaults name "fake" only
     finally:
         spec.unregister("fake_two")
+
+
+def test_a_run_told_to_interpret_runs_its_workers_under_the_interpreter(monkeypatch):
+    """``run_tasks`` with ``interpret=True``, called as a library, left TRITON_INTERPRET as it was: on a GPU host its
+    workers ran the kernels on the GPU while the search space was pruned for the interpreter. The workers are spawned
+    inside the run, so the variable set for the run reaches them; the caller's value is restored after."""
+    import os
+
+    from autotune.tuning import tuner
+
+    seen = []
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(tuner, "_run_tasks", lambda *a: seen.append(os.environ.get("TRITON_INTERPRET")) or [])
+    assert tuner.run_tasks([], TuneOptions(interpret=True)) == [] and "TRITON_INTERPRET" not in os.environ
+    tuner.run_tasks([], TuneOptions(interpret=False))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tuner.run_tasks([], TuneOptions(interpret=True))
+    assert seen == ["1", None, "1"] and os.environ["TRITON_INTERPRET"] == "0"

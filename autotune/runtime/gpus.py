@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -91,8 +93,32 @@ def _spec_named(device_name: str) -> GPUSpec | None:
     return GPUS[key] if key else None
 
 
+def interpreting() -> bool:
+    """Whether Triton kernels run under its CPU interpreter in this process (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@contextlib.contextmanager
+def interpreter(on: bool) -> Iterator[None]:
+    """``TRITON_INTERPRET=1`` while ``on``: workers spawned meanwhile inherit it and run the kernels on the CPU
+    (a tuning run told to interpret, called as a library on a GPU host, timed them on the GPU), and Triton reads
+    it when first imported. The variable is restored after, so a library caller's process is left as it was."""
+    before = os.environ.get("TRITON_INTERPRET")
+    if on:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
 def environment() -> dict[str, object]:
-    """The artifact's ``environment`` block (docs/CONTRACTS.md) for the current process."""
+    """The artifact's ``environment`` block (docs/CONTRACTS.md) for the current process. Under the Triton
+    interpreter (``TRITON_INTERPRET=1``) the kernels run on the CPU whatever GPU the host has, so the block is the
+    interpreter's: an ``--interpret`` run on a GPU host wrote its CPU timings as that GPU's."""
     import importlib.metadata
     import subprocess
 
@@ -111,7 +137,7 @@ def environment() -> dict[str, object]:
     }
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         env["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not interpreting():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         env["gpu_name"] = props.name
         env["compute_capability"] = f"{props.major}.{props.minor}"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Collection
 from pathlib import Path
@@ -685,27 +684,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interpreter_env(wanted: bool) -> str | None:
-    """Turn the Triton interpreter on for ``--interpret`` (read by the spawned workers and by Triton when it is
-    first imported); returns the variable's value, which ``main`` restores so a library caller's process is
-    left as it was."""
-    before = os.environ.get("TRITON_INTERPRET")
-    if wanted:
-        os.environ["TRITON_INTERPRET"] = "1"
-    return before
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    before = _interpreter_env(bool(getattr(args, "interpret", False)))
-    try:
+    from autotune.runtime.gpus import interpreter
+
+    with interpreter(bool(getattr(args, "interpret", False))):  # restored after: a library caller's process
         return _dispatch_command(args)
-    finally:
-        if before is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = before
 
 
 # Options that name something, with what they name. Given empty (an unset variable's "$DIR"), each was taken as left

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
+from autotune.runtime.gpus import interpreting
 from kernel_templates.tolerance import error_bound
 
 QUICK = {"warmup": 5, "rep": 20}  # ms: the cheap first measurement every correct config gets
@@ -34,10 +34,6 @@ class Timing(NamedTuple):
     median_ms: float
     spread_ms: float
     samples: int
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def device() -> str:

@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from autotune.runtime import artifacts as art
 from autotune.runtime.defaults import baseline_backend, space_default
-from autotune.runtime.gpus import environment
+from autotune.runtime.gpus import environment, interpreter, interpreting
 from autotune.tuning.artifact_io import (
     TIMING_ENV_KEYS,
     WARM_START_SCOPES,
@@ -199,16 +199,16 @@ def study_name(task: Task, backends: list[str], cuda_graph: bool = False) -> str
     return f"{task.study_name}|src{digest}|{task.gpu}|env{environment_digest()}{timing}"
 
 
-@functools.lru_cache(maxsize=1)
-def _environment_cached() -> tuple[tuple[str, Any], ...]:
-    env = environment()
+@functools.lru_cache(maxsize=2)
+def _environment_cached(interpret: bool) -> tuple[tuple[str, Any], ...]:
+    env = environment()  # the interpreter's block under TRITON_INTERPRET=1, which ``interpret`` keys
     return tuple((k, env.get(k)) for k in TIMING_ENV_KEYS)
 
 
 def environment_digest() -> str:
     """Digest of this process's timing environment (GPU model, SMs, driver, CUDA, torch, Triton, CuTe DSL):
     studies and farms of different digests never share trials, as their timings do not compare."""
-    return hashlib.sha256(repr(_environment_cached()).encode()).hexdigest()[:10]
+    return hashlib.sha256(repr(_environment_cached(interpreting())).encode()).hexdigest()[:10]
 
 
 def _choices(backend: Backend, ctx: SpaceContext, default_values: dict[str, Any]) -> dict[str, tuple]:
@@ -678,6 +678,13 @@ def run_tasks(
     """Tune ``tasks`` in order with one worker; each task gets an equal share of the remaining budget.
     A plugin that cannot be imported raises its ImportError here, before any worker starts. A task that raises
     ends with its error (type and message) and the run goes on; an interrupt ends the run."""
+    with interpreter(opts.interpret):  # the workers inherit it: ``interpret`` runs the kernels on the CPU
+        return _run_tasks(tasks, opts, time_budget_s, reporter)
+
+
+def _run_tasks(
+    tasks: list[Task], opts: TuneOptions, time_budget_s: float | None, reporter: Reporter | None
+) -> list[TaskResult]:
     from autotune.tuning.registry import load_plugins, plugin_modules
 
     load_plugins(opts.plugins)

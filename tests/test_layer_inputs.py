@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autotune.runtime import dispatch
+from autotune.runtime import dispatch, ops
 from autotune.runtime.layer import hstu_layer, layer_norm, plan_layer
 from kernel_templates.hstu_attention.reference import hstu_attention_reference
 
@@ -166,6 +166,22 @@ def test_a_bad_plan_is_a_value_error_naming_it():
             layer_norm(x, p["ln1_w"], p["ln1_b"], EPS, bad)
     with pytest.raises(ValueError, match="heads must be a positive int"):
         plan_layer(torch.float32, True, 32, 32, 0.1, EPS, 0.0, "default")
+
+
+def test_cpu_tensors_on_a_gpu_host_are_a_clear_error_naming_the_layer_inputs(monkeypatch):
+    """On a GPU host without the interpreter, a CPU activation reached the first Triton launch, which failed naming
+    no argument; the layer and its LayerNorm now say where the inputs are."""
+    plan = plan_layer(torch.float32, 2, 32, 32, 0.1, EPS, 0.0, "default")
+    p = _params(64, 2, 32)
+    x, off, seed = torch.randn(5, 64), _offsets([5]), torch.zeros(1, dtype=torch.int64)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ops, "cuda_present", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="x, params and seq_offsets are on cpu: the kernels need them on a CUDA"):
+        hstu_layer(x, p, off, plan, seed)
+    if plan.step("layer_norm_fwd").backend != "torch":
+        with pytest.raises(ValueError, match="x, weight and bias are on cpu"):
+            layer_norm(x, p["ln1_w"], p["ln1_b"], EPS, plan)
 
 
 @pytest.mark.interpreter  # CPU tensors through the Triton interpreter; fp32 tolerances tf32 would miss

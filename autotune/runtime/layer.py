@@ -377,6 +377,13 @@ def _check_plan(plan: Any) -> None:
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, plan: LayerPlan) -> torch.Tensor:
     """LayerNorm of a 2-D (rows, D) activation through ``plan``'s dispatched kernels, output in ``plan.dtype``."""
     _check_plan(plan)
+    if (
+        isinstance(x, torch.Tensor)
+        and not x.is_cuda
+        and ops.cuda_present()
+        and plan.step("layer_norm_fwd").backend != "torch"
+    ):
+        ops.check_kernel_device(x, "x, weight and bias")
     return LayerNormFunction.apply(unit_columns(x), weight, bias, eps, plan)
 
 
@@ -420,6 +427,8 @@ def _check_call(
     dense(x=x)  # a sparse x failed inside torch (no strides)
     _check_plan(plan)
     _check_params(x, params, plan)
+    if not x.is_cuda and ops.cuda_present():
+        ops.check_kernel_device(x, "x, params and seq_offsets")
     seed_tensor(seed, x.device)
     check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend

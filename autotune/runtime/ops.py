@@ -16,6 +16,7 @@ Neither cache applies while a CUDA graph is captured: the graph records the chec
 replays then run on whatever the tensor holds.
 """
 
+import functools
 import math
 import operator
 import weakref
@@ -26,6 +27,7 @@ from torch.autograd import forward_ad
 
 from autotune.runtime import dispatch
 from autotune.runtime.buckets import DISTRIBUTIONS
+from autotune.runtime.gpus import interpreting
 from kernel_templates.hstu_attention.config import SUPPORTED_HEAD_DIMS, padded_head_dim
 from kernel_templates.hstu_attention.input_check import (
     check_alpha,
@@ -206,6 +208,8 @@ def attention_fwd(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=backend != "reference",
         )  # fmt: skip
+        if not q.is_cuda and backend != "reference" and cuda_present():
+            check_kernel_device(q)
         if not math.isfinite(alpha):  # a NaN or infinite alpha made every output NaN
             check_alpha(alpha)
     backend, config, max_seq_len, scaling_seqlen = _fit_launch(
@@ -433,6 +437,8 @@ def hstu_attention(
         _refuse_func_grad(q, k, v)
     if distribution is not None and distribution not in DISTRIBUTIONS:
         _refuse_distribution(distribution)
+    if not q.is_cuda and source != "reference" and mode != "none" and cuda_present():
+        check_kernel_device(q)
     # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
     if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
@@ -530,6 +536,23 @@ def _needs_padding(dqk: int, dv: int) -> bool:
         _refuse_large_head_dims(dqk, dv)
         return all(padded_head_dim(d) is not None for d in dims)
     return False
+
+
+@functools.cache
+def cuda_present() -> bool:
+    """Whether this process has a CUDA device, asked once: a CPU host's calls (the interpreter's) skip the device
+    check below at the cost of a cached call."""
+    return torch.cuda.is_available()
+
+
+def check_kernel_device(t: torch.Tensor, names: str = "q, k, v and seq_offsets") -> None:
+    """The kernels take CUDA tensors, or CPU ones under the Triton interpreter. On a GPU host, CPU tensors reached
+    the launch and failed there, naming no argument ("Pointer argument (at 0) cannot be accessed from Triton")."""
+    if t.device.type == "cpu" and not interpreting() and torch.cuda.is_available():
+        raise ValueError(
+            f"{names} are on {t.device}: the kernels need them on a CUDA device (or set TRITON_INTERPRET=1 to run "
+            "the Triton kernels on the CPU); the 'reference' source runs on any device"
+        )
 
 
 def _padded_call(q, k, v, seq_offsets, max_seq_len, alpha, num_targets, ctx_len, win, scaling, source, dist, mode):

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from autotune.runtime import dispatch, ops
-from kernel_templates.hstu_attention import hstu_attention, hstu_attention_reference
-from kernel_templates.hstu_attention.testing import check_tolerance, make_jagged_inputs
+from kernel_templates.hstu_attention import hstu_attention
+from kernel_templates.hstu_attention.testing import check_call_and_grads, make_jagged_inputs
 
 KERNEL_DIMS = (32, 64, 128, 256)
 PADDED_DIMS = (16, 48, 80, 96, 160, 192)
@@ -57,16 +57,4 @@ def test_random_call_matches_the_reference(device, seed):
         out = ops.hstu_attention(inp.q, inp.k, inp.v, *args, source=c["call"])
     alpha = c["alpha"] if c["alpha"] is not None else 1.0 / math.sqrt(c["dqk"])
     ref_args = (inp.seq_offsets, inp.max_seq_len, alpha, inp.num_targets, c["ctx"], c["win"], c["scaling"])
-    r32 = [t.detach().float().requires_grad_(True) for t in (inp.q, inp.k, inp.v)]
-    rlo = [t.detach().clone().requires_grad_(True) for t in (inp.q, inp.k, inp.v)]
-    ref = hstu_attention_reference(*r32, *ref_args)
-    own = hstu_attention_reference(*rlo, *ref_args, compute_dtype=c["dtype"])
-    check_tolerance(f"out {c}", out, ref, own)
-    if not sum(c["lengths"]):
-        return
-    go = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed)).to(device)
-    got = torch.autograd.grad(out, (inp.q, inp.k, inp.v), go.to(out.dtype))
-    refs = torch.autograd.grad(ref, r32, go)
-    owns = torch.autograd.grad(own, rlo, go.to(own.dtype))
-    for name, g, r, t in zip(("dq", "dk", "dv"), got, refs, owns, strict=True):
-        check_tolerance(f"{name} {c}", g, r, t)
+    check_call_and_grads(str(c), out, (inp.q, inp.k, inp.v), ref_args, c["dtype"], seed)

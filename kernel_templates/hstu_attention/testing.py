@@ -86,3 +86,26 @@ def check_tolerance(
     if not err <= bound:
         raise AssertionError(f"{name}: max error {err:.3e} exceeds bound {bound:.3e} (2x PyTorch-in-dtype + atol)")
     return err, bound
+
+
+def check_call_and_grads(
+    tag: str, out: torch.Tensor, inputs: Sequence[torch.Tensor], ref_args: tuple, dtype: torch.dtype, seed: int
+) -> None:
+    """``out`` of a call on ``inputs`` (q, k, v, requiring grad), then its gradients for a seeded random ``do``,
+    against the fp32 reference (``ref_args``: its arguments after q, k, v) under the tolerance rule, PyTorch's own
+    error measured in ``dtype``. An empty batch checks the output only."""
+    from .reference import hstu_attention_reference
+
+    r32 = [t.detach().float().requires_grad_(True) for t in inputs]
+    rlo = [t.detach().clone().requires_grad_(True) for t in inputs]
+    ref = hstu_attention_reference(*r32, *ref_args)
+    own = hstu_attention_reference(*rlo, *ref_args, compute_dtype=dtype)
+    check_tolerance(f"out {tag}", out, ref, own)
+    if not out.numel():
+        return
+    go = torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
+    got = torch.autograd.grad(out, tuple(inputs), go.to(out.dtype))
+    refs = torch.autograd.grad(ref, r32, go)
+    owns = torch.autograd.grad(own, rlo, go.to(own.dtype))
+    for name, g, r, t in zip(("dq", "dk", "dv"), got, refs, owns, strict=True):
+        check_tolerance(f"{name} {tag}", g, r, t)

@@ -34,3 +34,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _no_out_folder(monkeypatch):
+    """The benchmarks write their rows under ``$OUT`` when it is set (a device run's output folder): a test that runs
+    one must not leave files in the caller's folder. Tests that want it set their own."""
+    monkeypatch.delenv("OUT", raising=False)

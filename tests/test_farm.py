@@ -791,3 +791,19 @@ def test_a_missing_driver_is_named_for_the_url_given(monkeypatch, url, hint):
     monkeypatch.setattr(optuna.storages, "RDBStorage", no_driver)
     with pytest.raises(farm_storage.FarmError, match=hint):
         farm_storage._open_storage(url)
+
+
+def test_a_farm_told_to_interpret_joins_and_spawns_under_the_interpreter(monkeypatch):
+    """As ``run_tasks``: ``run_farm(interpret=True)`` called as a library left TRITON_INTERPRET as it was, so on a
+    GPU host its workers (which inherit this environment) timed the GPU. Set for the farm's run, restored after."""
+    import os
+
+    from autotune.tuning import farm
+    from autotune.tuning.tuner import TuneOptions
+
+    seen = []
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(farm, "_run_farm", lambda *a: seen.append(os.environ.get("TRITON_INTERPRET")) or [])
+    assert farm.run_farm([], TuneOptions(interpret=True), "sqlite:///x.db") == []
+    farm.run_farm([], TuneOptions(interpret=False), "sqlite:///x.db")
+    assert seen == ["1", None] and "TRITON_INTERPRET" not in os.environ

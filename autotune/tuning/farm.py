@@ -598,7 +598,22 @@ def run_farm(
     tick: Callable[[str], None] | None = None,
 ) -> list[TaskResult]:
     """This host's part of the farm: join, run ``workers`` processes until the farm drains, merge the
-    farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does)."""
+    farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does). With
+    ``opts.interpret`` the workers (which inherit this process's environment) and the timing key run under the
+    interpreter, called as a library too."""
+    with gpus.interpreter(opts.interpret):
+        return _run_farm(tasks, opts, url, workers, budget_s, fopts, tick)
+
+
+def _run_farm(
+    tasks: list[Task],
+    opts: TuneOptions,
+    url: str,
+    workers: int | None,
+    budget_s: float | None,
+    fopts: FarmOptions | None,
+    tick: Callable[[str], None] | None,
+) -> list[TaskResult]:
     check_farm_call(url, workers)
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

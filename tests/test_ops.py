@@ -368,6 +368,9 @@ def test_cpu_tensors_on_a_gpu_host_are_a_clear_error_naming_the_inputs(monkeypat
     """On a GPU host without the interpreter, CPU tensors reached the Triton launch, which failed naming no
     argument ("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)"). The call now says where the
     inputs are and what runs them; the reference source still takes them."""
+    fwd, bwd = (json.dumps(f(32, 32, interpret=True).to_dict()) for f in (default_fwd_config, default_bwd_config))
+    choose = ops._choose
+    monkeypatch.setattr(ops, "_choose", lambda *a, **kw: ("triton", fwd, "triton", bwd))  # no GPU to fit them to
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(ops, "cuda_present", lambda: True)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -376,6 +379,7 @@ def test_cpu_tensors_on_a_gpu_host_are_a_clear_error_naming_the_inputs(monkeypat
     with pytest.raises(ValueError, match=r"q, k, v and seq_offsets are on cpu: the kernels need them on a CUDA"):
         ops.hstu_attention(q, k, v, off, 3, source=source)
     with pytest.raises(ValueError, match="are on cpu"):
-        ops.attention_fwd(q, k, v, off, None, 3, 0.2, 0, 0, None, "triton", "{}", "triton", "{}")
+        ops.attention_fwd(q, k, v, off, None, 3, 0.2, 0, 0, None, "triton", fwd, "triton", bwd)
+    monkeypatch.setattr(ops, "_choose", choose)
     out = ops.hstu_attention(q, k, v, off, 3, source="reference")
     assert out.shape == (5, 2, 32) and torch.isfinite(out).all()

@@ -385,7 +385,7 @@ def _config_json(config: Any) -> str:
     return json.dumps(d, sort_keys=True)
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
     """Whether this call is being traced (torch.compile / torch.export), not run."""
     compiler = torch.compiler
     return compiler.is_compiling() or bool(getattr(compiler, "is_exporting", lambda: False)())
@@ -441,7 +441,7 @@ def default_choice(kind: str, dqk: int, dv: int, dtype: str | None = None, num_h
         if backend_available(backend, kind):
             config = fit_spec_default(kind, backend, config, dqk, dv, num_heads, dtype, interpret)
             return Choice(backend, _config_json(config), "default")
-    if _tracing():  # a trace (torch.export of the model for its tasks) only records the choice: no kernel runs
+    if tracing():  # a trace (torch.export of the model for its tasks) only records the choice: no kernel runs
         return preferred_default(kind, dqk, dv, dtype, num_heads, interpret)
     hint = ""
     if not torch.cuda.is_available() and not interpret:

@@ -427,12 +427,12 @@ def _check_call(
     dense(x=x)  # a sparse x failed inside torch (no strides)
     _check_plan(plan)
     _check_params(x, params, plan)
-    if not x.is_cuda and ops.cuda_present():
-        ops.check_kernel_device(x, "x, params and seq_offsets")
     seed_tensor(seed, x.device)
     check_offsets_format(seq_offsets, x.device)
     backend = plan.step("hstu_attention_fwd").backend
     ops.check_call_offsets(backend, mode, seq_offsets, None, x.shape[0], plan.max_seq_len)
+    if not x.is_cuda and ops.cuda_present():
+        ops.check_kernel_device(x, "x, params and seq_offsets")
 
 
 def hstu_layer(

@@ -208,8 +208,6 @@ def attention_fwd(
             q, k, v, seq_offsets, max_seq_len, num_targets, contextual_seq_len, max_attn_len, scaling_seqlen,
             check_offsets=False, check_head_dims=backend != "reference",
         )  # fmt: skip
-        if not q.is_cuda and backend != "reference" and cuda_present():
-            check_kernel_device(q)
         if not math.isfinite(alpha):  # a NaN or infinite alpha made every output NaN
             check_alpha(alpha)
     backend, config, max_seq_len, scaling_seqlen = _fit_launch(
@@ -249,6 +247,8 @@ def _fwd_impl(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, wi
     check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_fwd(q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
+    if not q.is_cuda and validate != "none" and cuda_present():  # after every argument check, before the launch
+        check_kernel_device(q)
     launcher, cfg, index = dispatch.runner(backend, FWD, config)
     seq_offsets, num_targets = _index_as(seq_offsets, index), _index_as(num_targets, index)
     num_targets = kernel_targets(num_targets, ctx_len, seq_offsets)
@@ -437,8 +437,6 @@ def hstu_attention(
         _refuse_func_grad(q, k, v)
     if distribution is not None and distribution not in DISTRIBUTIONS:
         _refuse_distribution(distribution)
-    if not q.is_cuda and source != "reference" and mode != "none" and cuda_present():
-        check_kernel_device(q)
     # Comparisons, not math.isfinite: under torch.compile(dynamic=True) a float alpha (or the default of a padded
     # head dim, 1/sqrt(a symbolic Dqk)) is a SymFloat, which a comparison guards on and math.isfinite cannot trace.
     if alpha is not None and (type(alpha) is not float or not -math.inf < alpha < math.inf):
@@ -547,8 +545,9 @@ def cuda_present() -> bool:
 
 def check_kernel_device(t: torch.Tensor, names: str = "q, k, v and seq_offsets") -> None:
     """The kernels take CUDA tensors, or CPU ones under the Triton interpreter. On a GPU host, CPU tensors reached
-    the launch and failed there, naming no argument ("Pointer argument (at 0) cannot be accessed from Triton")."""
-    if t.device.type == "cpu" and not interpreting() and torch.cuda.is_available():
+    the launch and failed there, naming no argument ("Pointer argument (at 0) cannot be accessed from Triton"). A
+    trace (``torch.export`` of a model on CPU example inputs, for its tasks) runs no kernel and passes."""
+    if t.device.type == "cpu" and not interpreting() and torch.cuda.is_available() and not dispatch.tracing():
         raise ValueError(
             f"{names} are on {t.device}: the kernels need them on a CUDA device (or set TRITON_INTERPRET=1 to run "
             "the Triton kernels on the CPU); the 'reference' source runs on any device"

@@ -363,8 +363,7 @@ def test_short_name_is_the_runtime_module():
     assert hstu_attention is runtime_ops.hstu_attention and HSTUAttention is runtime_ops.HSTUAttention
 
 
-@pytest.mark.parametrize("source", ["default", "tuned"])
-def test_cpu_tensors_on_a_gpu_host_are_a_clear_error_naming_the_inputs(monkeypatch, source):
+def test_cpu_tensors_on_a_gpu_host_are_a_clear_error_naming_the_inputs(monkeypatch):
     """On a GPU host without the interpreter, CPU tensors reached the Triton launch, which failed naming no
     argument ("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)"). The call now says where the
     inputs are and what runs them; the reference source still takes them."""
@@ -377,7 +376,7 @@ def test_cpu_tensors_on_a_gpu_host_are_a_clear_error_naming_the_inputs(monkeypat
     q, k, v = (torch.randn(5, 2, 32) for _ in range(3))
     off = torch.tensor([0, 2, 5])
     with pytest.raises(ValueError, match=r"q, k, v and seq_offsets are on cpu: the kernels need them on a CUDA"):
-        ops.hstu_attention(q, k, v, off, 3, source=source)
+        ops.hstu_attention(q, k, v, off, 3)
     with pytest.raises(ValueError, match="are on cpu"):
         ops.attention_fwd(q, k, v, off, None, 3, 0.2, 0, 0, None, "triton", fwd, "triton", bwd)
     monkeypatch.setattr(ops, "_choose", choose)

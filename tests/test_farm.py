@@ -804,6 +804,6 @@ def test_a_farm_told_to_interpret_joins_and_spawns_under_the_interpreter(monkeyp
     seen = []
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(farm, "_run_farm", lambda *a: seen.append(os.environ.get("TRITON_INTERPRET")) or [])
-    assert farm.run_farm([], TuneOptions(interpret=True), "sqlite:///x.db") == []
-    farm.run_farm([], TuneOptions(interpret=False), "sqlite:///x.db")
+    assert farm.run_farm([], TuneOptions(interpret=True), "postgresql://u@h/db") == []
+    farm.run_farm([], TuneOptions(interpret=False), "postgresql://u@h/db")
     assert seen == ["1", None] and "TRITON_INTERPRET" not in os.environ

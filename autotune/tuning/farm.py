@@ -601,6 +601,7 @@ def run_farm(
     farm's results into the local artifacts; returns the tasks' results (as ``run_tasks`` does). With
     ``opts.interpret`` the workers (which inherit this process's environment) and the timing key run under the
     interpreter, called as a library too."""
+    check_farm_call(url, workers)
     with gpus.interpreter(opts.interpret):
         return _run_farm(tasks, opts, url, workers, budget_s, fopts, tick)
 
@@ -614,7 +615,6 @@ def _run_farm(
     fopts: FarmOptions | None,
     tick: Callable[[str], None] | None,
 ) -> list[TaskResult]:
-    check_farm_call(url, workers)
     fopts = fopts or FarmOptions.from_env()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = farm_storage(url, fopts)

@@ -45,7 +45,7 @@ import torch
 from autotune import spec
 from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, bucket_for
 from autotune.runtime.defaults import fit_spec_default, spec_defaults
-from autotune.runtime.gpus import interpreting
+from autotune.runtime.gpus import interpreting as _interpreting
 from kernel_templates.hstu_attention.input_check import GRID_YZ_MAX
 
 SOURCES = ("tuned", "default", "reference")
@@ -360,10 +360,6 @@ def summary() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # Selection
 # --------------------------------------------------------------------------------------------------
-def _interpreting() -> bool:
-    return interpreting()
-
-
 def _dtype_name(dtype: torch.dtype | str) -> str:
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 

@@ -547,7 +547,7 @@ def check_kernel_device(t: torch.Tensor, names: str = "q, k, v and seq_offsets")
     """The kernels take CUDA tensors, or CPU ones under the Triton interpreter. On a GPU host, CPU tensors reached
     the launch and failed there, naming no argument ("Pointer argument (at 0) cannot be accessed from Triton"). A
     trace (``torch.export`` of a model on CPU example inputs, for its tasks) runs no kernel and passes."""
-    if t.device.type == "cpu" and not interpreting() and torch.cuda.is_available() and not dispatch.tracing():
+    if t.device.type == "cpu" and not interpreting() and cuda_present() and not dispatch.tracing():
         raise ValueError(
             f"{names} are on {t.device}: the kernels need them on a CUDA device (or set TRITON_INTERPRET=1 to run "
             "the Triton kernels on the CPU); the 'reference' source runs on any device"

@@ -57,3 +57,19 @@ def test_training_imports_never_load_the_tuner():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_the_task_limits_are_the_grid_limits_and_load_no_torch():
+    """The tuner reads its batch and head limits before any kernel module loads: they come from the one
+    torch-free home of CUDA's grid limits, the same the kernels' input checks use."""
+    code = (
+        "import sys, autotune.runtime.buckets as b, kernel_templates.grid_limits as g; "
+        "print(b.MAX_BATCH == g.GRID_YZ_MAX, b.MAX_HEADS * b.MAX_BATCH <= g.GRID_X_MAX, 'torch' in sys.modules)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "True", "False"], res.stdout
+    from kernel_templates import grid_limits
+    from kernel_templates.hstu_attention import input_check
+
+    assert input_check.GRID_YZ_MAX == grid_limits.GRID_YZ_MAX

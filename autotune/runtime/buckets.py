@@ -13,17 +13,19 @@ import numbers
 import operator
 import random
 
+from kernel_templates.grid_limits import GRID_X_MAX, GRID_YZ_MAX
+
 BUCKETS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 DISTRIBUTIONS: tuple[str, ...] = ("uniform", "jagged", "sparse")
 JAGGED_EXPONENT = 3.0  # lengths = bucket * u**3: median ~bucket/8, mean ~bucket/4, tail up to bucket
 SPARSE_DIVISOR = 8  # sparse: the jagged law's lengths / 8 beside one full-length sequence
 # The most sequences a task's batch may hold: the CuTe attention kernels' grid order puts the batch in the
-# launch grid's y dimension, which CUDA caps at 65535 (``input_check.GRID_YZ_MAX``); a larger batch could not
-# launch every config the task measures (and its lengths alone would take minutes to draw).
-MAX_BATCH = 65535
-# The most heads: the Triton attention grids put batch x heads in x (2**31 - 1 blocks), which any batch up
-# to ``MAX_BATCH`` times this many heads fits.
-MAX_HEADS = (2**31 - 1) // MAX_BATCH
+# launch grid's y dimension (``GRID_YZ_MAX``); a larger batch could not launch every config the task
+# measures (and its lengths alone would take minutes to draw).
+MAX_BATCH = GRID_YZ_MAX
+# The most heads: the Triton attention grids put batch x heads in x, which any batch up to ``MAX_BATCH``
+# times this many heads fits.
+MAX_HEADS = GRID_X_MAX // MAX_BATCH
 
 
 def bucket_for(max_seq_len: int) -> int:

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_templates.grid_limits import GRID_YZ_MAX
+
 VALIDATE_MODES = ("async", "full", "none")
 
 # Error bits of one offsets check; the device kernel writes the same mask (literals there, same order).
@@ -41,9 +43,6 @@ MESSAGES = {
     BAD_TARGETS: "num_targets must be within [0, sequence length] for every sequence",
 }
 _BLOCK = 512
-# CUDA's limit on a launch grid's y and z dimensions (x holds 2**31 - 1): the attention kernels that put
-# sequences or row blocks there cannot launch past it.
-GRID_YZ_MAX = 65535
 
 
 def validate_mode(validate: bool | str) -> str:

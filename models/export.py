@@ -503,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         written = out_files | ({Path(args.json).resolve()} if args.json else set())
         if args.weights and Path(args.weights).resolve() in written:  # else the weights it read were overwritten
             raise ExportError(f"--weights {args.weights}: a file this export writes (--out or --json) would replace it")
+        overrides = _parse_overrides(args.set)
+        lengths_file = overrides.get("lengths_file")
+        if lengths_file and Path(lengths_file).resolve() in written:  # else the lengths it read were overwritten
+            raise ExportError(f"--set lengths_file={lengths_file}: a file this export writes (--out or --json) "
+                              "would replace it")  # fmt: skip
         if args.check_batches < 0:
             raise ExportError(f"--check-batches {args.check_batches}: must be >= 0 (0 skips the check)")
         if args.artifacts is not None and args.gpu is None:  # else ignored: every node would record the defaults
@@ -510,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         result, module, cfg = export_onnx(
             args.preset,
             args.out,
-            overrides=_parse_overrides(args.set),
+            overrides=overrides,
             weights=args.weights,
             kernel_dtype=args.kernel_dtype,
             gpu=args.gpu,

@@ -553,6 +553,10 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         raise ValueError(f"--gpu {args.gpu!r}: unknown GPU key; known: {', '.join(sorted(GPUS))}")
     if args.json and not writable_file_path(Path(args.json)):
         raise ValueError(f"--json {args.json}: not a writable file path")
+    if args.json and cfg.lengths_file and Path(args.json).resolve() == Path(cfg.lengths_file).resolve():
+        # main removes the --json file before the run, and every batch reads the lengths file: the user's lengths
+        # were deleted and the first batch failed on the missing file (a traceback)
+        raise ValueError(f"--json {args.json}: is the lengths_file the batches draw from; name another file")
 
 
 def writable_file_path(path: Path) -> bool:

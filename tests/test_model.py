@@ -358,6 +358,23 @@ def test_train_cli_refuses_unusable_device_and_json_path_up_front(tmp_path, caps
     assert not (tmp_path / "file").is_dir()
 
 
+def test_train_json_onto_the_lengths_file_is_refused(tmp_path, capsys, monkeypatch):
+    """``--json`` naming the ``lengths_file`` the batches draw from: main removes the --json file before the run (a
+    failed run leaves no older report), so the user's lengths were deleted and the first batch failed on the missing
+    file, a traceback. A usage error naming --json, before anything is removed; the same name spelled another way
+    (relative, ./) too."""
+    monkeypatch.chdir(tmp_path)
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text("[10, 20, 30]\n")
+    for json_name in (str(lengths), "./lengths.json"):
+        with pytest.raises(SystemExit) as e:
+            main(["--preset", "tiny", "--kernels", "reference", "--steps", "1", "--warmup", "0", "--no-progress",
+                  "--set", "length_dist=file", "lengths_file=lengths.json", "--json", json_name])  # fmt: skip
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--json" in err and "lengths_file" in err, err
+        assert lengths.read_text() == "[10, 20, 30]\n"
+
+
 @pytest.mark.parametrize("argv", [[], ["--kernels", "tuned"], ["--layer", "fused"]])
 def test_gpu_kernels_on_a_cpu_without_the_interpreter_are_a_usage_error(argv, capsys, monkeypatch):
     """The preset's 'default' kernels on a CPU without TRITON_INTERPRET=1 failed in dispatch after the set-up,

@@ -167,6 +167,18 @@ def test_an_output_onto_the_weights_file_is_refused(tmp_path, capsys, monkeypatc
     assert (tmp_path / "w.pt").read_bytes() == before
 
 
+@pytest.mark.parametrize("argv", [["--out", "lengths.json"], ["--out", "m.onnx", "--json", "lengths.json"]])
+def test_an_output_onto_the_lengths_file_is_refused(tmp_path, capsys, monkeypatch, argv):
+    """``--out`` or ``--json`` naming the ``--set lengths_file`` the model's batches draw from wrote the ONNX model or
+    the summary over the user's lengths it had just read (exit 0): refused, naming the override, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lengths.json").write_text("[10, 20, 30]\n")
+    sets = ["--set", "length_dist=file", "--set", "lengths_file=lengths.json"]
+    assert export.main(["--preset", "tiny", *sets, "--check-batches", "0", *argv]) == 2
+    assert "models.export: error: --set lengths_file=lengths.json" in capsys.readouterr().err
+    assert (tmp_path / "lengths.json").read_text() == "[10, 20, 30]\n" and not (tmp_path / "m.onnx").exists()
+
+
 def test_exported_model_carries_the_lowest_ir_version_its_content_needs(tiny):
     """The file's IR version is what its content needs, not the installed onnx package's newest.
 

@@ -280,6 +280,25 @@ def test_a_reference_is_aligned_or_refused_and_old_report_files_go(tmp_path, cap
     assert not (out / "ratio.csv").exists() and not list(out.glob("*_ratio.png")) and (out / "mine.txt").is_file()
 
 
+@pytest.mark.parametrize("name", ["heatmap.csv", "ratio.csv"])
+def test_a_reference_among_the_report_files_of_out_is_refused(tmp_path, capsys, name):
+    """``--reference runs/heatmap/heatmap.csv`` (the last report, compared with a new one written to the default
+    --out) was read, then deleted and overwritten by the new rows, exit 0: the reference table was lost. A usage
+    error naming --reference; the reference file and the folder's other report files are left as they were."""
+    from autotune.tuning.cli import main
+
+    table = tmp_path / "in.csv"
+    heatmap.write_csv(_rows(), table)
+    out = tmp_path / "out"
+    ref = out / name
+    heatmap.write_csv([{**r, "source": "reference"} for r in _reference()], ref)
+    before = ref.read_bytes()
+    assert main(["bench", "--heatmap", "--from-csv", str(table), "--reference", str(ref), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--reference" in err and "--out" in err, err
+    assert ref.read_bytes() == before and sorted(p.name for p in out.iterdir()) == [name]
+
+
 def test_a_reference_matching_only_cells_without_a_value_is_refused(tmp_path):
     """Cells read back without a TFLOP/s value (empty) matched the reference: exit 0, an empty ratio.csv and no note."""
     rows = [{**r, "tflops": math.nan} for r in _rows()]

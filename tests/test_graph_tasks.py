@@ -566,3 +566,21 @@ def test_lengths_out_writes_the_sample_the_tasks_carry(capsys, monkeypatch, tmp_
     rc, text = _run(capsys, "tasks", "--from-model", "tiny", "--gpu", "h100", "--lengths-out", str(out), "--json",
                     str(out))  # fmt: skip
     assert rc == 2 and "--lengths-out" in text and "--json" in text, text
+
+
+def test_lengths_out_writes_the_lengths_file_sample_the_tasks_draw_from(capsys, monkeypatch, tmp_path):
+    """With ``--lengths FILE`` the jagged tasks draw from the file's lengths (their entries record its digest), but
+    ``--lengths-out`` wrote the model's own sample: ``run --from-artifact --lengths OUT`` then refused every entry
+    as tuned on another sample. It writes the sample the tasks carry, the file's."""
+    from autotune.runtime.lengths import compact, describe, read_length_sample
+
+    monkeypatch.setenv("COLUMNS", "220")
+    lengths, out, sample_file = tmp_path / "l.json", tmp_path / "tasks.json", tmp_path / "sample.json"
+    lengths.write_text("[[10, 20], [30]]\n")
+    rc, text = _run(capsys, "tasks", "--from-model", "tiny", "--gpu", "h100", "--lengths", str(lengths), "--json",
+                    str(out), "--lengths-out", str(sample_file))  # fmt: skip
+    assert rc == 0, text
+    samples = {tuple(t["sample"]) for t in json.loads(out.read_text())["tasks"] if t.get("sample")}
+    assert samples == {compact(read_length_sample(str(lengths)))}, samples
+    written = compact(read_length_sample(str(sample_file)))
+    assert describe(written)["sha256_16"] == describe(next(iter(samples)))["sha256_16"]

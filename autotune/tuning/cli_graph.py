@@ -273,7 +273,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
                 raise CLIError(f"{out} {path}: is the {option} file; name another file")
     _refuse_onnx_dtype(args, args.dtype is not None)
     graph, tasks = extract(args, gpu, args.dtype or "bfloat16", not args.inference, args.batch, None)
-    if args.lengths_out and not graph.lengths:
+    sample = tasks_sample(graph, tasks)
+    if args.lengths_out and not sample:
         raise CLIError(f"--lengths-out {args.lengths_out}: {graph.source} has no length sample (full lengths)")
     print_tasks(graph, tasks, gpu)
     if note:
@@ -281,8 +282,15 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     if args.json:
         _write_text("--json", args.json, json.dumps(tasks_to_json(graph, tasks), indent=2) + "\n")
     if args.lengths_out:  # the tasks' (compacted) sample: its digest is the one their entries record
-        _write_text("--lengths-out", args.lengths_out, json.dumps(list(graph.lengths)) + "\n")
+        _write_text("--lengths-out", args.lengths_out, json.dumps(list(sample)) + "\n")
     return 0
+
+
+def tasks_sample(graph: Any, tasks: list) -> tuple[int, ...] | None:
+    """The length sample ``--lengths-out`` writes: the one the jagged tasks carry, whose digest their entries record
+    (``--lengths``' when it replaces the model's: writing the model's then gave a file ``run --from-artifact`` refused
+    as another sample), else the model's own (None for full lengths)."""
+    return next((gt.task.sample for gt in tasks if gt.task.sample), None) or graph.lengths
 
 
 def _write_text(option: str, path: str, text: str) -> None:

@@ -161,6 +161,18 @@ def test_cli_refuses_a_bad_timeout_or_json_before_re_checking(root, capsys, bad)
     assert not any("verified" in e for e in entries)  # nothing was re-checked
 
 
+def test_cli_refuses_a_json_onto_an_artifact_of_the_folder(tmp_path, capsys):
+    """``--json`` naming an artifact of the re-checked folder wrote the rows over it after the re-check (exit 0 when
+    every entry passed): the tuned entries were lost. A usage error naming --json, the file left as it was."""
+    (tmp_path / "h100").mkdir()
+    path = tmp_path / "h100" / "hstu_attention_fwd.json"
+    path.write_text("{not json")
+    argv = ["verify", "--gpu", "h100", "--artifacts", str(tmp_path), "--interpret", "--json", str(path)]
+    assert cli.main(argv) == 2
+    assert "--json" in capsys.readouterr().err
+    assert path.read_text() == "{not json"
+
+
 def _committed():
     for path in sorted(art.DEFAULT_ROOT.glob("*/*.json")):
         artifact = art.load_artifact(path, check_stale=False, check_configs=False)

@@ -459,3 +459,27 @@ def test_meta_tensors_give_shapes_as_the_custom_op_does(source, validate):
         assert [g.shape for g in grads] == [t.shape for t in (q, k, v)] and all(g.is_meta for g in grads)
         with torch.no_grad():
             assert ops.HSTUAttention(source=source, validate=validate)(q, k, v, off, 8).shape == (10, 2, dv)
+
+
+@pytest.mark.parametrize("order", ["inference-first", "training-first"])
+def test_template_context_call_after_an_inference_mode_call(device, order):
+    """A context call without targets launches cached zero targets (``op.kernel_targets``), which the template's
+    autograd function saves for its backward. Zeros first made under ``torch.inference_mode()`` (an evaluation
+    pass) were inference tensors: every later training call of that batch size failed with "Inference tensors
+    cannot be saved for backward"."""
+    from kernel_templates.hstu_attention import op
+
+    op._ZERO_TARGETS.clear()
+    off = offsets_from_lengths([4, 6], device)
+    q, k, v = _qkv(device, 10)
+    calls = [True, False] if order == "inference-first" else [False, True, False]
+    for inference in calls:
+        with torch.inference_mode(inference):
+            out = hstu_attention(q, k, v, off, 8, contextual_seq_len=2)
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    qr, kr, vr = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = hstu_attention_reference(qr, kr, vr, off, 8, 1 / math.sqrt(32), None, 2)
+    tol = 3e-2 if device == "cuda" else 1e-4
+    assert (out.float() - ref).abs().max() <= tol * ref.abs().max()
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), (qr, kr, vr)), strict=True):
+        assert (g.float() - r).abs().max() <= tol * r.abs().max()

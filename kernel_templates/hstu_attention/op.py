@@ -61,7 +61,10 @@ def kernel_targets(
     key = (seq_offsets.shape[0] - 1, seq_offsets.dtype, seq_offsets.device)
     zeros = _ZERO_TARGETS.get(key)
     if zeros is None:
-        zeros = torch.zeros(key[0], dtype=key[1], device=key[2])
+        # Never an inference tensor: the template's autograd function saves these zeros for its backward, and
+        # zeros kept from an inference-mode call failed every later training call of that batch size there.
+        with torch.inference_mode(False):
+            zeros = torch.zeros(key[0], dtype=key[1], device=key[2])
         if not capturing():  # one made inside a graph capture belongs to that graph's pool: not kept
             if len(_ZERO_TARGETS) >= 64:
                 _ZERO_TARGETS.clear()

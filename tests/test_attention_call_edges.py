@@ -483,3 +483,24 @@ def test_template_context_call_after_an_inference_mode_call(device, order):
     assert (out.float() - ref).abs().max() <= tol * ref.abs().max()
     for g, r in zip(grads, torch.autograd.grad(ref.sum(), (qr, kr, vr)), strict=True):
         assert (g.float() - r).abs().max() <= tol * r.abs().max()
+
+
+@pytest.mark.parametrize(
+    ("offsets", "max_seq_len", "message"),
+    [
+        ([[0, 4, 10]], 8, r"seq_offsets must be a 1-D tensor of B\+1 offsets, got shape \(1, 3\)"),
+        ([], 8, r"seq_offsets must be a 1-D tensor of B\+1 offsets, got shape \(0,\)"),
+        ([0, 4, 10], -1, r"max_seq_len must be an int in \[0, 2\*\*31\), got -1"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_backward_op_called_directly_checks_shapes_before_offsets(backend, offsets, max_seq_len, message):
+    """``hstu::attention_bwd`` called directly checks its arguments by name, as ``hstu::attention_fwd`` does. It
+    read the offsets first: 2-D offsets were "only one element tensors can be converted to Python scalars", empty
+    ones an IndexError, and a negative max_seq_len "below the longest sequence"."""
+    q, k, v = _qkv("cpu", 10, grad=False)
+    off = torch.tensor(offsets, dtype=torch.int64)
+    config = "{}" if backend == "reference" else dispatch.select(ops.BWD, q.dtype, 32, 32, 2, 8, None, "default").config
+    with pytest.raises(ValueError, match=message):
+        torch.ops.hstu.attention_bwd(torch.ones_like(v), q, k, v, off, None, max_seq_len, 0.25, 0, 0, None, backend,
+                                     config, "async")  # fmt: skip

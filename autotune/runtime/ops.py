@@ -296,12 +296,16 @@ def _bwd_impl(
     do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling, backend, config, validate,
     fit: bool = False,
 ):  # fmt: skip
-    """``fit``: size the launch for the grid here (``_fit_launch``; the custom op), not in the public call."""
-    check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
+    """``fit``: size the launch for the grid here (``_fit_launch``; the custom op), not in the public call.
+
+    Shapes before offsets, as the forward op checks them: the offsets check indexes the offsets and takes
+    ``max_seq_len`` as a bound, so 2-D or empty offsets failed inside it naming nothing, and a negative
+    ``max_seq_len`` was reported as below the longest sequence."""
     if validate_mode(validate) != "none":  # the autograd backward passes "none": its forward checked these
         _check_bwd_inputs(do, q, k, v, seq_offsets, max_seq_len, num_targets, ctx_len, win, scaling, backend)
         if not math.isfinite(alpha):
             check_alpha(alpha)
+    check_call_offsets(backend, validate, seq_offsets, num_targets, q.shape[0], max_seq_len)
     if backend == "reference":
         return _reference_bwd(do, q, k, v, seq_offsets, num_targets, max_seq_len, alpha, ctx_len, win, scaling)
     if fit:

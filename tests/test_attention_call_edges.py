@@ -504,3 +504,30 @@ def test_backward_op_called_directly_checks_shapes_before_offsets(backend, offse
     with pytest.raises(ValueError, match=message):
         torch.ops.hstu.attention_bwd(torch.ones_like(v), q, k, v, off, None, max_seq_len, 0.25, 0, 0, None, backend,
                                      config, "async")  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["parameters", "compiled"])
+def test_reference_double_backward_through_the_custom_op(path):
+    """``source="reference"`` keeps a real double backward (docs/CONTRACTS.md) on the custom op's path too:
+    ``nn.Parameter`` inputs (not plain tensors) and ``torch.compile(backend="eager")`` run ``hstu::attention_fwd``,
+    whose backward called ``hstu::attention_bwd``, an op without an autograd formula, so a gradient of a gradient
+    raised "no autograd formula was registered"."""
+    off = offsets_from_lengths([7, 13], "cpu")
+    plain = _qkv("cpu", 20, grad=False)
+
+    def call(q, k, v):
+        return ops.hstu_attention(q, k, v, off, 32, source="reference")
+
+    if path == "parameters":
+        inputs = [torch.nn.Parameter(t.clone()) for t in plain]
+    else:
+        inputs = [t.clone().requires_grad_(True) for t in plain]
+        call = torch.compile(call, backend="eager", fullgraph=True)
+    gq = torch.autograd.grad(call(*inputs).pow(2).sum(), inputs[0], create_graph=True)[0]
+    g2 = torch.autograd.grad((gq * inputs[0]).sum(), inputs)
+    q, k, v = (t.clone().requires_grad_(True) for t in plain)
+    rq = torch.autograd.grad(hstu_attention_reference(q, k, v, off, 32, 1 / math.sqrt(32)).pow(2).sum(), q,
+                             create_graph=True)[0]  # fmt: skip
+    torch.testing.assert_close(gq, rq)
+    for got, want in zip(g2, torch.autograd.grad((rq * q).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want)

@@ -355,7 +355,11 @@ def _saved_backward(ctx, do: torch.Tensor, bwd) -> tuple:
 
 
 def _backward(ctx, do):
-    return _saved_backward(ctx, do, attention_bwd)
+    """The custom op's backward. The reference's, run eagerly, is the implementation itself, as the eager autograd
+    function runs it: ``hstu::attention_bwd`` has no autograd formula, so a double backward through it (q, k, v as
+    ``nn.Parameter``s, which take the custom op, or ``torch.compile(backend="eager")``) raised. Traced, the op."""
+    eager_reference = ctx.args[5] == "reference" and _eager(do)
+    return _saved_backward(ctx, do, _bwd_impl if eager_reference else attention_bwd)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)

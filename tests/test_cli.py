@@ -314,6 +314,33 @@ def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_
     assert {key(e): e for e in merged.entries} == {key(e): e for e in data["entries"]}
 
 
+def test_merging_shard_copies_keeps_every_shards_retuned_entries(capsys, tmp_path):
+    """A re-tune split over shards runs each on its own copy of the committed artifacts, so each copy still holds the
+    entries the other shards re-tuned, as committed. Merged entry by entry, the last copy put those committed entries
+    back over the first copy's re-tuned ones: its results were silently lost. Entries a copy holds as the target had
+    them are no news; every re-tuned entry lands."""
+    import json
+
+    shipped = art.artifact_path("h100", "hstu_attention_bwd")
+    data = json.loads(shipped.read_text())
+    root = tmp_path / "artifacts"
+    target = art.artifact_path("h100", "hstu_attention_bwd", root)
+    target.parent.mkdir(parents=True)
+    target.write_text(shipped.read_text())
+    copies = []
+    for i in range(2):  # shard i re-tuned entry i; its copy holds the other entries as committed
+        d = json.loads(shipped.read_text())
+        d["entries"][i] = {**d["entries"][i], "median_ms": 0.001 * (i + 1), "trials": 99}
+        copies.append(tmp_path / f"copy{i}.json")
+        copies[-1].write_text(json.dumps(d))
+    rc, text = _run(capsys, "merge", *map(str, copies), "--artifacts", str(root))
+    assert rc == 0 and text.count("merged 1 entries") == 2, text
+    merged = {art.entry_key(e): e for e in art.load_artifact(target).entries}
+    for i in range(2):
+        assert merged[art.entry_key(data["entries"][i])]["median_ms"] == 0.001 * (i + 1)
+    assert len(merged) == len(data["entries"])
+
+
 def test_merge_refuses_to_drop_entries_of_another_environment_and_interpreter_files(capsys, tmp_path):
     """A file of another timing environment would drop every entry of the target: refused (naming the files
     and the count) unless --replace; a file made under the Triton interpreter never lands in a GPU folder."""

@@ -49,6 +49,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         loaded.append((f, a))
     # Entries a merge would drop: a target (or an earlier file of this merge) of another timing environment.
     targets: dict[Path, tuple[dict, int, str]] = {}
+    bases: dict[Path, Any] = {}  # each target as it was before this merge (None: none, or one set aside)
     losses = []
     for f, a in loaded:
         path = art.artifact_path(a.gpu, a.kernel, root)
@@ -57,6 +58,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
             if unusable:
                 losses.append(f"{f} would replace {path}, which {unusable} (its entries would be set aside)")
             targets[path] = (old.environment, len(old.entries), str(path)) if old else ({}, 0, str(path))
+            bases[path] = old
         env, count, owner = targets[path]
         differ = environment_differences(env, a.environment)
         if count and differ:
@@ -73,13 +75,38 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     for path in targets:  # before any file is merged: all targets or none
         writable_folder("--artifacts", path.parent)
+    envs = {path: base.environment if base else None for path, base in bases.items()}  # each target's, as merged
     for f, a in loaded:
+        path = art.artifact_path(a.gpu, a.kernel, root)
+        news = _changed_entries(a, bases[path], envs[path])
         try:
-            path = merge_entries(a.kernel, a.gpu, a.entries, root, a.environment, replace=args.replace)
+            path = merge_entries(a.kernel, a.gpu, news, root, a.environment, replace=args.replace)
         except EnvironmentMismatch as e:
             raise CLIError(f"cannot merge {f}: {e} (pass --replace to drop them)") from None
-        print(f"merged {len(a.entries)} entries of {f} into {path}")
+        envs[path] = a.environment
+        same = len(a.entries) - len(news)
+        print(f"merged {len(news)} entries of {f} into {path}" + (f" ({same} as the target had them)" if same else ""))
     return 0
+
+
+def _changed_entries(a: Any, base: Any, env: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The entries of ``a`` that are news to the merge target as it was before the merge (``base``; ``env``: the
+    target's timing environment now): a shard's copy of the committed artifacts still holds every entry another
+    shard re-tuned, as committed, and merged last it put those old entries back over the re-tuned ones. An entry
+    equal to the target's own is skipped, unless an environment differs (the write then drops the target's entries,
+    and the file's are all it keeps)."""
+    from autotune.runtime import artifacts as art
+    from autotune.tuning.artifact_io import environment_differences
+
+    if (
+        base is None
+        or env is None
+        or environment_differences(base.environment, env)
+        or environment_differences(env, a.environment)
+    ):
+        return list(a.entries)
+    had = {art.entry_key(e): e for e in base.entries}
+    return [e for e in a.entries if had.get(art.entry_key(e)) != e]
 
 
 def _merge_target(path: Path, kernel: str, gpu: str) -> tuple[Any, str | None]:

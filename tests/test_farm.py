@@ -536,6 +536,41 @@ def test_exhausted_retries_fail_the_task_with_its_reason(pg_url, tmp_path, capsy
     assert "1 lost" in status and "stopped heartbeating" in status, status
 
 
+def test_a_task_that_raises_an_unexpected_error_ends_alone_and_the_worker_goes_on(pg_url, tmp_path, monkeypatch):
+    """A farm task whose tuning raised anything but a RuntimeError (a KeyError of a bug) killed its worker with a
+    traceback: the task was handed back as "interrupted (Ctrl-C, SIGTERM, or its run died)", every retry killed one
+    more worker, and once the host's respawns were spent the tasks after it were never claimed. As on one host
+    (``run_tasks``), the task now ends alone with the error's type and message, and the worker tunes the next."""
+    import dataclasses
+
+    from autotune.tuning import farm, tuner
+
+    for k, v in FARM_ENV.items():
+        monkeypatch.setenv(k, v)
+    fopts, first, opts, storage = one_task_farm(pg_url, tmp_path, grace_s=3)
+    second = dataclasses.replace(first, bucket=512)
+    name = farm.join_farm(storage, [first, second], opts)
+    decide = tuner._decide
+
+    def broken_for_the_first(s, result):
+        if s.task.bucket == first.bucket:
+            raise KeyError("planted")
+        return decide(s, result)
+
+    monkeypatch.setattr(tuner, "_decide", broken_for_the_first)
+    plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()}
+    spec = {"url": pg_url, "farm": name, "opts": plain, "farm_options": dataclasses.asdict(fopts), "deadline": None,
+            "slot": 0}  # fmt: skip
+    assert farm.work(spec) == 0
+    study = optuna.load_study(study_name=name, storage=storage)
+    bad, good = farm.farm_results(study, [first, second])
+    assert bad.config is None and bad.error == "KeyError: 'planted'", bad.error
+    assert good.error is None and good.config is not None
+    assert [t.state for t in study.get_trials(deepcopy=False)] == [TrialState.COMPLETE] * 2
+    entries = art.load_artifact(art.artifact_path("h100", "fake_faults", tmp_path)).entries
+    assert [e["bucket"] for e in entries] == [512]
+
+
 def test_results_artifacts_and_status_take_one_result_per_task(tmp_path):
     """The run's results, the artifact entries it merges and ``autotune status`` pick a task's result by one
     rule (``farm.result_trial``): its latest run that finished without error, so neither a lost claim nor an

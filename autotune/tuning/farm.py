@@ -459,9 +459,13 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             except (RuntimeError, WorkerError) as e:  # InfraError among them
                 r = failed_result(task, e)
             except Exception as e:  # e.g. Optuna's ValueError at a tell of a trial the new holder failed
-                if storage.get_trial(tid).state == TrialState.RUNNING:
-                    raise
-                raise LeaseLost(f"farm trial {tid} was failed as stale by another worker ({e!r})") from e
+                if storage.get_trial(tid).state != TrialState.RUNNING:
+                    raise LeaseLost(f"farm trial {tid} was failed as stale by another worker ({e!r})") from e
+                if isinstance(e, (LeaseLost, UpdateFinishedTrialError)) or _storage_error(e):
+                    raise  # a lost claim, or the storage's error: the task is handed back, another worker retries it
+                # Any other error (a KeyError of a bug) is the task's, as in ``run_tasks``: raised, it killed this
+                # worker, was reported as an interrupt, and each retry killed one more until none claimed the rest.
+                r = failed_result(task, e)
             trial.set_user_attr("result", _summary(r))
             trial.set_user_attr("finished_at", time.time())  # epoch: hosts' clocks agree on it, zones need not
             if farm.tell(trial, r.tuning_s, skip_if_finished=True).state != TrialState.COMPLETE:
@@ -478,6 +482,13 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
     if r.config is not None:
         update_artifact(r, opts, ctx["env"])
     return True
+
+
+def _storage_error(e: BaseException) -> bool:
+    """Whether ``e`` came from the farm's storage (SQLAlchemy, Optuna's storage layer), not from the task."""
+    import sqlalchemy.exc
+
+    return isinstance(e, (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError))
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

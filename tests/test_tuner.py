@@ -150,6 +150,27 @@ def test_every_timing_of_a_cuda_graph_session_replays_a_graph(monkeypatch):
     assert len(flags) >= 5 and all(flags), flags
 
 
+def test_a_run_in_another_timing_environment_keeps_the_files_old_entries_aside(tmp_path):
+    """A run after a torch or driver update writes its entry over a file tuned in the old environment: the file's
+    entries are dropped (their timings do not compare), and before, with a warning as their only trace, every tuned
+    entry of the file was lost for one new one. The old file is now renamed aside, as an invalid one is."""
+    import json
+
+    task = _fake_task()
+    path = art.artifact_path("h100", "fake_op", tmp_path)
+    other = dataclasses.replace(task, bucket=512)
+    run_tasks([other], _opts(tmp_path, n_trials=2))
+    data = json.loads(path.read_text())
+    data["environment"]["torch"] = "0.0-before-the-update"
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.warns(RuntimeWarning, match="dropping 1 entries.*kept as"):
+        run_tasks([task], _opts(tmp_path, n_trials=2))
+    assert [e["bucket"] for e in art.load_artifact(path).entries] == [256]
+    (aside,) = [p for p in path.parent.iterdir() if p.name.startswith(f"{path.name}.unusable-")]
+    assert aside.read_bytes() == before
+
+
 def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp_path, monkeypatch):
     """An edited template makes the artifact stale (dispatch refuses it), but its winner is still the
     best first guess: the fresh study measures it right after the default."""

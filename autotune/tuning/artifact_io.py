@@ -67,8 +67,9 @@ def merge_entries(
     Many tuners (farm workers, two runs) write one file: under an exclusive ``fcntl`` lock the file is
     re-read, merged and replaced atomically, so no writer overwrites another's entries. Entries of an
     artifact written in another timing environment (GPU, SMs, driver, versions) are dropped with a
-    warning instead of being relabelled with this one (``replace=False``: ``EnvironmentMismatch`` and
-    nothing written); a stale or invalid file is replaced, its old content renamed aside (``keep_aside``).
+    warning instead of being relabelled with this one, the old file renamed aside (``replace=False``:
+    ``EnvironmentMismatch`` and nothing written); a stale or invalid file is replaced, its old content renamed aside
+    too (``keep_aside``).
     """
     # Both names become path parts: checked before anything is created ('../..' would escape ``root``).
     if not isinstance(gpu, str) or not art.is_gpu_key(gpu):
@@ -98,7 +99,9 @@ def merge_entries(
                 what = f"{len(existing.entries)} entries of {path} tuned in another environment ({', '.join(differ)})"
                 if not replace:
                     raise EnvironmentMismatch(f"merging would drop {what}")
-                warnings.warn(f"dropping {what}", RuntimeWarning, stacklevel=3)
+                # Kept aside as an invalid file is: a run after a torch or driver update wrote one new entry and
+                # every tuned entry of the file was gone, the warning the only trace.
+                warnings.warn(f"dropping {what}; {keep_aside(path)}", RuntimeWarning, stacklevel=3)
             else:
                 artifact.entries = list(existing.entries)
         for entry in entries:

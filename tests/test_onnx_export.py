@@ -294,6 +294,25 @@ def test_function_body_matches_the_reference_for_every_mask(ctx, targets, window
     np.testing.assert_allclose(got, want.numpy(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("max_seq_len, scaling", [(40, None), (65536, None), (40, 70000), (2**20, None)])
+def test_a_float16_node_divides_by_a_divisor_past_float16s_range(max_seq_len, scaling):
+    """The body cast the divisor S to q's type: in float16 one of 65520 and more was inf, and every output 0 with
+    no error (the kernels divide in fp32). The fp16 node now matches the fp32 oracle within fp16 rounding."""
+    gen = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([0, 9, 9, 30, 37])
+    q, k = (torch.randn(37, 2, 16, generator=gen) for _ in range(2))
+    v = torch.randn(37, 2, 8, generator=gen)
+    want = hstu_attention_reference(q, k, v, offsets, max_seq_len, 0.25, None, 0, 0, scaling).numpy()
+    attrs = {name: (0 if t == "INT" else 0.0 if t == "FLOAT" else "") for name, t, _ in onnx_hstu.ATTRIBUTES}
+    attrs.update(max_seq_len=max_seq_len, alpha=0.25, scaling_seqlen=-1 if scaling is None else scaling)
+    model = _single_node_model(onnx.TensorProto.FLOAT16, attrs)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"q": q.half().numpy(), "k": k.half().numpy(), "v": v.half().numpy(), "seq_offsets": offsets.numpy(),
+             "num_targets": np.zeros(4, dtype=np.int64)}  # fmt: skip
+    got = session.run(None, feeds)[0].astype(np.float32)
+    assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max(), (np.abs(got).max(), np.abs(want).max())
+
+
 def test_tasks_from_the_onnx_file_equal_the_torch_export_tasks(tiny):
     path = tiny[0]
     from_onnx = gt.build_tasks(gt.ops_from_onnx(path), "h100")

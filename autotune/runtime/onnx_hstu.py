@@ -110,7 +110,10 @@ def JaggedAttention(  # noqa: N802 - the ONNX op name
     else:
         s = op.MatMul(op.Transpose(q, perm=[1, 0, 2]), op.Transpose(k, perm=[1, 2, 0]))
         s = s * op.CastLike(op.Constant(value_float=alpha), q)
-        p = s * op.Sigmoid(s) * op.CastLike(pair, q) / op.CastLike(divisor, q)
+        # The divisor in double, the quotient rounded once to q's type: cast to q's type, a divisor from 65520 up
+        # was inf in float16 and every output 0 (the kernels divide in fp32). Exact for every T and divisor.
+        silu = op.Cast(s * op.Sigmoid(s) * op.CastLike(pair, q), to=11)
+        p = op.CastLike(op.Div(silu, op.Cast(divisor, to=11)), q)
         out = op.Transpose(op.MatMul(p, op.Transpose(v, perm=[1, 0, 2])), perm=[1, 0, 2])
     return out
 

@@ -514,6 +514,42 @@ def test_int32_offsets_and_targets_export_and_run(index_dtype):
     np.testing.assert_allclose(got[0], want.numpy(), rtol=1e-4, atol=1e-5)
 
 
+class _LnMulDropout(torch.nn.Module):
+    """``fused_ln_mul_dropout`` with its own LayerNorm parameters (of ``param_dtype``) and dropout 0.5."""
+
+    def __init__(self, param_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter((1 + 0.1 * torch.randn(16, generator=gen)).to(param_dtype))
+        self.b = torch.nn.Parameter((0.1 * torch.randn(16, generator=gen)).to(param_dtype))
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        from kernel_templates.fused_ln_mul_dropout import fused_ln_mul_dropout
+
+        return fused_ln_mul_dropout(x, u, self.w, self.b, 1e-5, 0.5, self.training)
+
+
+def _onnx_of(module: torch.nn.Module, args: tuple) -> onnx.ModelProto:
+    ep = torch.export.export(module, args)
+    prog = torch.onnx.export(ep, (), None, opset_version=18, dynamo=True,
+                             custom_translation_table=onnx_hstu.translation_table())  # fmt: skip
+    return prog.model_proto
+
+
+def test_a_training_mode_dropout_is_refused_instead_of_exported_as_none():
+    """A module exported in training mode carries dropout p > 0 into ``hstu::ln_mul_dropout_fwd``, whose translation
+    has no dropout: the file computed the undropped, unscaled LN(x) * u (half the entries and twice the scale of what
+    PyTorch computed) without a word. It is refused, naming p and eval mode; the eval-mode export still runs."""
+    x, u = torch.randn(8, 16), torch.randn(8, 16)
+    with pytest.raises(Exception, match=r"dropout p=0.5.*eval mode"):
+        _onnx_of(_LnMulDropout().train(), (x, u))
+    module = _LnMulDropout().eval()
+    session = ort.InferenceSession(_onnx_of(module, (x, u)).SerializeToString(), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        want = module(x, u).numpy()
+    np.testing.assert_allclose(session.run(None, {"x": x.numpy(), "u": u.numpy()})[0], want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_one_row_example_batch_still_exports_rows_as_dynamic(tmp_path):
     """batch_size 2 x max_seq_len 1: the example batch (one empty sequence, one of length 1) had one row, which
     torch.export specialised to a constant (a UserError traceback). The example now has 2 rows, and the file

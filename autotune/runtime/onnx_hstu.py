@@ -194,7 +194,16 @@ def _attention_fwd(
 
 
 def _ln_mul_dropout_fwd(x: Any, u: Any, weight: Any, bias: Any, eps: float, p: float, seed: Any) -> Any:
-    """Translation of the fused ``hstu::ln_mul_dropout_fwd`` in inference (dropout is off when exported)."""
+    """Translation of the fused ``hstu::ln_mul_dropout_fwd`` in inference (dropout is off when exported).
+
+    A dropout probability above 0 (a module exported in training mode) is a ``ValueError`` naming it: the node has no
+    dropout, so the file computed the undropped, unscaled ``LN(x) * u`` without a word.
+    """
+    if float(p) > 0.0:
+        raise ValueError(
+            f"hstu::ln_mul_dropout_fwd has dropout p={float(p):g}: its ONNX translation is inference only "
+            "(no dropout); export the module in eval mode (module.eval())"
+        )
     y, mean, rstd = op.LayerNormalization(x, weight, bias, axis=-1, epsilon=float(eps), stash_type=1)
     return op.Mul(y, u), op.Squeeze(mean, [-1]), op.Squeeze(rstd, [-1])
 

@@ -550,6 +550,22 @@ def test_a_training_mode_dropout_is_refused_instead_of_exported_as_none():
     np.testing.assert_allclose(session.run(None, {"x": x.numpy(), "u": u.numpy()})[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_float16_activations_beside_fp32_layernorm_parameters_export_and_run():
+    """``fused_ln_mul_dropout`` takes float16 x and u beside fp32 (master) LayerNorm parameters and computes in fp32;
+    its translation fed them to one LayerNormalization, which takes a single type, so the file failed the checker
+    ("Scale has inconsistent type"). It now runs, matching PyTorch in float16."""
+    x, u = torch.randn(8, 16).half(), torch.randn(8, 16).half()
+    module = _LnMulDropout(torch.float32).eval()
+    proto = _onnx_of(module, (x, u))
+    onnx.checker.check_model(proto, full_check=True)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x.numpy(), "u": u.numpy()})[0]
+    with torch.no_grad():
+        want = module(x, u)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.float().numpy(), rtol=2e-3, atol=2e-3)
+
+
 def test_a_one_row_example_batch_still_exports_rows_as_dynamic(tmp_path):
     """batch_size 2 x max_seq_len 1: the example batch (one empty sequence, one of length 1) had one row, which
     torch.export specialised to a constant (a UserError traceback). The example now has 2 rows, and the file

@@ -204,8 +204,12 @@ def _ln_mul_dropout_fwd(x: Any, u: Any, weight: Any, bias: Any, eps: float, p: f
             f"hstu::ln_mul_dropout_fwd has dropout p={float(p):g}: its ONNX translation is inference only "
             "(no dropout); export the module in eval mode (module.eval())"
         )
-    y, mean, rstd = op.LayerNormalization(x, weight, bias, axis=-1, epsilon=float(eps), stash_type=1)
-    return op.Mul(y, u), op.Squeeze(mean, [-1]), op.Squeeze(rstd, [-1])
+    # In fp32, as the kernels compute it (parameters of any float dtype, output in x's): LayerNormalization takes one
+    # type for x, scale and bias, so float16 activations beside fp32 parameters failed the checker.
+    f32 = onnx.TensorProto.FLOAT
+    scale, shift = op.Cast(weight, to=f32), op.Cast(bias, to=f32)
+    y, mean, rstd = op.LayerNormalization(op.Cast(x, to=f32), scale, shift, axis=-1, epsilon=float(eps), stash_type=1)
+    return op.CastLike(op.Mul(y, op.Cast(u, to=f32)), x), op.Squeeze(mean, [-1]), op.Squeeze(rstd, [-1])
 
 
 def translation_table() -> dict[Any, Any]:

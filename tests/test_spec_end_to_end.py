@@ -50,6 +50,22 @@ def test_spec_only_op_is_tuned_saved_loaded_and_dispatched(tmp_path, plugin):
     assert default.source == "default" and json.loads(default.config) == {"chunks": 4}
 
 
+def test_an_op_registered_after_the_load_runs_its_default(tmp_path, monkeypatch):
+    """``autotune.load()`` then a plugin import (the order a training script may take): the plugin's kernel had no
+    record in the loaded state, and its first call raised a KeyError from inside dispatch. It runs its spec's
+    default, said once, like a kernel whose file is missing; a load after the registration reads its file."""
+    dispatch.reset()
+    dispatch.load(tmp_path, gpu="h100")
+    try:
+        with registered_plugin(monkeypatch, PLUGIN) as module:
+            with pytest.warns(dispatch.DispatchWarning, match="registered after autotune.load"):
+                choice = dispatch.select(module.NAME, torch.float32, 32, 32, 1, 256)
+            assert choice.source == "default" and json.loads(choice.config) == {"chunks": 4}
+            assert module.NAME in dispatch.load(tmp_path, gpu="h100")["missing"]
+    finally:
+        dispatch.reset()
+
+
 def test_spec_strings_all_resolve():
     """Every "module:attr" of every built-in spec imports (CuTe ones: the module file exists)."""
     import importlib.util

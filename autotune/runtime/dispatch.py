@@ -703,7 +703,13 @@ def _resolve(
     if problem:
         _warn_once(f"{problem}; using the heuristic default config")
         return default_choice(kind, dqk, dv, dtype, num_heads)
-    artifact = state.artifacts[kind]
+    artifact = state.artifacts.get(kind)
+    if artifact is None:  # a spec registered after the load (a plugin imported later): its file was never read
+        _warn_once(
+            f"{kind}: registered after autotune.load() read {state.path}, so no artifact of it was loaded; call "
+            "autotune.load() again after registering it; using the heuristic default config"
+        )
+        return default_choice(kind, dqk, dv, dtype, num_heads)
     serve = _serving_dtype(_entries(artifact), dtype, dqk, dv, mask)
     # The other dtype's entries serve only where re-checked in the call's dtype and mask; its own, all of them.
     usable = None if serve == dtype else functools.partial(verified_for, dtype=dtype, mask=mask)

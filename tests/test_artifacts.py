@@ -446,3 +446,20 @@ def test_a_write_over_an_unusable_file_keeps_its_old_content_aside(tmp_path):
     assert [e["bucket"] for e in art.load_artifact(path).entries] == [1024]
     (aside,) = [p for p in path.parent.glob(f"{path.name}.unusable-*")]
     assert aside.read_bytes() == before and not list(path.parent.glob("*.json.*.tmp"))
+
+
+@pytest.mark.parametrize("value", [float("nan"), {"x": 1}, [1], 3])
+def test_an_extra_environment_value_that_is_no_string_is_refused(tmp_path, value):
+    """``environment`` values are strings or null (docs/CONTRACTS.md); only the known keys were checked, so an extra
+    key holding NaN or an object loaded as usable and the next save of the file (merge, verify --write) raised
+    ``ValueError: Out of range float values`` from json. An extra string or null still loads."""
+    data = _artifact().to_dict()
+    path = tmp_path / "a.json"
+    for extra in ("host", None):
+        data["environment"]["note"] = extra
+        path.write_text(json.dumps(data))
+        art.load_artifact(path)
+    data["environment"]["note"] = value
+    path.write_text(json.dumps(data))  # NaN as the non-standard literal, as a bad writer leaves it
+    with pytest.raises(art.ArtifactError, match="environment.note must be"):
+        art.load_artifact(path)

@@ -378,9 +378,11 @@ def validate_artifact(
     env_missing = set(ENV_KEYS) - set(data["environment"])
     if env_missing:
         raise ArtifactError(f"{source}: environment lacks {sorted(env_missing)}")
-    for k in ENV_KEYS:  # compared with the running process's values: plain strings (sm_count: int)
+    # Every value, not only the known keys: an extra key holding NaN or a nested object loaded as usable, and the
+    # next save of the file (merge, verify --write) failed on it; the known ones are compared with this process's.
+    for k, v in data["environment"].items():
         types = (int, type(None)) if k == "sm_count" else (str, type(None))
-        _check_type(data["environment"][k], types, f"{source}: environment.{k}")
+        _check_type(v, types, f"{source}: environment.{str(k):.60}")
     kernel = data["kernel"]
     declared = _declared_backends(kernel) if check_configs else None
     for backend, h in data["template_hash"].items():

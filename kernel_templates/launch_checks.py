@@ -12,6 +12,7 @@ out-of-bounds access or a silently wrong result.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -41,10 +42,39 @@ def untracked(launcher: F) -> F:
 
 def config_of(config: Any, cls: type, optional: bool = False) -> None:
     """``config`` an instance of the kernel's config class (or None where the kernel picks its default): another
-    object failed inside the kernel's launcher as an AttributeError naming an attribute, not the argument."""
+    object failed inside the kernel's launcher as an AttributeError naming an attribute, not the argument. Its
+    fields are held to their defaults' types (``config_fields``)."""
     if not isinstance(config, cls) and not (optional and config is None):
         allowed = f"a {cls.__name__}" + (" or None" if optional else "")
         raise ValueError(f"config must be {allowed}, got {type(config).__name__}")
+    if config is not None:
+        config_fields(config)
+
+
+def config_fields(config: Any, name: str = "config") -> None:
+    """``ValueError`` naming ``name.field`` unless each field of a config dataclass holds its default's type (an int
+    field an int, not a float or bool; a bool field a bool; a str field a str; a None default an int or None), the
+    rule a JSON config is held to (``artifacts.config_type_error``). The config classes' own checks are membership
+    tests, which take 8.0 for 8 and True for 1: a built config with ``l2_group=8.0`` or ``dq_block_m=32.0`` reached
+    the Triton kernel as a float constexpr and failed inside Triton (interpreter or compiler), naming no argument."""
+    for f in dataclasses.fields(config):
+        if f.default is dataclasses.MISSING:
+            continue
+        value = getattr(config, f.name)
+        if isinstance(f.default, bool):
+            ok, want = isinstance(value, bool), "a bool"
+        elif isinstance(f.default, int):
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an int"
+        elif isinstance(f.default, float):
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        elif isinstance(f.default, str):
+            ok, want = isinstance(value, str), "a str"
+        elif f.default is None:
+            ok, want = value is None or (isinstance(value, int) and not isinstance(value, bool)), "an int or None"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{name}.{f.name} must be {want} (as {type(config).__name__}), got {value!r:.60}")
 
 
 def width(x: torch.Tensor) -> int:

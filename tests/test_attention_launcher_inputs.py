@@ -157,3 +157,41 @@ def test_the_runtime_launchers_are_the_unchecked_entries_and_agree_with_the_chec
     torch.testing.assert_close(launchers[ops.BWD](do, q, k, v, *args, BWD), want)
     with pytest.raises(ValueError, match="do must have shape"):
         torch.ops.hstu.attention_bwd(do[:-8], q, k, v, args[0], None, 30, 0.2, 0, 0, None, "triton", "{}", "async")
+
+
+# Built configs whose fields pass the config classes' membership checks (8.0 == 8) in another type.
+_MISTYPED = [
+    ("fwd_config", HSTUFwdConfig(16, 16, 4, 1, l2_group=8.0), "l2_group must be an int"),
+    ("bwd_config", HSTUBwdConfig(16, 16, 4, 1, "separate", 32.0), "dq_block_m must be an int"),
+    ("bwd_config", HSTUBwdConfig(16, 16, 4, 1, "separate", dq_block_n=32.0), "dq_block_n must be an int"),
+]
+
+
+@pytest.mark.parametrize(("arg", "config", "message"), _MISTYPED)
+def test_a_config_field_of_another_type_is_refused_by_name(arg, config, message):
+    """A float launch-order group or dQ tile reached the kernel as a float constexpr and failed inside Triton
+    (``InterpreterError: unexpected type fp32``), naming no argument: the template call and the checked launchers
+    refuse it as a JSON config string is refused (``dispatch.decode_config``)."""
+    from kernel_templates.hstu_attention import op
+
+    q, k, v = (t.requires_grad_(True) for t in _qkv())
+    off = offsets_from_lengths(LENGTHS, "cpu")
+    with pytest.raises(ValueError, match=f"{arg}.{message}"):
+        op.hstu_attention(q, k, v, off, 30, 0.2, **{arg: config})
+    args = (off, 30, 0.2, None, 0, 0, None, config)
+    with pytest.raises(ValueError, match=f"config.{message}"):
+        if arg == "fwd_config":
+            hstu_attention_fwd(*(t.detach() for t in (q, k, v)), *args)
+        else:
+            hstu_attention_bwd(v.detach(), *(t.detach() for t in (q, k, v)), *args)
+
+
+def test_the_layer_launchers_refuse_a_config_field_of_another_type():
+    """``config_of`` holds every launcher's config to its fields' types, the layer ops' too."""
+    from kernel_templates.launch_checks import config_of
+    from kernel_templates.layer_norm.config import LayerNormFwdConfig
+
+    config_of(LayerNormFwdConfig(4, 4), LayerNormFwdConfig)
+    config_of(None, LayerNormFwdConfig, optional=True)
+    with pytest.raises(ValueError, match=r"config\.num_warps must be an int \(as LayerNormFwdConfig\), got 4\.0"):
+        config_of(LayerNormFwdConfig(4, 4.0), LayerNormFwdConfig)

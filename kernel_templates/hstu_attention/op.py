@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from kernel_templates.launch_checks import config_fields
 from kernel_templates.tensor_memo import capturing
 
 from .config import SUPPORTED_HEAD_DIMS, HSTUBwdConfig, HSTUFwdConfig, default_bwd_config, default_fwd_config
@@ -297,6 +298,8 @@ def hstu_attention(
         raise ValueError(f"fwd_config must be an HSTUFwdConfig, got {type(fwd_config).__name__}")
     if not isinstance(bwd_config, HSTUBwdConfig):
         raise ValueError(f"bwd_config must be an HSTUBwdConfig, got {type(bwd_config).__name__}")
+    config_fields(fwd_config, "fwd_config")  # a float tile or launch-order group failed inside Triton
+    config_fields(bwd_config, "bwd_config")
     sizes = (grid_rows_triton_fwd(fwd_config), grid_rows_triton_bwd(bwd_config))
     max_seq_len, scaling_seqlen = fit_grid(max_seq_len, scaling_seqlen, seq_offsets, q.shape[0], sizes)
     return HSTUAttentionFunction.apply(

@@ -511,6 +511,16 @@ def test_a_batch_over_the_grid_limit_never_gets_a_per_sequence_grid(monkeypatch)
     assert swapped.backend == "triton" and isinstance(swapped.config, HSTUFwdConfig | HSTUBwdConfig)
 
 
+@pytest.mark.parametrize("config", ["[1]", "{", '{"compact": 1}'])
+def test_a_batch_over_the_grid_limit_decodes_the_config_as_every_call_does(config):
+    """A direct ``torch.ops.hstu`` call over 65535 sequences reads its CuTe config in ``for_batch`` first: a string
+    that is no config object failed there as an AttributeError ('list' object has no attribute 'get') or a bare
+    JSONDecodeError, where any other call gets the ValueError naming config."""
+    for kind in (FWD, BWD):
+        with pytest.raises(ValueError, match="config"):
+            dispatch.for_batch(kind, "cute", config, dispatch.GRID_YZ_MAX + 1, 64, 64, "bfloat16", 4)
+
+
 def test_no_runnable_default_says_what_to_do(monkeypatch):
     import torch
 

@@ -459,7 +459,9 @@ def for_batch(
     _check_sizes(dqk, dv, heads, heads_name="heads")
     if batch <= GRID_YZ_MAX or backend != "cute":
         return backend, config
-    c = json.loads(config) if isinstance(config, str) else config.to_dict()
+    # Decoded as every config string is (a ValueError naming config): read with json.loads, a malformed string
+    # from a direct torch.ops.hstu call failed here as a JSONDecodeError or AttributeError naming nothing.
+    c = (decode_config(backend, kind, config) if isinstance(config, str) else config).to_dict()
     if c.get("compact") or c.get("persistent"):
         return backend, config
     interpret = _interpreting()

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from kernel_templates.config_types import config_type_error
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -52,29 +54,14 @@ def config_of(config: Any, cls: type, optional: bool = False) -> None:
 
 
 def config_fields(config: Any, name: str = "config") -> None:
-    """``ValueError`` naming ``name.field`` unless each field of a config dataclass holds its default's type (an int
-    field an int, not a float or bool; a bool field a bool; a str field a str; a None default an int or None), the
-    rule a JSON config is held to (``artifacts.config_type_error``). The config classes' own checks are membership
-    tests, which take 8.0 for 8 and True for 1: a built config with ``l2_group=8.0`` or ``dq_block_m=32.0`` reached
-    the Triton kernel as a float constexpr and failed inside Triton (interpreter or compiler), naming no argument."""
-    for f in dataclasses.fields(config):
-        if f.default is dataclasses.MISSING:
-            continue
-        value = getattr(config, f.name)
-        if isinstance(f.default, bool):
-            ok, want = isinstance(value, bool), "a bool"
-        elif isinstance(f.default, int):
-            ok, want = isinstance(value, int) and not isinstance(value, bool), "an int"
-        elif isinstance(f.default, float):
-            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-        elif isinstance(f.default, str):
-            ok, want = isinstance(value, str), "a str"
-        elif f.default is None:
-            ok, want = value is None or (isinstance(value, int) and not isinstance(value, bool)), "an int or None"
-        else:
-            continue
-        if not ok:
-            raise ValueError(f"{name}.{f.name} must be {want} (as {type(config).__name__}), got {value!r:.60}")
+    """``ValueError`` naming ``name.field`` unless each field of a config dataclass holds its default's type, the
+    rule a JSON config is held to (``config_types.config_type_error``). The config classes' own checks are
+    membership tests, which take 8.0 for 8 and True for 1: a built config with ``l2_group=8.0`` or
+    ``dq_block_m=32.0`` reached the Triton kernel as a float constexpr and failed inside Triton, naming no argument."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    problem = config_type_error(type(config), values)
+    if problem:
+        raise ValueError(f"{name}.{problem}")
 
 
 def width(x: torch.Tensor) -> int:

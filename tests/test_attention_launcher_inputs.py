@@ -161,9 +161,9 @@ def test_the_runtime_launchers_are_the_unchecked_entries_and_agree_with_the_chec
 
 # Built configs whose fields pass the config classes' membership checks (8.0 == 8) in another type.
 _MISTYPED = [
-    ("fwd_config", HSTUFwdConfig(16, 16, 4, 1, l2_group=8.0), "l2_group must be an int"),
-    ("bwd_config", HSTUBwdConfig(16, 16, 4, 1, "separate", 32.0), "dq_block_m must be an int"),
-    ("bwd_config", HSTUBwdConfig(16, 16, 4, 1, "separate", dq_block_n=32.0), "dq_block_n must be an int"),
+    ("fwd_config", HSTUFwdConfig(16, 16, 4, 1, l2_group=8.0), "l2_group must be int"),
+    ("bwd_config", HSTUBwdConfig(16, 16, 4, 1, "separate", 32.0), "dq_block_m must be int"),
+    ("bwd_config", HSTUBwdConfig(16, 16, 4, 1, "separate", dq_block_n=32.0), "dq_block_n must be int"),
 ]
 
 
@@ -193,5 +193,5 @@ def test_the_layer_launchers_refuse_a_config_field_of_another_type():
 
     config_of(LayerNormFwdConfig(4, 4), LayerNormFwdConfig)
     config_of(None, LayerNormFwdConfig, optional=True)
-    with pytest.raises(ValueError, match=r"config\.num_warps must be an int \(as LayerNormFwdConfig\), got 4\.0"):
+    with pytest.raises(ValueError, match=r"config\.num_warps must be int \(as LayerNormFwdConfig\), got 4\.0"):
         config_of(LayerNormFwdConfig(4, 4.0), LayerNormFwdConfig)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.runtime.buckets import BUCKETS, DISTRIBUTIONS, MAX_BATCH, MAX_HEADS
+from kernel_templates.config_types import config_type_error
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -230,40 +231,6 @@ def _declared_backends(kernel: str) -> tuple[str, ...] | None:
         return tuple(b.name for b in kernel_spec(kernel).backends)
     except ValueError:
         return None
-
-
-def _field_types(default: Any) -> tuple[type, ...] | None:
-    """The JSON types a config field with this default may hold (None: not checked)."""
-    if default is None:
-        return (int, type(None))
-    if isinstance(default, bool):
-        return (bool,)
-    if isinstance(default, int):
-        return (int,)
-    if isinstance(default, float):
-        return (int, float)
-    if isinstance(default, str):
-        return (str,)
-    return None
-
-
-def config_type_error(cls: type, config: dict[str, Any]) -> str | None:
-    """``"<field> must be <types> ..."`` for the first value without the JSON type of its dataclass field's default
-    (an int field takes no float or bool: the config classes' membership checks take 4.0 and True), else None.
-    The one rule for a config read from JSON: an artifact's entries and a config string given to dispatch."""
-    import dataclasses
-
-    if not dataclasses.is_dataclass(cls):
-        return None
-    for f in dataclasses.fields(cls):
-        if f.name not in config or f.default is dataclasses.MISSING:
-            continue
-        types = _field_types(f.default)
-        v = config[f.name]
-        if types is not None and (isinstance(v, bool) and bool not in types or not isinstance(v, types)):
-            names = "/".join("null" if t is type(None) else t.__name__ for t in types)
-            return f"{f.name} must be {names} (as {cls.__name__}), got {v!r:.60}"
-    return None
 
 
 def validate_config(kernel: str, backend: str, config: dict[str, Any], where: str) -> None:

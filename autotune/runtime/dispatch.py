@@ -86,7 +86,7 @@ def decode_config(backend: str, kind: str, config_json: str) -> Any:
     """Config object for a backend from its JSON string (cached: same string, same object). The string may come
     from outside an artifact (a direct ``torch.ops.hstu`` call), so it is held to the field types an artifact's
     config is: a ``ValueError`` naming ``config`` rather than a float tile reaching the launcher."""
-    from autotune.runtime.artifacts import config_type_error
+    from kernel_templates.config_types import config_type_error
 
     if backend == "reference":
         return None

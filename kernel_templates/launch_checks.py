@@ -58,10 +58,20 @@ def config_fields(config: Any, name: str = "config") -> None:
     rule a JSON config is held to (``config_types.config_type_error``). The config classes' own checks are
     membership tests, which take 8.0 for 8 and True for 1: a built config with ``l2_group=8.0`` or
     ``dq_block_m=32.0`` reached the Triton kernel as a float constexpr and failed inside Triton, naming no argument."""
+    if _CHECKED_CONFIGS.get(id(config)) is config:  # the launchers' hot path: dispatch serves the same objects
+        return
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     problem = config_type_error(type(config), values)
     if problem:
         raise ValueError(f"{name}.{problem}")
+    if len(_CHECKED_CONFIGS) >= 256:
+        _CHECKED_CONFIGS.clear()
+    _CHECKED_CONFIGS[id(config)] = config  # kept alive, so its id is not reused while it is here
+
+
+# Config objects whose fields passed ``config_fields``, by identity (not equality: a config with l2_group=8.0 equals
+# and hashes as one with 8). Frozen dataclasses, so a checked object stays valid.
+_CHECKED_CONFIGS: dict[int, Any] = {}
 
 
 def width(x: torch.Tensor) -> int:

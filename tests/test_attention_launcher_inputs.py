@@ -195,3 +195,16 @@ def test_the_layer_launchers_refuse_a_config_field_of_another_type():
     config_of(None, LayerNormFwdConfig, optional=True)
     with pytest.raises(ValueError, match=r"config\.num_warps must be int \(as LayerNormFwdConfig\), got 4\.0"):
         config_of(LayerNormFwdConfig(4, 4.0), LayerNormFwdConfig)
+
+
+def test_a_checked_config_does_not_pass_an_equal_one_of_another_type():
+    """The launchers remember checked config objects by identity (their hot path): a float field equals and hashes
+    as its int, so a config with ``l2_group=8.0`` checked after one with ``8`` must still be refused."""
+    from kernel_templates.launch_checks import config_fields
+
+    good, bad = HSTUFwdConfig(16, 16, 4, 1, l2_group=8), HSTUFwdConfig(16, 16, 4, 1, l2_group=8.0)
+    assert good == bad and hash(good) == hash(bad)
+    config_fields(good)
+    config_fields(good)
+    with pytest.raises(ValueError, match=r"config\.l2_group must be int"):
+        config_fields(bad)

@@ -357,11 +357,15 @@ def _reduce_ranks(r: _Run, tally: _Tally) -> tuple[int, list[float] | None]:
         return tally.tokens, None
     import torch.distributed as dist
 
-    agg = torch.tensor([float(tally.tokens), tally.elapsed, tally.flops["total"]], dtype=torch.float64, device=r.device)
-    times = agg[1:2].clone()
+    # Every FLOP count, not the total alone: the report's attention and GEMM TFLOP per step were this rank's shard
+    # (half the world's on two ranks) beside a total, tokens/s and MFU of the world's.
+    keys = ("attention", "gemm", "total")
+    agg = torch.tensor([float(tally.tokens), *(tally.flops[k] for k in keys)], dtype=torch.float64, device=r.device)
+    times = torch.tensor([tally.elapsed], dtype=torch.float64, device=r.device)
     dist.all_reduce(agg)  # summed tokens and FLOPs of every rank
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the step time
-    world_tokens, tally.elapsed, tally.flops["total"] = int(agg[0]), float(times[0]), float(agg[2])
+    world_tokens, tally.elapsed = int(agg[0]), float(times[0])
+    tally.flops.update(zip(keys, (float(v) for v in agg[1:]), strict=True))
     rank_fwd_ms = None
     if tally.fwd_events:
         events = tally.fwd_events

@@ -73,6 +73,29 @@ def test_two_gloo_ranks_end_with_identical_parameters(tmp_path, balance):
     assert any(not torch.equal(p, r0["params"][n]) for n, p in init.state_dict().items())
 
 
+def test_a_data_parallel_report_counts_the_world_flops_of_each_part(tmp_path):
+    """The attention and GEMM TFLOP per step were rank 0's shard alone (about half the world's on two ranks) while
+    the total, tokens/s and MFU beside them were the world's: each part is the world's too, and they add up."""
+    import torch.multiprocessing as mp
+
+    from models.data import make_loader
+    from models.hstu import HSTURankingModel
+    from models.metrics import step_flops
+
+    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path), "workload"), nprocs=2, join=True)
+    cfg = get_config("tiny", kernels="reference", dropout=0.0)
+    dense = HSTURankingModel(cfg).dense_params()
+    want = {"attention": 0.0, "gemm": 0.0}
+    for batch in make_loader(cfg.replace(batch_size=cfg.batch_size * 2), 3):  # the 3 global batches both ranks drew
+        for key in want:
+            want[key] += step_flops(cfg, batch.lengths, dense)[key] / 3 / 1e12
+    for rank in (0, 1):
+        res = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)["result"]
+        got = {key: res[f"{key}_tflop_per_step"] for key in want}
+        assert got == pytest.approx(want, rel=1e-9), (rank, got, want)
+        assert res["tflops"] * res["timed_s"] / 3 == pytest.approx(got["attention"] + got["gemm"], rel=1e-9)
+
+
 def _grad_rank_main(rank: int, world: int, port: int, out: str) -> None:
     """One DDP backward on this rank's shard (equal sequence counts): the ranks hold unequal row counts, so
     each rank's mean loss would weigh the rows of the smaller shard more."""

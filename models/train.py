@@ -557,10 +557,25 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         raise ValueError(f"--gpu {args.gpu!r}: unknown GPU key; known: {', '.join(sorted(GPUS))}")
     if args.json and not writable_file_path(Path(args.json)):
         raise ValueError(f"--json {args.json}: not a writable file path")
+    if args.json and Path(args.json).resolve() in _artifact_files(args.artifacts):
+        # main removes the --json file before the run and writes the metrics there after it: a tuned artifact was
+        # deleted (the run fell back to the defaults) and replaced by a file autotune.load rejects
+        raise ValueError(f"--json {args.json}: an artifact file of {args.artifacts or 'the packaged artifacts'} "
+                         "(the metrics would replace it); name another file")  # fmt: skip
     if args.json and cfg.lengths_file and Path(args.json).resolve() == Path(cfg.lengths_file).resolve():
         # main removes the --json file before the run, and every batch reads the lengths file: the user's lengths
         # were deleted and the first batch failed on the missing file (a traceback)
         raise ValueError(f"--json {args.json}: is the lengths_file the batches draw from; name another file")
+
+
+def _artifact_files(artifacts: str | None) -> set[Path]:
+    """Every artifact file ``autotune.load`` reads under ``artifacts`` (default: the packaged root): each registry
+    GPU's file of each kernel."""
+    from autotune import spec
+    from autotune.runtime.artifacts import artifact_path
+    from autotune.runtime.gpus import GPUS
+
+    return {artifact_path(g, k, artifacts).resolve() for g in GPUS for k in spec.kernels()}
 
 
 def writable_file_path(path: Path) -> bool:

@@ -375,6 +375,32 @@ def test_train_json_onto_the_lengths_file_is_refused(tmp_path, capsys, monkeypat
         assert lengths.read_text() == "[10, 20, 30]\n"
 
 
+@pytest.mark.parametrize("tuned", [True, False])
+def test_train_json_onto_an_artifact_file_is_refused(tmp_path, capsys, monkeypatch, tuned):
+    """``--json`` naming a tuned artifact (of ``--artifacts``, or of the packaged root): main removed it before the
+    run, which fell back to the default configs with a warning, and wrote the metrics in its place, a file
+    autotune.load rejects. A usage error naming --json, the artifact left as it was."""
+    import autotune.runtime.artifacts as art
+
+    root = tmp_path / "arts"
+    (root / "h100").mkdir(parents=True)
+    artifact = root / "h100" / "hstu_attention_fwd.json"
+    artifact.write_bytes((art.DEFAULT_ROOT / "h100" / "hstu_attention_fwd.json").read_bytes())
+    before = artifact.read_bytes()
+    if tuned:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        argv = ["--kernels", "tuned", "--artifacts", str(root), "--gpu", "h100", "--set", "num_layers=1"]
+    else:  # the packaged artifacts (no --artifacts), which only --kernels tuned reads, are no place for it either
+        monkeypatch.setattr(art, "DEFAULT_ROOT", root)
+        argv = ["--kernels", "reference"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--no-progress",
+              "--json", str(artifact)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--json" in err and "artifact file" in err, err
+    assert artifact.read_bytes() == before
+
+
 @pytest.mark.parametrize("argv", [[], ["--kernels", "tuned"], ["--layer", "fused"]])
 def test_gpu_kernels_on_a_cpu_without_the_interpreter_are_a_usage_error(argv, capsys, monkeypatch):
     """The preset's 'default' kernels on a CPU without TRITON_INTERPRET=1 failed in dispatch after the set-up,

@@ -369,7 +369,11 @@ def export_onnx(
         try:
             model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
         except Exception as e:  # noqa: BLE001 - unpickling and key/shape mismatches all mean "not these weights"
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            # load_state_dict's first line is a header ("Error(s) in loading state_dict for ...:"): the first
+            # reason under it names the tensor and its shapes (or the missing / unexpected keys)
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            why = (lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]) if lines else type(e).__name__
+            why = why if len(why) <= 300 else why[:297] + "..."  # a whole model's unexpected keys in one line
             raise ExportError(f"--weights {weights}: not a state_dict of this model ({why})") from None
         bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
         if bad:  # the file would compute NaN for every input, and its check against PyTorch compares NaN with NaN

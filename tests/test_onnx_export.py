@@ -638,3 +638,22 @@ def test_the_json_report_stays_json_when_the_outputs_overflow(tmp_path):
 
     summary = json.loads(report.read_text(), parse_constant=refuse)
     assert summary["errors"][0]["ok"] is False and summary["errors"][0]["max_abs_err"] is None
+
+
+@pytest.mark.parametrize(
+    "over, named",
+    [({"max_seq_len": 64}, "size mismatch for pos_emb.weight"), ({"num_layers": 2}, "Unexpected key(s)")],
+)
+def test_weights_of_another_config_are_refused_naming_the_mismatch(tmp_path, capsys, over, named):
+    """Weights of another config (a longer max_seq_len, another layer count) were refused with load_state_dict's
+    header alone, "(Error(s) in loading state_dict for HSTURankingModel:)", naming no tensor, shape or key: the
+    reason under it is part of the message now."""
+    from models.config import get_config
+    from models.hstu import HSTURankingModel
+
+    torch.save(HSTURankingModel(get_config("tiny", **{"num_layers": 1, **over})).state_dict(), tmp_path / "w.pt")
+    argv = ["--preset", "tiny", "--set", "num_layers=1", "--out", str(tmp_path / "m.onnx"), "--check-batches", "0"]
+    assert export.main([*argv, "--weights", str(tmp_path / "w.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "--weights" in err and "not a state_dict of this model" in err and named in err, err
+    assert not (tmp_path / "m.onnx").exists()

@@ -309,7 +309,8 @@ def _train(
             batch = next(loader)
             if dist_info.enabled:
                 batch, imb = distributed.shard(batch, dist_info.rank, dist_info.world, balance, weight)
-                tally.imbalances.append(imb)
+                if step >= warmup:  # of the timed steps, as every other number of the report (warm-up's too skewed it)
+                    tally.imbalances.append(imb)
             if step >= warmup:
                 tally.tokens += batch.num_tokens
                 for key, val in step_flops(cfg, batch.lengths, dense).items():

@@ -19,7 +19,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, out: str, balance: str) -> None:
+def _rank_main(rank: int, world: int, port: int, out: str, balance: str, warmup: int = 0) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))  # fmt: skip
     import torch.distributed as dist
@@ -36,7 +36,7 @@ def _rank_main(rank: int, world: int, port: int, out: str, balance: str) -> None
         return model, opt
 
     train.build = build
-    result = train.run(cfg, steps=3, warmup=0, progress=False, balance=balance)
+    result = train.run(cfg, steps=3, warmup=warmup, progress=False, balance=balance)
     torch.save({"params": captured["model"].state_dict(), "result": result}, f"{out}/rank{rank}.pt")
     _leave(dist)
 
@@ -94,6 +94,23 @@ def test_a_data_parallel_report_counts_the_world_flops_of_each_part(tmp_path):
         got = {key: res[f"{key}_tflop_per_step"] for key in want}
         assert got == pytest.approx(want, rel=1e-9), (rank, got, want)
         assert res["tflops"] * res["timed_s"] / 3 == pytest.approx(got["attention"] + got["gemm"], rel=1e-9)
+
+
+def test_a_data_parallel_report_gives_the_imbalance_of_the_timed_steps(tmp_path):
+    """imbalance_per_step, its mean and max held the warm-up steps too, beside tokens/s, step time and per-rank
+    forward times of the timed steps alone (docs/RESULTS.md: 15 timed steps after 3 warm-up): the timed steps' only."""
+    import torch.multiprocessing as mp
+
+    from models.data import make_loader
+
+    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path), "none", 2), nprocs=2, join=True)
+    cfg = get_config("tiny", kernels="reference", dropout=0.0)
+    batches = list(make_loader(cfg.replace(batch_size=cfg.batch_size * 2), 5))
+    weight = distributed.token_weight(cfg)
+    want = [distributed.split(b.lengths, 2, "none", weight)[1] for b in batches[2:]]  # after the 2 warm-up steps
+    res = torch.load(tmp_path / "rank0.pt", weights_only=False)["result"]
+    assert res["imbalance_per_step"] == pytest.approx(want)
+    assert (res["imbalance_mean"], res["imbalance_max"]) == pytest.approx((sum(want) / 3, max(want)))
 
 
 def _grad_rank_main(rank: int, world: int, port: int, out: str) -> None:

@@ -1,5 +1,6 @@
-"""What the test plugins (``spec_plugin_op``, ``spec_plugin_bad_default``) share: the spec of a one-kernel op
-with one interpretable torch backend, and loading a plugin the tuner's worker processes can import too."""
+"""What the test plugins (``spec_plugin_op``, ``spec_plugin_bad_default``) and the tuner tests share: the spec of a
+one-kernel op with one interpretable torch backend, loading a plugin the tuner's worker processes can import too,
+and reading back or breaking the tuner's verdicts."""
 
 from __future__ import annotations
 
@@ -83,3 +84,18 @@ def trials_by_mode(root: Path, task: Any, param: str) -> dict[str, Any]:
         if not t.user_attrs.get("duplicate") and param in t.params:
             out[t.params[param]] = t
     return out
+
+
+def decide_raises_for_bucket(monkeypatch: Any, bucket: int) -> None:
+    """The tuner's verdict step raises a ``KeyError`` (a bug's error, not a RuntimeError) for tasks of ``bucket`` and
+    runs as usual for the others: what a test of one task's unexpected failure plants."""
+    from autotune.tuning import tuner
+
+    decide = tuner._decide
+
+    def broken(s: Any, result: Any) -> Any:
+        if s.task.bucket == bucket:
+            raise KeyError("planted")
+        return decide(s, result)
+
+    monkeypatch.setattr(tuner, "_decide", broken)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -314,6 +315,19 @@ def test_merge_folds_runs_into_one_artifact_and_refuses_stale_files(capsys, tmp_
     assert {key(e): e for e in merged.entries} == {key(e): e for e in data["entries"]}
 
 
+def _committed_bwd_target(tmp_path: Path) -> tuple[dict, Path, Path]:
+    """(the committed H100 backward artifact's JSON, an artifacts root under ``tmp_path``, that root's copy of it):
+    the merge target a test merges into."""
+    import json
+
+    shipped = art.artifact_path("h100", "hstu_attention_bwd")
+    root = tmp_path / "artifacts"
+    target = art.artifact_path("h100", "hstu_attention_bwd", root)
+    target.parent.mkdir(parents=True)
+    target.write_text(shipped.read_text())
+    return json.loads(shipped.read_text()), root, target
+
+
 def test_merging_shard_copies_keeps_every_shards_retuned_entries(capsys, tmp_path):
     """A re-tune split over shards runs each on its own copy of the committed artifacts, so each copy still holds the
     entries the other shards re-tuned, as committed. Merged entry by entry, the last copy put those committed entries
@@ -321,15 +335,10 @@ def test_merging_shard_copies_keeps_every_shards_retuned_entries(capsys, tmp_pat
     them are no news; every re-tuned entry lands."""
     import json
 
-    shipped = art.artifact_path("h100", "hstu_attention_bwd")
-    data = json.loads(shipped.read_text())
-    root = tmp_path / "artifacts"
-    target = art.artifact_path("h100", "hstu_attention_bwd", root)
-    target.parent.mkdir(parents=True)
-    target.write_text(shipped.read_text())
+    data, root, target = _committed_bwd_target(tmp_path)
     copies = []
     for i in range(2):  # shard i re-tuned entry i; its copy holds the other entries as committed
-        d = json.loads(shipped.read_text())
+        d = json.loads(target.read_text())
         d["entries"][i] = {**d["entries"][i], "median_ms": 0.001 * (i + 1), "trials": 99}
         copies.append(tmp_path / f"copy{i}.json")
         copies[-1].write_text(json.dumps(d))
@@ -346,12 +355,7 @@ def test_merge_refuses_to_drop_entries_of_another_environment_and_interpreter_fi
     and the count) unless --replace; a file made under the Triton interpreter never lands in a GPU folder."""
     import json
 
-    shipped = art.artifact_path("h100", "hstu_attention_bwd")
-    data = json.loads(shipped.read_text())
-    root = tmp_path / "artifacts"
-    target = art.artifact_path("h100", "hstu_attention_bwd", root)
-    target.parent.mkdir(parents=True)
-    target.write_text(shipped.read_text())
+    data, root, target = _committed_bwd_target(tmp_path)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**data, "environment": {**data["environment"], "driver": "999.0"}, "entries": []}))
     interp = tmp_path / "interp.json"

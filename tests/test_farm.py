@@ -20,6 +20,7 @@ import pytest
 from farm_fixture import FARM_ENV, one_task_farm, rdb_storage, run_one
 from optuna.trial import TrialState
 from pg_fixture import pg_server_fixture, pg_url_fixture  # noqa: F401 - fixtures pg_server, pg_url
+from plugin_specs import decide_raises_for_bucket
 from proc_env import REPO, child_env
 
 from autotune.runtime import artifacts as art
@@ -543,21 +544,14 @@ def test_a_task_that_raises_an_unexpected_error_ends_alone_and_the_worker_goes_o
     (``run_tasks``), the task now ends alone with the error's type and message, and the worker tunes the next."""
     import dataclasses
 
-    from autotune.tuning import farm, tuner
+    from autotune.tuning import farm
 
     for k, v in FARM_ENV.items():
         monkeypatch.setenv(k, v)
     fopts, first, opts, storage = one_task_farm(pg_url, tmp_path, grace_s=3)
     second = dataclasses.replace(first, bucket=512)
     name = farm.join_farm(storage, [first, second], opts)
-    decide = tuner._decide
-
-    def broken_for_the_first(s, result):
-        if s.task.bucket == first.bucket:
-            raise KeyError("planted")
-        return decide(s, result)
-
-    monkeypatch.setattr(tuner, "_decide", broken_for_the_first)
+    decide_raises_for_bucket(monkeypatch, first.bucket)
     plain = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()}
     spec = {"url": pg_url, "farm": name, "opts": plain, "farm_options": dataclasses.asdict(fopts), "deadline": None,
             "slot": 0}  # fmt: skip

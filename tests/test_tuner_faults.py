@@ -16,7 +16,7 @@ import time
 
 import optuna
 import pytest
-from plugin_specs import trials_by_mode
+from plugin_specs import decide_raises_for_bucket, trials_by_mode
 from proc_env import child_env
 
 from autotune.runtime import artifacts as art
@@ -442,17 +442,9 @@ def test_a_task_that_raises_an_unexpected_error_ends_alone(tmp_path, monkeypatch
     """A task whose tuning raised anything but a RuntimeError (a KeyError of a bug, an Optuna ValueError) ended the
     whole run with a traceback: the tasks after it were never tuned. It now ends that task alone, with the error's
     type and message kept as its reason, and the next task is tuned and written."""
-    from autotune.tuning import tuner
 
     first, second = _task(), Task("fake_faults", "h100", "float32", 32, 32, 1, 512, "uniform", batch=8, seq_cap=16)
-    decide = tuner._decide
-
-    def broken_for_the_first(s, result):
-        if s.task.bucket == first.bucket:
-            raise KeyError("planted")
-        return decide(s, result)
-
-    monkeypatch.setattr(tuner, "_decide", broken_for_the_first)
+    decide_raises_for_bucket(monkeypatch, first.bucket)
     bad, good = run_tasks([first, second], _opts(tmp_path, n_trials=2))
     assert bad.config is None and bad.error == "KeyError: 'planted'" and not bad.cut
     assert good.error is None and good.config is not None

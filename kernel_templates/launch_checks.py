@@ -70,7 +70,8 @@ def config_fields(config: Any, name: str = "config") -> None:
 
 
 # Config objects whose fields passed ``config_fields``, by identity (not equality: a config with l2_group=8.0 equals
-# and hashes as one with 8). Frozen dataclasses, so a checked object stays valid.
+# and hashes as one with 8). Frozen dataclasses, so a checked object stays valid (``object.__setattr__`` on one
+# bypasses the freeze and this memo alike).
 _CHECKED_CONFIGS: dict[int, Any] = {}
 
 

@@ -4,6 +4,7 @@ under the Triton interpreter (resume of an interrupted study)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import optuna
 import pytest
@@ -153,7 +154,7 @@ def test_every_timing_of_a_cuda_graph_session_replays_a_graph(monkeypatch):
 def test_a_run_in_another_timing_environment_keeps_the_files_old_entries_aside(tmp_path):
     """A run after a torch or driver update writes its entry over a file tuned in the old environment: the file's
     entries are dropped (their timings do not compare), and before, with a warning as their only trace, every tuned
-    entry of the file was lost for one new one. The old file is now renamed aside, as an invalid one is."""
+    entry of the file was lost for one new one. The old file is now kept aside, as an invalid one is."""
     import json
 
     task = _fake_task()
@@ -169,6 +170,27 @@ def test_a_run_in_another_timing_environment_keeps_the_files_old_entries_aside(t
     assert [e["bucket"] for e in art.load_artifact(path).entries] == [256]
     (aside,) = [p for p in path.parent.iterdir() if p.name.startswith(f"{path.name}.unusable-")]
     assert aside.read_bytes() == before
+
+
+def test_a_failed_write_over_a_file_of_another_environment_leaves_the_file_in_place(tmp_path):
+    """The old file is kept aside by a copy, not a rename: renamed before the new content was built and checked, a
+    write that then failed (here an invalid entry) left no artifact at all, and the kernel ran its defaults."""
+    import json
+
+    from autotune.runtime.artifacts import ArtifactError
+    from autotune.tuning.artifact_io import merge_entries
+
+    task = _fake_task()
+    path = art.artifact_path("h100", "fake_op", tmp_path)
+    run_tasks([task], _opts(tmp_path, n_trials=2))
+    data = json.loads(path.read_text())
+    before = path.read_bytes()
+    env = {**data["environment"], "torch": "9.9-after-the-update"}
+    bad = {**data["entries"][0], "median_ms": "fast"}
+    with pytest.raises(ArtifactError), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        merge_entries("fake_op", "h100", [bad], tmp_path, env)
+    assert path.read_bytes() == before
 
 
 def test_retune_after_a_template_edit_starts_from_the_stale_artifacts_winner(tmp_path, monkeypatch):

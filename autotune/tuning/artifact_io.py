@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import math
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -110,12 +111,14 @@ def merge_entries(
 
 
 def keep_aside(path: Path) -> str:
-    """Rename an unusable artifact that a write replaces to ``<kernel>.json.unusable-<UTC time>`` (no ``*.json``: load,
+    """Copy an unusable artifact that a write replaces to ``<kernel>.json.unusable-<UTC time>`` (no ``*.json``: load,
     show and verify ignore it) and say where: a hand-edit typo in one entry made the file invalid, and replacing it
-    dropped every other entry with it."""
+    dropped every other entry with it. A copy, not a rename: the write's atomic replace swaps the new content in,
+    so a write that then fails (an invalid entry, a full disk) leaves the old file in place, and a concurrent load
+    never finds no file."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     aside = path.with_name(f"{path.name}.unusable-{stamp}")
-    os.replace(path, aside)
+    shutil.copy2(path, aside)
     return f"its old content is kept as {aside}"
 
 

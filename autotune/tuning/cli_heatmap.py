@@ -12,8 +12,6 @@ from typing import Any
 
 from autotune.tuning.cli import CLIError, _console, _nonempty, resolve_gpu
 
-# The CSVs ``heatmap.write_report`` (re)writes in its folder.
-REPORT_CSVS = ("heatmap.csv", "ratio.csv")
 # ``bench``'s task options, which the heatmap's own grid options replace (refused beside --heatmap).
 TASK_OPTIONS = ("heads", "batch", "buckets", "kernel", "dtype", "distributions", "masks")
 
@@ -109,9 +107,10 @@ def cmd_heatmap(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise CLIError(f"--out {args.out}: exists and is not a folder")
-    # The report replaces its CSVs in --out: a reference there (the last run's heatmap.csv, the natural thing to
+    # The report replaces its files in --out: a reference there (the last run's heatmap.csv, the natural thing to
     # compare a new run with) was read, then deleted and overwritten by the new rows, exit 0.
-    if args.reference and Path(args.reference).resolve() in {(Path(args.out) / f).resolve() for f in REPORT_CSVS}:
+    replaced = {(Path(args.out) / f).resolve() for f in heatmap.REPORT_FILES if "*" not in f}
+    if args.reference and Path(args.reference).resolve() in replaced:
         raise CLIError(f"--reference {args.reference}: a file the report writes in --out {args.out} (it would be "
                        "replaced); copy it elsewhere or pass another --out")  # fmt: skip
     if args.from_csv:

@@ -461,7 +461,7 @@ def _run_one(farm: optuna.Study, trial: optuna.Trial, ctx: dict[str, Any]) -> bo
             except Exception as e:  # e.g. Optuna's ValueError at a tell of a trial the new holder failed
                 if storage.get_trial(tid).state != TrialState.RUNNING:
                     raise LeaseLost(f"farm trial {tid} was failed as stale by another worker ({e!r})") from e
-                if isinstance(e, (LeaseLost, UpdateFinishedTrialError)) or _storage_error(e):
+                if isinstance(e, LeaseLost) or _storage_error(e):
                     raise  # a lost claim, or the storage's error: the task is handed back, another worker retries it
                 # Any other error (a KeyError of a bug) is the task's, as in ``run_tasks``: raised, it killed this
                 # worker, was reported as an interrupt, and each retry killed one more until none claimed the rest.

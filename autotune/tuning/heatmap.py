@@ -238,7 +238,7 @@ def plot(
 
 # The report's own files in its folder: a new report removes an older one's first (a report without a reference
 # would otherwise sit beside the last one's ratio maps, and a smaller grid beside a larger one's PNGs).
-_REPORT_FILES = ("heatmap.csv", "ratio.csv", "*_tflops.png", "*_mfu.png", "*_ratio.png")
+REPORT_FILES = ("heatmap.csv", "ratio.csv", "*_tflops.png", "*_mfu.png", "*_ratio.png")
 
 
 def write_report(
@@ -268,7 +268,7 @@ def write_report(
                 f"reference cell, {cover['unusable']} a reference value of 0 or none (or no value of their own)"
             )
     if out.is_dir():
-        for pattern in _REPORT_FILES:
+        for pattern in REPORT_FILES:
             for old in out.glob(pattern):
                 old.unlink()
     files: dict[str, list] = {"csv": [write_csv(rows, out / "heatmap.csv")], "png": [], "notes": notes}

@@ -51,6 +51,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     targets: dict[Path, tuple[dict, int, str]] = {}
     bases: dict[Path, Any] = {}  # each target as it was before this merge (None: none, or one set aside)
     losses = []
+    plans = []  # (file, artifact, its entries that are news to the target)
     for f, a in loaded:
         path = art.artifact_path(a.gpu, a.kernel, root)
         if path not in targets:
@@ -60,6 +61,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
             targets[path] = (old.environment, len(old.entries), str(path)) if old else ({}, 0, str(path))
             bases[path] = old
         env, count, owner = targets[path]
+        plans.append((f, a, _changed_entries(a, bases[path], env)))
         differ = environment_differences(env, a.environment)
         if count and differ:
             losses.append(f"{f} would drop {count} entries of {owner} ({', '.join(differ)})")
@@ -75,35 +77,26 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     for path in targets:  # before any file is merged: all targets or none
         writable_folder("--artifacts", path.parent)
-    envs = {path: base.environment if base else None for path, base in bases.items()}  # each target's, as merged
-    for f, a in loaded:
-        path = art.artifact_path(a.gpu, a.kernel, root)
-        news = _changed_entries(a, bases[path], envs[path])
+    for f, a, news in plans:
         try:
             path = merge_entries(a.kernel, a.gpu, news, root, a.environment, replace=args.replace)
         except EnvironmentMismatch as e:
             raise CLIError(f"cannot merge {f}: {e} (pass --replace to drop them)") from None
-        envs[path] = a.environment
         same = len(a.entries) - len(news)
         print(f"merged {len(news)} entries of {f} into {path}" + (f" ({same} as the target had them)" if same else ""))
     return 0
 
 
-def _changed_entries(a: Any, base: Any, env: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _changed_entries(a: Any, base: Any, env: dict[str, Any]) -> list[dict[str, Any]]:
     """The entries of ``a`` that are news to the merge target as it was before the merge (``base``; ``env``: the
-    target's timing environment now): a shard's copy of the committed artifacts still holds every entry another
-    shard re-tuned, as committed, and merged last it put those old entries back over the re-tuned ones. An entry
-    equal to the target's own is skipped, unless an environment differs (the write then drops the target's entries,
-    and the file's are all it keeps)."""
+    target's timing environment when ``a`` is merged): a shard's copy of the committed artifacts still holds every
+    entry another shard re-tuned, as committed, and merged last it put those old entries back over the re-tuned
+    ones. An entry equal to the target's own is skipped, unless an environment differs (the write then drops the
+    target's entries, and the file's are all it keeps)."""
     from autotune.runtime import artifacts as art
     from autotune.tuning.artifact_io import environment_differences
 
-    if (
-        base is None
-        or env is None
-        or environment_differences(base.environment, env)
-        or environment_differences(env, a.environment)
-    ):
+    if base is None or environment_differences(base.environment, env) or environment_differences(env, a.environment):
         return list(a.entries)
     had = {art.entry_key(e): e for e in base.entries}
     return [e for e in a.entries if had.get(art.entry_key(e)) != e]

@@ -552,13 +552,14 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
                              f"(kernels is {cfg.kernels!r}): pass --kernels tuned too")  # fmt: skip
     if args.artifacts is not None and not Path(args.artifacts).is_dir():  # else every kernel fell back, warned
         raise ValueError(f"--artifacts {args.artifacts}: no such folder (an artifacts root: <gpu>/<kernel>.json)")
+    from autotune.runtime.artifacts import artifact_files
     from autotune.runtime.gpus import GPUS
 
     if args.gpu is not None and args.gpu.lower() not in GPUS:
         raise ValueError(f"--gpu {args.gpu!r}: unknown GPU key; known: {', '.join(sorted(GPUS))}")
     if args.json and not writable_file_path(Path(args.json)):
         raise ValueError(f"--json {args.json}: not a writable file path")
-    if args.json and Path(args.json).resolve() in _artifact_files(args.artifacts):
+    if args.json and Path(args.json).resolve() in artifact_files(GPUS, args.artifacts):
         # main removes the --json file before the run and writes the metrics there after it: a tuned artifact was
         # deleted (the run fell back to the defaults) and replaced by a file autotune.load rejects
         raise ValueError(f"--json {args.json}: an artifact file of {args.artifacts or 'the packaged artifacts'} "
@@ -567,16 +568,6 @@ def _check_cli_args(args: argparse.Namespace, cfg: ModelConfig, device: str) -> 
         # main removes the --json file before the run, and every batch reads the lengths file: the user's lengths
         # were deleted and the first batch failed on the missing file (a traceback)
         raise ValueError(f"--json {args.json}: is the lengths_file the batches draw from; name another file")
-
-
-def _artifact_files(artifacts: str | None) -> set[Path]:
-    """Every artifact file ``autotune.load`` reads under ``artifacts`` (default: the packaged root): each registry
-    GPU's file of each kernel."""
-    from autotune import spec
-    from autotune.runtime.artifacts import artifact_path
-    from autotune.runtime.gpus import GPUS
-
-    return {artifact_path(g, k, artifacts).resolve() for g in GPUS for k in spec.kernels()}
 
 
 def writable_file_path(path: Path) -> bool:

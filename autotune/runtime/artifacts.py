@@ -21,7 +21,7 @@ import re
 import stat
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,6 +115,14 @@ def current_template_hash(kernel: str, backend: str = "triton") -> str:
 
 def artifact_path(gpu: str, kernel: str, root: str | Path | None = None) -> Path:
     return Path(root or DEFAULT_ROOT) / gpu / f"{kernel}.json"
+
+
+def artifact_files(gpus: Iterable[str], root: str | Path | None = None) -> set[Path]:
+    """Every registered kernel's artifact path for ``gpus`` under ``root``, resolved: the files ``autotune.load``
+    reads, which no command's output may replace."""
+    from autotune.spec import kernels
+
+    return {artifact_path(g, k, root).resolve() for g in gpus for k in kernels()}
 
 
 def entry_key(entry: dict[str, Any]) -> tuple:

@@ -361,11 +361,9 @@ def cmd_verify(args: Any) -> int:
     root = Path(args.artifacts) if args.artifacts else art.DEFAULT_ROOT
     if not (root / gpu).is_dir():
         raise CLIError(f"--artifacts: no folder {root / gpu}")
-    from autotune import spec
-
     # The rows went over an artifact the re-check had just read (exit 0): its tuned entries were lost, and a kernel's
     # file name in the folder is one autotune.load reads (and rejects as no artifact).
-    if args.json and Path(args.json).resolve() in {art.artifact_path(gpu, k, root).resolve() for k in spec.kernels()}:
+    if args.json and Path(args.json).resolve() in art.artifact_files([gpu], root):
         raise CLIError(f"--json {args.json}: an artifact file of {root / gpu} (the rows would replace it); name "
                        "another file")  # fmt: skip
     if args.write:

@@ -68,8 +68,8 @@ def merge_entries(
     Many tuners (farm workers, two runs) write one file: under an exclusive ``fcntl`` lock the file is
     re-read, merged and replaced atomically, so no writer overwrites another's entries. Entries of an
     artifact written in another timing environment (GPU, SMs, driver, versions) are dropped with a
-    warning instead of being relabelled with this one, the old file renamed aside (``replace=False``:
-    ``EnvironmentMismatch`` and nothing written); a stale or invalid file is replaced, its old content renamed aside
+    warning instead of being relabelled with this one, the old file kept aside (``replace=False``:
+    ``EnvironmentMismatch`` and nothing written); a stale or invalid file is replaced, its old content kept aside
     too (``keep_aside``).
     """
     # Both names become path parts: checked before anything is created ('../..' would escape ``root``).
